@@ -1,0 +1,76 @@
+//! Builds the eBPF programs (`lb-ebpf`) with aya-build and leaves the object in `OUT_DIR`, where
+//! `src/dataplane/loader.rs` embeds it.
+//!
+//! Two things are scoped to this build script so they never leak into the userspace crates:
+//! - `RUSTC_BOOTSTRAP=1`, which lets the stable toolchain build `core` for the bpf target;
+//! - the `bpf-linker` that `cargo xtask setup` built against this toolchain's libLLVM, found in
+//!   `target/tools/bpf-linker-<hash of rustc -vV>/bin` and put first on the child's PATH.
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+use aya_build::{Package, Toolchain};
+use sha2::{Digest as _, Sha256};
+
+fn main() -> anyhow::Result<()> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let workspace = manifest_dir.parent().context("lb-userspace has no parent folder")?;
+    let tool_dir = bpf_linker_dir(workspace)?;
+    println!("cargo:rerun-if-changed={}", tool_dir.display());
+    println!("cargo:rerun-if-changed={}", workspace.join("lb-common/src").display());
+
+    let linker = tool_dir.join("bpf-linker");
+    if !linker.exists() && which("bpf-linker").is_none() {
+        bail!(
+            "bpf-linker not found (looked in {} and on PATH): run `cargo xtask setup`",
+            tool_dir.display()
+        );
+    }
+    let path = env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![tool_dir];
+    dirs.extend(env::split_paths(&path));
+    // SAFETY: build scripts are single-threaded; the variables are read by aya-build's child
+    // cargo process only.
+    unsafe {
+        env::set_var("PATH", env::join_paths(dirs)?);
+        env::set_var("RUSTC_BOOTSTRAP", "1");
+    }
+
+    let ebpf_dir = workspace.join("lb-ebpf");
+    let ebpf = Package {
+        name: "lb-ebpf",
+        root_dir: ebpf_dir.to_str().context("workspace path is not UTF-8")?,
+        ..Default::default()
+    };
+    aya_build::build_ebpf([ebpf], Toolchain::Custom("stable"))
+}
+
+/// `target/tools/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to.
+fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = Command::new(&rustc)
+        .arg("-vV")
+        .output()
+        .with_context(|| format!("running {rustc} -vV"))?;
+    let key = hex16(&Sha256::digest(&out.stdout));
+    let target = env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace.join("target"), PathBuf::from);
+    Ok(target.join("tools").join(format!("bpf-linker-{key}")).join("bin"))
+}
+
+fn hex16(digest: &[u8]) -> String {
+    use std::fmt::Write as _;
+    digest.iter().take(8).fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    env::split_paths(&env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,315 @@
+//! `socklb inspect`: the pinned maps, read-only.
+use std::{net::SocketAddr, process::ExitCode};
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use lb_common::{counter, map_name};
+use serde::Serialize;
+
+use super::{Output, PinArgs, table::Table};
+use crate::dataplane::{
+    abi::{Frontend, Protocol, backend_from_abi, words_to_ip},
+    bpf::{BpfServiceMaps, open_pinned_map, read_affinity, read_counters},
+    dump::{self, ServiceView},
+    loader::PinFolder,
+    maps::{MapSnapshot, ServiceMaps as _},
+};
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t, global = true)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub what: What,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum What {
+    /// Frontends with their service, active/total backends and the backends.
+    Services,
+    /// The backend table.
+    Backends,
+    /// What a connect to ADDR:PORT[/tcp|udp] would get: the candidates and affinity.
+    Lookup { target: String },
+    /// The data path's counters (summed over CPUs) and map fill.
+    Stats,
+    /// Session-affinity entries.
+    Affinity,
+}
+
+pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
+    let pins = PinFolder::new(&args.pins.pin_folder);
+    anyhow::ensure!(
+        pins.exists(),
+        "no socklb maps pinned under {} (is the agent running with --bpffs {}?)",
+        pins.root.display(),
+        pins.root.display()
+    );
+    let maps = BpfServiceMaps::open_pinned(&pins.maps(), true)?;
+    let snap = maps.read_all()?;
+    let json = args.output == Output::Json;
+    let text = match &args.what {
+        What::Services => services(&snap, json)?,
+        What::Backends => backends(&snap, json)?,
+        What::Lookup { target } => lookup(&pins, &snap, target, json)?,
+        What::Stats => stats(&pins, &maps, &snap, json)?,
+        What::Affinity => affinity(&pins, &snap, json)?,
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn to_json<T: Serialize>(value: &T) -> anyhow::Result<String> {
+    Ok(serde_json::to_string_pretty(value)? + "\n")
+}
+
+fn services(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
+    let views = dump::services(snap);
+    if json {
+        return to_json(&views);
+    }
+    let mut t = Table::new(["FRONTEND", "SERVICE", "SCOPE", "ACTIVE/TOTAL", "BACKENDS"]);
+    for v in &views {
+        for f in &v.frontends {
+            t.row(vec![
+                f.frontend.clone(),
+                v.service.clone().unwrap_or_else(|| format!("<id {}>", v.id)),
+                v.scope.clone().unwrap_or_default(),
+                format!("{}/{}", f.active, v.slots.len()),
+                backends_cell(v),
+            ]);
+        }
+    }
+    Ok(t.render())
+}
+
+fn backends_cell(v: &ServiceView) -> String {
+    let active = v.active_backends();
+    if active.is_empty() {
+        "<none: connects refused>".into()
+    } else {
+        active.join(",")
+    }
+}
+
+#[derive(Serialize)]
+struct BackendRow {
+    id: u32,
+    address: Option<String>,
+    services: Vec<String>,
+}
+
+fn backends(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
+    let views = dump::services(snap);
+    let rows: Vec<BackendRow> = snap
+        .backends
+        .iter()
+        .map(|(id, b)| BackendRow {
+            id: *id,
+            address: backend_from_abi(b).map(|a| a.to_string()),
+            services: views
+                .iter()
+                .filter(|v| v.slots.iter().any(|s| s.backend_id == *id))
+                .map(|v| v.service.clone().unwrap_or_else(|| format!("<id {}>", v.id)))
+                .collect(),
+        })
+        .collect();
+    if json {
+        return to_json(&rows);
+    }
+    let mut t = Table::new(["ID", "ADDRESS", "SERVICES"]);
+    for r in rows {
+        t.row(vec![
+            r.id.to_string(),
+            r.address.unwrap_or_default(),
+            r.services.join(","),
+        ]);
+    }
+    Ok(t.render())
+}
+
+/// Parses `ADDR:PORT[/tcp|udp]` (IPv6 as `[::1]:80`).
+pub fn parse_target(target: &str) -> anyhow::Result<Frontend> {
+    let (addr, protocol) = match target.rsplit_once('/') {
+        Some((a, p)) => (
+            a,
+            Protocol::parse(p).with_context(|| format!("{p:?} is not tcp or udp"))?,
+        ),
+        None => (target, Protocol::Tcp),
+    };
+    let addr: SocketAddr = addr
+        .parse()
+        .with_context(|| format!("{addr:?} is not ADDR:PORT (IPv6: [ADDR]:PORT)"))?;
+    Ok(Frontend::new(addr.ip(), addr.port(), protocol))
+}
+
+#[derive(Serialize)]
+struct Lookup {
+    frontend: String,
+    service: Option<String>,
+    verdict: String,
+    candidates: Vec<String>,
+    affinity_timeout_s: Option<u32>,
+    affinity_entries: usize,
+}
+
+fn lookup(pins: &PinFolder, snap: &MapSnapshot, target: &str, json: bool) -> anyhow::Result<String> {
+    let frontend = parse_target(target)?;
+    let key = frontend.to_key();
+    let result = match snap.frontends.get(&key) {
+        None => Lookup {
+            frontend: frontend.to_string(),
+            service: None,
+            verdict: "not a service frontend: connect() is left untouched".into(),
+            candidates: Vec::new(),
+            affinity_timeout_s: None,
+            affinity_entries: 0,
+        },
+        Some(fe) => {
+            let view = dump::services(snap).into_iter().find(|v| v.id == fe.service_id);
+            let candidates: Vec<String> = view
+                .as_ref()
+                .map(|v| {
+                    v.slots
+                        .iter()
+                        .filter(|s| s.slot <= u32::from(fe.count))
+                        .map(|s| s.backend.clone().unwrap_or_else(|| format!("<missing backend {}>", s.backend_id)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let affinity_entries = open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)
+                .and_then(read_affinity)
+                .map(|entries| entries.iter().filter(|(k, _)| k.service_id == fe.service_id).count())
+                .unwrap_or(0);
+            let verdict = if fe.count == 0 {
+                "no active backend: connect() fails with ECONNREFUSED".to_string()
+            } else {
+                format!("connect() goes to one of {} backend(s), chosen at random", fe.count)
+            };
+            Lookup {
+                frontend: frontend.to_string(),
+                service: view.and_then(|v| v.service),
+                verdict,
+                candidates,
+                affinity_timeout_s: (fe.flags & lb_common::FRONTEND_FLAG_AFFINITY != 0)
+                    .then_some(fe.affinity_timeout_s),
+                affinity_entries,
+            }
+        }
+    };
+    if json {
+        return to_json(&result);
+    }
+    let mut out = format!(
+        "frontend  {}\nservice   {}\nverdict   {}\n",
+        result.frontend,
+        result.service.as_deref().unwrap_or("-"),
+        result.verdict
+    );
+    if let Some(t) = result.affinity_timeout_s {
+        out.push_str(&format!(
+            "affinity  ClientIP, {t}s; {} client(s) pinned\n",
+            result.affinity_entries
+        ));
+    }
+    for (i, c) in result.candidates.iter().enumerate() {
+        out.push_str(&format!("  slot {} -> {c}\n", i + 1));
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct Stats {
+    counters: Vec<(String, u64)>,
+    maps: Vec<(String, usize, u32)>,
+}
+
+fn stats(pins: &PinFolder, maps: &BpfServiceMaps, snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
+    let totals = read_counters(open_pinned_map(&pins.map(map_name::COUNTERS), map_name::COUNTERS, true)?)?;
+    let affinity = read_affinity(open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?)?;
+    let affinity_cap = open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?
+        .info()
+        .map(|i| i.max_entries())
+        .unwrap_or(0);
+    let caps = maps.capacities();
+    let stats = Stats {
+        counters: counter::NAMES
+            .iter()
+            .zip(totals)
+            .map(|(n, v)| ((*n).to_string(), v))
+            .collect(),
+        maps: vec![
+            (map_name::FRONTENDS.into(), snap.frontends.len(), caps.frontends),
+            (map_name::SLOTS.into(), snap.slots.len(), caps.slots),
+            (map_name::BACKENDS.into(), snap.backends.len(), caps.backends),
+            (map_name::SERVICE_META.into(), snap.meta.len(), caps.service_meta),
+            (map_name::AFFINITY.into(), affinity.len(), affinity_cap),
+        ],
+    };
+    if json {
+        return to_json(&stats);
+    }
+    let mut t = Table::new(["COUNTER", "TOTAL"]);
+    for (n, v) in &stats.counters {
+        t.row(vec![n.clone(), v.to_string()]);
+    }
+    let mut m = Table::new(["MAP", "ENTRIES", "CAPACITY"]);
+    for (n, len, cap) in &stats.maps {
+        m.row(vec![n.clone(), len.to_string(), cap.to_string()]);
+    }
+    Ok(format!("{}\n{}", t.render(), m.render()))
+}
+
+#[derive(Serialize)]
+struct AffinityRow {
+    service: String,
+    netns_cookie: u64,
+    client: Option<String>,
+    backend: Option<String>,
+    idle_s: f64,
+}
+
+fn affinity(pins: &PinFolder, snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
+    let entries = read_affinity(open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?)?;
+    let views = dump::services(snap);
+    let now = monotonic_ns();
+    let rows: Vec<AffinityRow> = entries
+        .iter()
+        .map(|(k, v)| AffinityRow {
+            service: views
+                .iter()
+                .find(|s| s.id == k.service_id)
+                .and_then(|s| s.service.clone())
+                .unwrap_or_else(|| format!("<id {}>", k.service_id)),
+            netns_cookie: k.netns_cookie,
+            client: words_to_ip(k.client, k.family).map(|ip| ip.to_string()),
+            backend: snap.backends.get(&v.backend_id).and_then(backend_from_abi).map(|a| a.to_string()),
+            idle_s: now.saturating_sub(v.last_used_ns) as f64 / 1e9,
+        })
+        .collect();
+    if json {
+        return to_json(&rows);
+    }
+    let mut t = Table::new(["SERVICE", "NETNS", "CLIENT", "BACKEND", "IDLE"]);
+    for r in rows {
+        t.row(vec![
+            r.service,
+            r.netns_cookie.to_string(),
+            r.client.unwrap_or_default(),
+            r.backend.unwrap_or_else(|| "<gone>".into()),
+            format!("{:.1}s", r.idle_s),
+        ]);
+    }
+    Ok(t.render())
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock bpf_ktime_get_ns() reads.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,8 @@
+//! The kernel side as userspace sees it: the map ABI conversions, the map-writing interface
+//! (real and in-memory), loading and pinning, and readable dumps of map contents.
+pub mod abi;
+pub mod bpf;
+pub mod dump;
+pub mod loader;
+pub mod maps;
+pub mod sysfs;

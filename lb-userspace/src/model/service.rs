@@ -1,0 +1,302 @@
+//! The Service as socklb needs it, validated from the Kubernetes API type.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::{api::core::v1 as core, apimachinery::pkg::util::intstr::IntOrString};
+
+use super::{ObjectKey, ValidationError, validate::Checker};
+use crate::dataplane::abi::{Family, Protocol};
+
+/// sessionAffinityConfig.clientIP.timeoutSeconds when unset (3 hours), as the API defaults it.
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+/// The API's upper bound for the affinity timeout (one day).
+pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    ClusterIp,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    Name(String),
+}
+
+impl std::fmt::Display for TargetPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Name(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Empty for the single unnamed port of a one-port Service.
+    pub name: String,
+    /// None for protocols socklb does not translate (SCTP), kept so explain can say so.
+    pub protocol: Option<Protocol>,
+    pub protocol_name: String,
+    pub port: u16,
+    pub target_port: TargetPort,
+    pub node_port: Option<u16>,
+}
+
+impl ServicePort {
+    /// The name used in keys and output: the port name, or the port number when unnamed.
+    pub fn display_name(&self) -> String {
+        if self.name.is_empty() {
+            self.port.to_string()
+        } else {
+            self.name.clone()
+        }
+    }
+}
+
+/// A load-balancer ingress address from `status.loadBalancer.ingress`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LbIngress {
+    pub ip: IpAddr,
+    /// `ipMode: Proxy`: the load balancer proxies, so traffic to this IP must leave the node.
+    pub proxy_mode: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub key: ObjectKey,
+    pub resource_version: String,
+    pub labels: BTreeMap<String, String>,
+    pub type_: ServiceType,
+    /// `clusterIP: None`.
+    pub headless: bool,
+    /// `spec.clusterIPs` (or `spec.clusterIP`), one per family.
+    pub cluster_ips: Vec<IpAddr>,
+    pub external_ips: Vec<IpAddr>,
+    pub lb_ingress: Vec<LbIngress>,
+    pub ports: Vec<ServicePort>,
+    pub selector: Option<BTreeMap<String, String>>,
+    /// sessionAffinity ClientIP timeout, when affinity is on.
+    pub affinity_timeout_s: Option<u32>,
+    pub internal_traffic_policy: TrafficPolicy,
+    pub external_traffic_policy: TrafficPolicy,
+    pub publish_not_ready_addresses: bool,
+    pub traffic_distribution: Option<String>,
+}
+
+impl Service {
+    pub fn cluster_ip_of(&self, family: Family) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(*ip) == family)
+    }
+}
+
+fn policy(c: &Checker, field: &str, value: Option<&str>) -> Result<TrafficPolicy, ValidationError> {
+    match value {
+        None | Some("" | "Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(c.error(field, format!("{other:?} is not Cluster or Local"))),
+    }
+}
+
+/// Validates a Service from the API (or a manifest) into socklb's model.
+pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError> {
+    let meta = &svc.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = meta.name.clone().unwrap_or_default();
+    let c = Checker {
+        kind: "Service",
+        object: format!("{namespace}/{}", if name.is_empty() { "<unnamed>" } else { &name }),
+    };
+    c.dns_name("metadata.name", &name, 63)?;
+    c.dns_name("metadata.namespace", &namespace, 63)?;
+    let spec = svc
+        .spec
+        .as_ref()
+        .ok_or_else(|| c.error("spec", "missing"))?;
+
+    let type_ = match spec.type_.as_deref() {
+        None | Some("" | "ClusterIP") => ServiceType::ClusterIp,
+        Some("NodePort") => ServiceType::NodePort,
+        Some("LoadBalancer") => ServiceType::LoadBalancer,
+        Some("ExternalName") => ServiceType::ExternalName,
+        Some(other) => return Err(c.error("spec.type", format!("unknown type {other:?}"))),
+    };
+
+    let mut headless = false;
+    let mut cluster_ips = Vec::new();
+    let listed: Vec<(String, &str)> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
+            .collect(),
+        _ => spec
+            .cluster_ip
+            .iter()
+            .map(|ip| ("spec.clusterIP".to_string(), ip.as_str()))
+            .collect(),
+    };
+    for (field, ip) in listed {
+        match ip {
+            "None" => headless = true,
+            "" => {}
+            ip => {
+                let ip = c.ip(&field, ip)?;
+                if cluster_ips.iter().any(|other| Family::of(*other) == Family::of(ip)) {
+                    return Err(c.error(field, format!("second {} cluster IP", Family::of(ip))));
+                }
+                cluster_ips.push(ip);
+            }
+        }
+    }
+
+    let external_ips = spec
+        .external_ips
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, ip)| c.ip(&format!("spec.externalIPs[{i}]"), ip))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut lb_ingress = Vec::new();
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        if let Some(ip) = &ing.ip {
+            lb_ingress.push(LbIngress {
+                ip: c.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip)?,
+                proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+            });
+        }
+    }
+
+    let ports = validate_ports(&c, spec.ports.as_deref().unwrap_or_default())?;
+
+    let affinity_timeout_s = match spec.session_affinity.as_deref() {
+        None | Some("" | "None") => None,
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|s| s.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
+                    _ => {
+                        return Err(c.error(
+                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                            format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
+                        ));
+                    }
+                },
+            }
+        }
+        Some(other) => {
+            return Err(c.error(
+                "spec.sessionAffinity",
+                format!("{other:?} is not None or ClientIP"),
+            ));
+        }
+    };
+
+    Ok(Service {
+        key: ObjectKey::new(namespace, name),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        labels: meta.labels.clone().unwrap_or_default(),
+        type_,
+        headless,
+        cluster_ips,
+        external_ips,
+        lb_ingress,
+        ports,
+        selector: spec.selector.clone(),
+        affinity_timeout_s,
+        internal_traffic_policy: policy(
+            &c,
+            "spec.internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?,
+        external_traffic_policy: policy(
+            &c,
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?,
+        publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
+        traffic_distribution: spec.traffic_distribution.clone(),
+    })
+}
+
+fn validate_ports(c: &Checker, ports: &[core::ServicePort]) -> Result<Vec<ServicePort>, ValidationError> {
+    let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
+    for (i, p) in ports.iter().enumerate() {
+        let field = |f: &str| format!("spec.ports[{i}].{f}");
+        let name = p.name.clone().unwrap_or_default();
+        if !name.is_empty() {
+            c.port_name(&field("name"), &name)?;
+        } else if ports.len() > 1 {
+            return Err(c.error(field("name"), "every port of a multi-port Service needs a name"));
+        }
+        let protocol_name = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        let protocol = match protocol_name.as_str() {
+            "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
+            "SCTP" => None,
+            other => {
+                return Err(c.error(field("protocol"), format!("{other:?} is not TCP, UDP or SCTP")));
+            }
+        };
+        let port = c.port(&field("port"), p.port)?;
+        let target_port = match &p.target_port {
+            None => TargetPort::Number(port),
+            Some(IntOrString::Int(n)) => TargetPort::Number(c.port(&field("targetPort"), *n)?),
+            Some(IntOrString::String(s)) => {
+                if let Ok(n) = s.parse::<i32>() {
+                    TargetPort::Number(c.port(&field("targetPort"), n)?)
+                } else {
+                    c.port_name(&field("targetPort"), s)?;
+                    TargetPort::Name(s.clone())
+                }
+            }
+        };
+        let node_port = match p.node_port {
+            None | Some(0) => None,
+            Some(n) => Some(c.port(&field("nodePort"), n)?),
+        };
+        if out.iter().any(|o| o.name == name) {
+            return Err(c.error(field("name"), format!("duplicate port name {name:?}")));
+        }
+        if out
+            .iter()
+            .any(|o| o.port == port && o.protocol_name == protocol_name)
+        {
+            return Err(c.error(field("port"), format!("duplicate port {port}/{protocol_name}")));
+        }
+        out.push(ServicePort {
+            name,
+            protocol,
+            protocol_name,
+            port,
+            target_port,
+            node_port,
+        });
+    }
+    Ok(out)
+}

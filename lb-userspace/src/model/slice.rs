@@ -1,0 +1,204 @@
+//! The EndpointSlice as socklb needs it, validated from the Kubernetes API type.
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1 as discovery;
+
+use super::{LABEL_SERVICE_NAME, ObjectKey, ValidationError, validate::Checker};
+use crate::dataplane::abi::{Family, Protocol};
+
+/// The API's limit on endpoints in one slice.
+pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
+/// The API's limit on ports in one slice.
+pub const MAX_PORTS_PER_SLICE: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddressType {
+    Ip(Family),
+    Fqdn,
+}
+
+impl std::fmt::Display for AddressType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ip(family) => family.fmt(f),
+            Self::Fqdn => f.write_str("FQDN"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The first address (the API says consumers use only the first).
+    pub address: Option<IpAddr>,
+    /// As written: `None` means the condition was absent.
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    /// `hints.forZones` names, when hints are present.
+    pub zone_hints: Option<Vec<String>>,
+    /// `hints.forNodes` names, when present.
+    pub node_hints: Option<Vec<String>>,
+    /// `targetRef` as `Kind namespace/name`, for explain.
+    pub target: Option<String>,
+}
+
+impl Endpoint {
+    /// Absent `ready` counts as ready, as the API documents.
+    pub fn is_ready(&self) -> bool {
+        self.ready.unwrap_or(true)
+    }
+
+    /// Absent `serving` counts as serving (kube-proxy's reading).
+    pub fn is_serving(&self) -> bool {
+        self.serving.unwrap_or(true)
+    }
+
+    pub fn is_terminating(&self) -> bool {
+        self.terminating.unwrap_or(false)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointPort {
+    /// The Service port's name this entry is for (empty for an unnamed port).
+    pub name: String,
+    pub protocol: String,
+    /// None: the API's "all ports", which a Service cannot use.
+    pub port: Option<u16>,
+}
+
+impl EndpointPort {
+    pub fn protocol(&self) -> Option<Protocol> {
+        Protocol::parse(&self.protocol)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub key: ObjectKey,
+    pub resource_version: String,
+    /// The Service it belongs to (`kubernetes.io/service-name`), in the slice's namespace.
+    pub service: Option<ObjectKey>,
+    pub address_type: AddressType,
+    pub endpoints: Vec<Endpoint>,
+    pub ports: Vec<EndpointPort>,
+}
+
+/// Validates an EndpointSlice from the API (or a manifest) into socklb's model.
+pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, ValidationError> {
+    let meta = &slice.metadata;
+    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let name = meta.name.clone().unwrap_or_default();
+    let c = Checker {
+        kind: "EndpointSlice",
+        object: format!("{namespace}/{}", if name.is_empty() { "<unnamed>" } else { &name }),
+    };
+    c.dns_name("metadata.name", &name, 253)?;
+    c.dns_name("metadata.namespace", &namespace, 63)?;
+    let service = match meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
+        Some(svc) => {
+            c.dns_name(&format!("metadata.labels[{LABEL_SERVICE_NAME}]"), svc, 63)?;
+            Some(ObjectKey::new(namespace.clone(), svc.clone()))
+        }
+        None => None,
+    };
+    let address_type = match slice.address_type.as_str() {
+        "IPv4" => AddressType::Ip(Family::IPv4),
+        "IPv6" => AddressType::Ip(Family::IPv6),
+        "FQDN" => AddressType::Fqdn,
+        other => {
+            return Err(c.error("addressType", format!("{other:?} is not IPv4, IPv6 or FQDN")));
+        }
+    };
+    if slice.endpoints.len() > MAX_ENDPOINTS_PER_SLICE {
+        return Err(c.error(
+            "endpoints",
+            format!(
+                "{} endpoints, at most {MAX_ENDPOINTS_PER_SLICE} allowed in one slice",
+                slice.endpoints.len()
+            ),
+        ));
+    }
+    let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    for (i, ep) in slice.endpoints.iter().enumerate() {
+        let field = format!("endpoints[{i}].addresses[0]");
+        let address = match (&address_type, ep.addresses.first()) {
+            (_, None) => return Err(c.error(format!("endpoints[{i}].addresses"), "empty")),
+            (AddressType::Fqdn, Some(_)) => None,
+            (AddressType::Ip(family), Some(a)) => {
+                let ip = c.ip(&field, a)?;
+                if Family::of(ip) != *family {
+                    return Err(c.error(
+                        field,
+                        format!("{ip} is not an {family} address, as addressType says"),
+                    ));
+                }
+                Some(ip)
+            }
+        };
+        let conditions = ep.conditions.clone().unwrap_or_default();
+        let hints = ep.hints.as_ref();
+        endpoints.push(Endpoint {
+            address,
+            ready: conditions.ready,
+            serving: conditions.serving,
+            terminating: conditions.terminating,
+            node_name: ep.node_name.clone(),
+            zone: ep.zone.clone(),
+            zone_hints: hints
+                .and_then(|h| h.for_zones.as_ref())
+                .map(|z| z.iter().map(|z| z.name.clone()).collect()),
+            node_hints: hints
+                .and_then(|h| h.for_nodes.as_ref())
+                .map(|n| n.iter().map(|n| n.name.clone()).collect()),
+            target: ep.target_ref.as_ref().map(|t| {
+                format!(
+                    "{} {}/{}",
+                    t.kind.as_deref().unwrap_or("Object"),
+                    t.namespace.as_deref().unwrap_or(&namespace),
+                    t.name.as_deref().unwrap_or("?")
+                )
+            }),
+        });
+    }
+    let api_ports = slice.ports.as_deref().unwrap_or_default();
+    if api_ports.len() > MAX_PORTS_PER_SLICE {
+        return Err(c.error(
+            "ports",
+            format!("{} ports, at most {MAX_PORTS_PER_SLICE} allowed", api_ports.len()),
+        ));
+    }
+    let mut ports = Vec::with_capacity(api_ports.len());
+    for (i, p) in api_ports.iter().enumerate() {
+        let name = p.name.clone().unwrap_or_default();
+        if !name.is_empty() {
+            c.port_name(&format!("ports[{i}].name"), &name)?;
+        }
+        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        if !matches!(protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+            return Err(c.error(
+                format!("ports[{i}].protocol"),
+                format!("{protocol:?} is not TCP, UDP or SCTP"),
+            ));
+        }
+        let port = p
+            .port
+            .map(|n| c.port(&format!("ports[{i}].port"), n))
+            .transpose()?;
+        ports.push(EndpointPort {
+            name,
+            protocol,
+            port,
+        });
+    }
+    Ok(EndpointSlice {
+        key: ObjectKey::new(namespace, name),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        service,
+        address_type,
+        endpoints,
+        ports,
+    })
+}

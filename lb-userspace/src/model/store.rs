@@ -1,0 +1,143 @@
+//! The current Services and EndpointSlices, indexed so that a change to one object names the
+//! one Service whose translation it affects.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use super::{EndpointSlice, ObjectKey, Service};
+
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    services: BTreeMap<ObjectKey, Arc<Service>>,
+    slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    /// Service key → keys of the slices labelled with it (the Service need not exist).
+    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+}
+
+impl Store {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a Service; returns the Service key whose translation changed.
+    pub fn upsert_service(&mut self, svc: Service) -> ObjectKey {
+        let key = svc.key.clone();
+        self.services.insert(key.clone(), Arc::new(svc));
+        key
+    }
+
+    pub fn remove_service(&mut self, key: &ObjectKey) -> Option<ObjectKey> {
+        self.services.remove(key).map(|_| key.clone())
+    }
+
+    /// Adds or replaces a slice; returns the Service keys whose translation changed (the old
+    /// owner too, if the slice's service label moved).
+    pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<ObjectKey> {
+        let mut affected = self.remove_slice(&slice.key.clone());
+        if let Some(owner) = &slice.service {
+            self.slices_by_service
+                .entry(owner.clone())
+                .or_default()
+                .insert(slice.key.clone());
+            if !affected.contains(owner) {
+                affected.push(owner.clone());
+            }
+        }
+        self.slices.insert(slice.key.clone(), Arc::new(slice));
+        affected
+    }
+
+    /// Removes a slice; returns the Service key it belonged to.
+    pub fn remove_slice(&mut self, key: &ObjectKey) -> Vec<ObjectKey> {
+        let Some(old) = self.slices.remove(key) else {
+            return Vec::new();
+        };
+        let Some(owner) = old.service.clone() else {
+            return Vec::new();
+        };
+        if let Some(set) = self.slices_by_service.get_mut(&owner) {
+            set.remove(key);
+            if set.is_empty() {
+                self.slices_by_service.remove(&owner);
+            }
+        }
+        vec![owner]
+    }
+
+    /// Replaces all Services with a complete listing; returns the Service keys that changed.
+    pub fn replace_services(&mut self, services: Vec<Service>) -> Vec<ObjectKey> {
+        let mut affected = Vec::new();
+        let listed: BTreeSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
+        let gone: Vec<ObjectKey> = self
+            .services
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            affected.extend(self.remove_service(&key));
+        }
+        for svc in services {
+            if self.services.get(&svc.key).is_none_or(|old| **old != svc) {
+                affected.push(self.upsert_service(svc));
+            }
+        }
+        affected
+    }
+
+    /// Replaces all EndpointSlices with a complete listing; returns the Service keys affected.
+    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) -> Vec<ObjectKey> {
+        let mut affected = Vec::new();
+        let listed: BTreeSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
+        let gone: Vec<ObjectKey> = self
+            .slices
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            affected.extend(self.remove_slice(&key));
+        }
+        for slice in slices {
+            if self.slices.get(&slice.key).is_none_or(|old| **old != slice) {
+                affected.extend(self.upsert_slice(slice));
+            }
+        }
+        affected
+    }
+
+    pub fn service(&self, key: &ObjectKey) -> Option<&Arc<Service>> {
+        self.services.get(key)
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.values()
+    }
+
+    pub fn slice(&self, key: &ObjectKey) -> Option<&Arc<EndpointSlice>> {
+        self.slices.get(key)
+    }
+
+    pub fn slices(&self) -> impl Iterator<Item = &Arc<EndpointSlice>> {
+        self.slices.values()
+    }
+
+    /// The slices labelled for this Service, in name order.
+    pub fn slices_of(&self, service: &ObjectKey) -> Vec<&EndpointSlice> {
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.get(k).map(AsRef::as_ref))
+            .collect()
+    }
+
+    pub fn service_count(&self) -> usize {
+        self.services.len()
+    }
+
+    pub fn slice_count(&self) -> usize {
+        self.slices.len()
+    }
+}

@@ -1,0 +1,134 @@
+//! The Kubernetes API as the source: kube-rs watchers on Services, discovery.k8s.io/v1
+//! EndpointSlices and this node's Node. A watcher lists, then watches; when the watch expires
+//! (410 Gone) or drops, it re-lists and the listing replaces what was known, so deletions missed
+//! meanwhile are not lost.
+use std::path::Path;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
+use kube::{
+    Api, Client, Resource, ResourceExt as _,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt as _, watcher},
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use super::{Kind, Object, SourceEvent};
+use crate::model::{ObjectKey, node_from_api, service_from_api, slice_from_api};
+
+/// A client from the kubeconfig at `path`, or in-cluster / `$KUBECONFIG` when `None`.
+pub async fn client(path: Option<&Path>) -> anyhow::Result<Client> {
+    let config = match path {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+/// Watches everything the agent needs until the receiver is gone.
+pub async fn watch(client: Client, node_name: Option<String>, tx: mpsc::Sender<SourceEvent>) {
+    let services = watch_kind::<core::Service>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        Kind::Service,
+        |s| service_from_api(s).map(|s| Object::Service(Box::new(s))),
+        tx.clone(),
+    );
+    let slices = watch_kind::<discovery::EndpointSlice>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        Kind::EndpointSlice,
+        |s| slice_from_api(s).map(|s| Object::EndpointSlice(Box::new(s))),
+        tx.clone(),
+    );
+    let node = async {
+        if let Some(name) = node_name {
+            watch_node(Api::all(client), &name, tx).await;
+        }
+    };
+    tokio::join!(services, slices, node);
+}
+
+async fn watch_kind<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: Kind,
+    convert: fn(&K) -> Result<Object, crate::model::ValidationError>,
+    tx: mpsc::Sender<SourceEvent>,
+) where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut listing: Option<Vec<Object>> = None;
+    loop {
+        let event = match stream.try_next().await {
+            Ok(Some(event)) => event,
+            Ok(None) => return,
+            Err(e) => {
+                // The backoff keeps the stream alive; report and go on.
+                tracing::warn!(%kind, error = %e, "watch failed; retrying");
+                continue;
+            }
+        };
+        let out = match event {
+            watcher::Event::Init => {
+                listing = Some(Vec::new());
+                continue;
+            }
+            watcher::Event::InitApply(obj) => {
+                match convert(&obj) {
+                    Ok(o) => listing.get_or_insert_with(Vec::new).push(o),
+                    Err(e) => send(&tx, rejected(&e)).await,
+                }
+                continue;
+            }
+            watcher::Event::InitDone => SourceEvent::Listed {
+                kind,
+                objects: listing.take().unwrap_or_default(),
+                resource_version: None,
+            },
+            watcher::Event::Apply(obj) => match convert(&obj) {
+                Ok(o) => SourceEvent::Applied(o),
+                Err(e) => rejected(&e),
+            },
+            watcher::Event::Delete(obj) => SourceEvent::Deleted(
+                kind,
+                ObjectKey::new(obj.namespace().unwrap_or_default(), obj.name_any()),
+            ),
+        };
+        if tx.send(out).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEvent>) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = watcher(api, config).default_backoff().applied_objects().boxed();
+    loop {
+        match stream.try_next().await {
+            Ok(Some(node)) => {
+                if tx.send(SourceEvent::Node(node_from_api(&node))).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(e) => tracing::warn!(node = name, error = %e, "node watch failed; retrying"),
+        }
+    }
+}
+
+fn rejected(e: &crate::model::ValidationError) -> SourceEvent {
+    SourceEvent::Rejected {
+        object: Some(format!("{} {}", e.kind, e.object)),
+        message: e.to_string(),
+    }
+}
+
+async fn send(tx: &mpsc::Sender<SourceEvent>, event: SourceEvent) {
+    let _ = tx.send(event).await;
+}
