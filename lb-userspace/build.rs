@@ -17,10 +17,15 @@ use sha2::{Digest as _, Sha256};
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
-    let workspace = manifest_dir.parent().context("lb-userspace has no parent folder")?;
+    let workspace = manifest_dir
+        .parent()
+        .context("lb-userspace has no parent folder")?;
     let tool_dir = bpf_linker_dir(workspace)?;
     println!("cargo:rerun-if-changed={}", tool_dir.display());
-    println!("cargo:rerun-if-changed={}", workspace.join("lb-common/src").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join("lb-common/src").display()
+    );
 
     let linker = tool_dir.join("bpf-linker");
     if !linker.exists() && which("bpf-linker").is_none() {
@@ -37,6 +42,8 @@ fn main() -> anyhow::Result<()> {
     unsafe {
         env::set_var("PATH", env::join_paths(dirs)?);
         env::set_var("RUSTC_BOOTSTRAP", "1");
+        // aya-build turns every line the inner cargo prints into a warning; keep it to errors.
+        env::set_var("CARGO_TERM_QUIET", "true");
     }
 
     let ebpf_dir = workspace.join("lb-ebpf");
@@ -56,9 +63,12 @@ fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
         .output()
         .with_context(|| format!("running {rustc} -vV"))?;
     let key = hex16(&Sha256::digest(&out.stdout));
-    let target = env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace.join("target"), PathBuf::from);
-    Ok(target.join("tools").join(format!("bpf-linker-{key}")).join("bin"))
+    let target =
+        env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
+    Ok(target
+        .join("tools")
+        .join(format!("bpf-linker-{key}"))
+        .join("bin"))
 }
 
 fn hex16(digest: &[u8]) -> String {

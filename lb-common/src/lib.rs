@@ -9,6 +9,10 @@
 //! to the programs, so the hot path never swaps bytes. An IPv4 address lives in `addr[0]` with the
 //! other three words zero.
 #![no_std]
+#![allow(
+    clippy::pub_underscore_fields,
+    reason = "explicit `_pad` fields are public so both sides can build the types literally"
+)]
 
 use core::mem::{offset_of, size_of};
 

@@ -1,4 +1,4 @@
-//! socklb's kernel side: cgroup sock_addr programs that translate a service address to a backend
+//! socklb's kernel side: cgroup `sock_addr` programs that translate a service address to a backend
 //! when a socket connects (or sends an unconnected datagram), and translate it back when the
 //! application asks who its peer is. Nothing here runs per packet.
 //!
@@ -6,6 +6,10 @@
 //! returning `Result`), the map definitions in `maps`, and context access in `sockaddr`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![allow(
+    clippy::inline_always,
+    reason = "helpers are inlined into each program: no bpf-to-bpf calls on the hot path"
+)]
 
 #[cfg(target_arch = "bpf")]
 mod maps;

@@ -1,4 +1,8 @@
 //! Entry points: one per hook and family, each a one-line call into `translate`.
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "aya's entry-point macro hands the context over by value"
+)]
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::translate::{Hook, SocketFamily, fault_verdict, try_reverse, try_translate};

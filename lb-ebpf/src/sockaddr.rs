@@ -1,4 +1,4 @@
-//! Reading and writing the address a sock_addr hook sees. The verifier only allows 4-byte
+//! Reading and writing the address a `sock_addr` hook sees. The verifier only allows 4-byte
 //! accesses to these fields, so every access is a single volatile u32 load or store.
 use aya_ebpf::{bindings::bpf_sock_addr, programs::SockAddrContext};
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
@@ -103,7 +103,7 @@ pub fn store_v6(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16, family: u8
     store_port(ctx, port_be);
 }
 
-/// The socket's IP protocol (IPPROTO_TCP, IPPROTO_UDP, ...).
+/// The socket's IP protocol (`IPPROTO_TCP`, `IPPROTO_UDP`, ...).
 #[inline(always)]
 pub fn protocol(ctx: &SockAddrContext) -> u8 {
     // SAFETY: see `port`.

@@ -31,7 +31,7 @@ pub enum Fault {
     BackendMissing,
 }
 
-/// Which hook translates: connect() picks a backend afresh (or by affinity); sendmsg() on an
+/// Which hook translates: `connect()` picks a backend afresh (or by affinity); `sendmsg()` on an
 /// unconnected UDP socket keeps the socket's previous backend while it is still in the service.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
@@ -53,7 +53,11 @@ struct Choice {
 
 /// connect4/6 and sendmsg4/6: a service address becomes one of its backends.
 #[inline(always)]
-pub fn try_translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> Result<i32, Fault> {
+pub fn try_translate(
+    ctx: &SockAddrContext,
+    hook: Hook,
+    family: SocketFamily,
+) -> Result<i32, Fault> {
     let dest = load(ctx, family);
     let protocol = sockaddr::protocol(ctx);
     if protocol != PROTOCOL_TCP && protocol != PROTOCOL_UDP {
@@ -66,13 +70,16 @@ pub fn try_translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) ->
         family: dest.family,
     };
     // SAFETY: the value is copied out at once; the agent replaces frontends whole.
-    let Some(frontend) = (unsafe { FRONTENDS.get(&key) }).copied() else {
+    let Some(frontend) = (unsafe { FRONTENDS.get(key) }).copied() else {
         return Ok(ALLOW);
     };
     count(counter::LOOKUPS);
     if frontend.count == 0 {
         count(counter::NO_BACKEND);
-        debug!(ctx, "service {} has no backend: refused", frontend.service_id);
+        debug!(
+            ctx,
+            "service {} has no backend: refused", frontend.service_id
+        );
         return Ok(refuse(ECONNREFUSED));
     }
     let choice = choose(ctx, hook, family, &key, &frontend)?;
@@ -85,10 +92,7 @@ pub fn try_translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) ->
     count(counter::TRANSLATIONS);
     debug!(
         ctx,
-        "service {} slot {} -> backend {}",
-        frontend.service_id,
-        choice.slot,
-        choice.backend_id
+        "service {} slot {} -> backend {}", frontend.service_id, choice.slot, choice.backend_id
     );
     Ok(ALLOW)
 }
@@ -109,7 +113,13 @@ pub fn try_reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     if backend.family == peer.family && backend.port_be == peer.port_be && backend.addr == peer.addr
     {
         let frontend = &state.frontend;
-        store(ctx, family, &frontend.addr, frontend.port_be, frontend.family);
+        store(
+            ctx,
+            family,
+            &frontend.addr,
+            frontend.port_be,
+            frontend.family,
+        );
         count(counter::REVERSE_TRANSLATIONS);
     }
     ALLOW
@@ -124,7 +134,13 @@ fn load(ctx: &SockAddrContext, family: SocketFamily) -> SockAddr {
 }
 
 #[inline(always)]
-fn store(ctx: &SockAddrContext, family: SocketFamily, addr: &[u32; 4], port_be: u16, addr_family: u8) {
+fn store(
+    ctx: &SockAddrContext,
+    family: SocketFamily,
+    addr: &[u32; 4],
+    port_be: u16,
+    addr_family: u8,
+) {
     match family {
         SocketFamily::V4 => sockaddr::store_v4(ctx, addr, port_be),
         SocketFamily::V6 => sockaddr::store_v6(ctx, addr, port_be, addr_family),
@@ -190,7 +206,9 @@ fn choose_random(frontend: &Frontend) -> Result<Choice, Fault> {
         slot,
     };
     // SAFETY: copied at once.
-    let backend_id = (unsafe { SLOTS.get(key) }).copied().ok_or(Fault::SlotMissing)?;
+    let backend_id = (unsafe { SLOTS.get(key) })
+        .copied()
+        .ok_or(Fault::SlotMissing)?;
     Ok(Choice { slot, backend_id })
 }
 

@@ -1,1 +1,14 @@
+//! The harness for socklb's privileged end-to-end tests and its demo: sandboxes (network
+//! namespaces, a child cgroup, a private bpffs), backend and client processes, and the real
+//! `socklb agent` binary.
+pub mod agent;
+pub mod bins;
+pub mod client;
+pub mod privileges;
+pub mod sandbox;
+pub mod stats;
+pub mod story;
+pub mod system;
 
+pub use privileges::privileged;
+pub use sandbox::{Client, Sandbox};

@@ -1,1 +1,157 @@
-fn main() {}
+//! socklb's developer commands. Every command runs `setup` first, so a fresh clone needs only
+//! `cargo xtask demo` and `cargo xtask test`.
+mod setup;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "socklb's developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the build and tests need (`rust-src`, `bpf-linker`, Debian and `PyPI` packages).
+    Setup,
+    /// The main job, with no cluster: the seed scenarios on real sockets in a sandbox.
+    Demo {
+        /// Don't pause between steps.
+        #[arg(long)]
+        non_interactive: bool,
+    },
+    /// Everything CI checks: fmt, clippy (userspace and eBPF), unit, golden and privileged tests.
+    Test,
+}
+
+fn main() -> ExitCode {
+    match run(&Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
+    setup::run()?;
+    match &cli.command {
+        Task::Setup => Ok(()),
+        Task::Demo { non_interactive } => demo(*non_interactive),
+        Task::Test => test(),
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+/// Runs a command in the workspace root, failing if it fails.
+pub fn cmd(program: &str, args: &[&str]) -> anyhow::Result<()> {
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("running {program}"))?;
+    if !status.success() {
+        bail!("`{program} {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn step(name: &str, f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<()> {
+    eprintln!("\n==> {name}");
+    let start = Instant::now();
+    f().with_context(|| format!("step `{name}`"))?;
+    eprintln!("==> {name}: ok ({:.1}s)", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn demo(non_interactive: bool) -> anyhow::Result<()> {
+    step("build", || {
+        cmd("cargo", &["build", "--workspace", "--bins"])
+    })?;
+    let demo = workspace_root().join("target/debug/socklb-demo");
+    let mut args = vec![];
+    if non_interactive {
+        args.push("--non-interactive");
+    }
+    let status = Command::new(demo).args(&args).status()?;
+    if !status.success() {
+        bail!("the demo reported a failed claim");
+    }
+    Ok(())
+}
+
+fn test() -> anyhow::Result<()> {
+    let start = Instant::now();
+    step("cargo fmt --check", || {
+        cmd("cargo", &["fmt", "--all", "--check"])
+    })?;
+    step("clippy (userspace)", || {
+        cmd(
+            "cargo",
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        )
+    })?;
+    step("clippy (eBPF, bpfel-unknown-none)", clippy_ebpf)?;
+    step("build", || {
+        cmd("cargo", &["build", "--workspace", "--bins"])
+    })?;
+    step(
+        "tests (unit, golden, property, privileged end-to-end)",
+        || cmd("cargo", &["test", "--workspace"]),
+    )?;
+    eprintln!(
+        "\nall checks passed in {:.0}s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn clippy_ebpf() -> anyhow::Result<()> {
+    let target_dir = workspace_root().join("target/ebpf-clippy");
+    let status = Command::new("cargo")
+        .args([
+            "clippy",
+            "-p",
+            "lb-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .args(["--", "-D", "warnings"])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+        )
+        .current_dir(workspace_root())
+        .status()?;
+    if !status.success() {
+        bail!("clippy found problems in lb-ebpf");
+    }
+    Ok(())
+}

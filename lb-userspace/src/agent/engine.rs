@@ -200,7 +200,12 @@ impl<M: ServiceMaps> Engine<M> {
             let (desired, reports) = translate_all(&self.store, &self.node);
             self.keys_by_service = reports
                 .iter()
-                .map(|r| (r.service.clone(), r.ports.iter().map(|p| p.key.clone()).collect()))
+                .map(|r| {
+                    (
+                        r.service.clone(),
+                        r.ports.iter().map(|p| p.key.clone()).collect(),
+                    )
+                })
                 .collect();
             pass.report = self.reconciler.sync_all(&desired);
             pass.full = true;
@@ -234,7 +239,10 @@ impl<M: ServiceMaps> Engine<M> {
             merge(report, self.reconciler.sync_one(gone, None));
         }
         for port in translation.iter().flat_map(|t| &t.ports) {
-            merge(report, self.reconciler.sync_one(&port.key, Some(&port.desired)));
+            merge(
+                report,
+                self.reconciler.sync_one(&port.key, Some(&port.desired)),
+            );
         }
         if !new.is_empty() {
             self.keys_by_service.insert(svc.clone(), new);

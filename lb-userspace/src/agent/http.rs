@@ -20,7 +20,10 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     if shared.ready.load(Ordering::Relaxed) {
         (StatusCode::OK, "ready\n")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first complete sync\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the first complete sync\n",
+        )
     }
 }
 

@@ -67,9 +67,17 @@ impl Metrics {
         let errors = Family::<Labels, Counter>::default();
         registry.register("errors", "Errors by kind", errors.clone());
         let writes = Counter::default();
-        registry.register("map_writes", "Map writes done by the reconciler", writes.clone());
+        registry.register(
+            "map_writes",
+            "Map writes done by the reconciler",
+            writes.clone(),
+        );
         let services = Gauge::default();
-        registry.register("service_ports", "Service ports (backend sets) in the maps", services.clone());
+        registry.register(
+            "service_ports",
+            "Service ports (backend sets) in the maps",
+            services.clone(),
+        );
         let failing_services = Gauge::default();
         registry.register(
             "failing_service_ports",
@@ -120,19 +128,30 @@ impl Metrics {
         rejected_total: u64,
     ) {
         let sizes = [
-            (map_name::FRONTENDS, snap.frontends.len(), capacities.frontends),
+            (
+                map_name::FRONTENDS,
+                snap.frontends.len(),
+                capacities.frontends,
+            ),
             (map_name::SLOTS, snap.slots.len(), capacities.slots),
             (map_name::BACKENDS, snap.backends.len(), capacities.backends),
-            (map_name::SERVICE_META, snap.meta.len(), capacities.service_meta),
+            (
+                map_name::SERVICE_META,
+                snap.meta.len(),
+                capacities.service_meta,
+            ),
         ];
         for (map, len, cap) in sizes {
             let labels = vec![("map".to_string(), map.to_string())];
-            self.map_entries.get_or_create(&labels).set(len as i64);
+            self.map_entries.get_or_create(&labels).set(gauge(len));
             self.map_capacity.get_or_create(&labels).set(i64::from(cap));
         }
-        self.services.set(service_ports as i64);
-        self.failing_services.set(failing as i64);
-        let mut seen = self.seen_errors.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.services.set(gauge(service_ports));
+        self.failing_services.set(gauge(failing));
+        let mut seen = self
+            .seen_errors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (kind, total) in errors {
             let last = seen.entry((*kind).to_string()).or_default();
             if *total > *last {
@@ -165,21 +184,30 @@ struct Datapath {
 
 impl Collector for Datapath {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Ok(totals) = open_pinned_map(&self.maps_dir.join(map_name::COUNTERS), map_name::COUNTERS, true)
-            .and_then(read_counters)
+        if let Ok(totals) = open_pinned_map(
+            &self.maps_dir.join(map_name::COUNTERS),
+            map_name::COUNTERS,
+            true,
+        )
+        .and_then(read_counters)
         {
             for (i, total) in totals.iter().enumerate() {
                 let name = format!("datapath_{}", counter::NAMES[i]);
                 let help = format!("Data path events: {} (summed over CPUs)", counter::NAMES[i]);
                 let metric = ConstCounter::new(*total);
-                let metric_encoder = encoder.encode_descriptor(&name, &help, None, metric.metric_type())?;
+                let metric_encoder =
+                    encoder.encode_descriptor(&name, &help, None, metric.metric_type())?;
                 metric.encode(metric_encoder)?;
             }
         }
-        if let Ok(entries) = open_pinned_map(&self.maps_dir.join(map_name::AFFINITY), map_name::AFFINITY, true)
-            .and_then(read_affinity)
+        if let Ok(entries) = open_pinned_map(
+            &self.maps_dir.join(map_name::AFFINITY),
+            map_name::AFFINITY,
+            true,
+        )
+        .and_then(read_affinity)
         {
-            let metric = ConstGauge::new(entries.len() as i64);
+            let metric = ConstGauge::new(gauge(entries.len()));
             let metric_encoder = encoder.encode_descriptor(
                 "affinity_entries",
                 "Session-affinity entries in the AFFINITY map",
@@ -190,4 +218,8 @@ impl Collector for Datapath {
         }
         Ok(())
     }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

@@ -69,7 +69,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     );
     spawn_ebpf_logger(&mut dataplane, config.load.log_level);
 
-    let maps = dataplane.service_maps().context("opening the service maps")?;
+    let maps = dataplane
+        .service_maps()
+        .context("opening the service maps")?;
     let reconciler = Reconciler::new(maps).context("reading the pinned maps")?;
     if !reconciler.service_ids().is_empty() {
         tracing::info!(
@@ -122,7 +124,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         }
     }
-    tracing::info!("stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)");
+    tracing::info!(
+        "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
+    );
     Ok(())
 }
 
@@ -133,7 +137,7 @@ async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> an
             let (dir, poll, node) = (dir.clone(), *poll, config.node.name.clone());
             std::thread::Builder::new()
                 .name("manifests".into())
-                .spawn(move || source::files::watch(dir, node, poll, tx))?;
+                .spawn(move || source::files::watch(&dir, node.as_deref(), poll, &tx))?;
         }
         SourceConfig::Kubernetes { kubeconfig } => {
             let client = source::kube::client(kubeconfig.as_deref())
@@ -195,7 +199,10 @@ fn spawn_ebpf_logger(dataplane: &mut Dataplane, level: u8) {
                 // SAFETY: the logger owns its ring buffer descriptor for as long as the AsyncFd
                 // holds the logger, and nothing else closes it.
                 let registered = unsafe {
-                    tokio::io::unix::AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE)
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        logger,
+                        tokio::io::Interest::READABLE,
+                    )
                 };
                 let Ok(mut fd) = registered else {
                     return;

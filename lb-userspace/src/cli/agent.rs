@@ -72,7 +72,7 @@ pub struct AgentArgs {
     /// Capacity of the BACKENDS map.
     #[arg(long, default_value_t = lb_common::capacity::BACKENDS)]
     pub max_backends: u32,
-    /// Capacity of the SERVICE_META map (service ports).
+    /// Capacity of the `SERVICE_META` map (service ports).
     #[arg(long, default_value_t = lb_common::capacity::SERVICE_META)]
     pub max_services: u32,
     /// Capacity of the AFFINITY map (an LRU: the oldest client is evicted when full).
@@ -84,7 +84,8 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format);
     let cgroup = match args.cgroup {
         Some(c) => c,
-        None => sysfs::cgroup2_mount().context("no cgroup2 mount in /proc/self/mountinfo; pass --cgroup")?,
+        None => sysfs::cgroup2_mount()
+            .context("no cgroup2 mount in /proc/self/mountinfo; pass --cgroup")?,
     };
     let listen = match args.listen.as_str() {
         "off" | "" => None,

@@ -1,5 +1,5 @@
 //! `socklb inspect`: the pinned maps, read-only.
-use std::{net::SocketAddr, process::ExitCode};
+use std::{fmt::Write as _, net::SocketAddr, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::Subcommand;
@@ -76,7 +76,9 @@ fn services(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
         for f in &v.frontends {
             t.row(vec![
                 f.frontend.clone(),
-                v.service.clone().unwrap_or_else(|| format!("<id {}>", v.id)),
+                v.service
+                    .clone()
+                    .unwrap_or_else(|| format!("<id {}>", v.id)),
                 v.scope.clone().unwrap_or_default(),
                 format!("{}/{}", f.active, v.slots.len()),
                 backends_cell(v),
@@ -113,7 +115,11 @@ fn backends(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
             services: views
                 .iter()
                 .filter(|v| v.slots.iter().any(|s| s.backend_id == *id))
-                .map(|v| v.service.clone().unwrap_or_else(|| format!("<id {}>", v.id)))
+                .map(|v| {
+                    v.service
+                        .clone()
+                        .unwrap_or_else(|| format!("<id {}>", v.id))
+                })
                 .collect(),
         })
         .collect();
@@ -156,7 +162,12 @@ struct Lookup {
     affinity_entries: usize,
 }
 
-fn lookup(pins: &PinFolder, snap: &MapSnapshot, target: &str, json: bool) -> anyhow::Result<String> {
+fn lookup(
+    pins: &PinFolder,
+    snap: &MapSnapshot,
+    target: &str,
+    json: bool,
+) -> anyhow::Result<String> {
     let frontend = parse_target(target)?;
     let key = frontend.to_key();
     let result = match snap.frontends.get(&key) {
@@ -169,25 +180,39 @@ fn lookup(pins: &PinFolder, snap: &MapSnapshot, target: &str, json: bool) -> any
             affinity_entries: 0,
         },
         Some(fe) => {
-            let view = dump::services(snap).into_iter().find(|v| v.id == fe.service_id);
+            let view = dump::services(snap)
+                .into_iter()
+                .find(|v| v.id == fe.service_id);
             let candidates: Vec<String> = view
                 .as_ref()
                 .map(|v| {
                     v.slots
                         .iter()
                         .filter(|s| s.slot <= u32::from(fe.count))
-                        .map(|s| s.backend.clone().unwrap_or_else(|| format!("<missing backend {}>", s.backend_id)))
+                        .map(|s| {
+                            s.backend
+                                .clone()
+                                .unwrap_or_else(|| format!("<missing backend {}>", s.backend_id))
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
-            let affinity_entries = open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)
-                .and_then(read_affinity)
-                .map(|entries| entries.iter().filter(|(k, _)| k.service_id == fe.service_id).count())
-                .unwrap_or(0);
+            let affinity_entries =
+                open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)
+                    .and_then(read_affinity)
+                    .map_or(0, |entries| {
+                        entries
+                            .iter()
+                            .filter(|(k, _)| k.service_id == fe.service_id)
+                            .count()
+                    });
             let verdict = if fe.count == 0 {
                 "no active backend: connect() fails with ECONNREFUSED".to_string()
             } else {
-                format!("connect() goes to one of {} backend(s), chosen at random", fe.count)
+                format!(
+                    "connect() goes to one of {} backend(s), chosen at random",
+                    fe.count
+                )
             };
             Lookup {
                 frontend: frontend.to_string(),
@@ -210,13 +235,14 @@ fn lookup(pins: &PinFolder, snap: &MapSnapshot, target: &str, json: bool) -> any
         result.verdict
     );
     if let Some(t) = result.affinity_timeout_s {
-        out.push_str(&format!(
-            "affinity  ClientIP, {t}s; {} client(s) pinned\n",
+        let _ = writeln!(
+            out,
+            "affinity  ClientIP, {t}s; {} client(s) pinned",
             result.affinity_entries
-        ));
+        );
     }
     for (i, c) in result.candidates.iter().enumerate() {
-        out.push_str(&format!("  slot {} -> {c}\n", i + 1));
+        let _ = writeln!(out, "  slot {} -> {c}", i + 1);
     }
     Ok(out)
 }
@@ -227,13 +253,25 @@ struct Stats {
     maps: Vec<(String, usize, u32)>,
 }
 
-fn stats(pins: &PinFolder, maps: &BpfServiceMaps, snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
-    let totals = read_counters(open_pinned_map(&pins.map(map_name::COUNTERS), map_name::COUNTERS, true)?)?;
-    let affinity = read_affinity(open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?)?;
+fn stats(
+    pins: &PinFolder,
+    maps: &BpfServiceMaps,
+    snap: &MapSnapshot,
+    json: bool,
+) -> anyhow::Result<String> {
+    let totals = read_counters(open_pinned_map(
+        &pins.map(map_name::COUNTERS),
+        map_name::COUNTERS,
+        true,
+    )?)?;
+    let affinity = read_affinity(open_pinned_map(
+        &pins.map(map_name::AFFINITY),
+        map_name::AFFINITY,
+        true,
+    )?)?;
     let affinity_cap = open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?
         .info()
-        .map(|i| i.max_entries())
-        .unwrap_or(0);
+        .map_or(0, |i| i.max_entries());
     let caps = maps.capacities();
     let stats = Stats {
         counters: counter::NAMES
@@ -242,10 +280,22 @@ fn stats(pins: &PinFolder, maps: &BpfServiceMaps, snap: &MapSnapshot, json: bool
             .map(|(n, v)| ((*n).to_string(), v))
             .collect(),
         maps: vec![
-            (map_name::FRONTENDS.into(), snap.frontends.len(), caps.frontends),
+            (
+                map_name::FRONTENDS.into(),
+                snap.frontends.len(),
+                caps.frontends,
+            ),
             (map_name::SLOTS.into(), snap.slots.len(), caps.slots),
-            (map_name::BACKENDS.into(), snap.backends.len(), caps.backends),
-            (map_name::SERVICE_META.into(), snap.meta.len(), caps.service_meta),
+            (
+                map_name::BACKENDS.into(),
+                snap.backends.len(),
+                caps.backends,
+            ),
+            (
+                map_name::SERVICE_META.into(),
+                snap.meta.len(),
+                caps.service_meta,
+            ),
             (map_name::AFFINITY.into(), affinity.len(), affinity_cap),
         ],
     };
@@ -273,7 +323,11 @@ struct AffinityRow {
 }
 
 fn affinity(pins: &PinFolder, snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
-    let entries = read_affinity(open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?)?;
+    let entries = read_affinity(open_pinned_map(
+        &pins.map(map_name::AFFINITY),
+        map_name::AFFINITY,
+        true,
+    )?)?;
     let views = dump::services(snap);
     let now = monotonic_ns();
     let rows: Vec<AffinityRow> = entries
@@ -286,7 +340,11 @@ fn affinity(pins: &PinFolder, snap: &MapSnapshot, json: bool) -> anyhow::Result<
                 .unwrap_or_else(|| format!("<id {}>", k.service_id)),
             netns_cookie: k.netns_cookie,
             client: words_to_ip(k.client, k.family).map(|ip| ip.to_string()),
-            backend: snap.backends.get(&v.backend_id).and_then(backend_from_abi).map(|a| a.to_string()),
+            backend: snap
+                .backends
+                .get(&v.backend_id)
+                .and_then(backend_from_abi)
+                .map(|a| a.to_string()),
             idle_s: now.saturating_sub(v.last_used_ns) as f64 / 1e9,
         })
         .collect();
@@ -306,10 +364,13 @@ fn affinity(pins: &PinFolder, snap: &MapSnapshot, json: bool) -> anyhow::Result<
     Ok(t.render())
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the clock bpf_ktime_get_ns() reads.
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }

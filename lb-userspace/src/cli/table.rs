@@ -1,4 +1,6 @@
 //! Plain aligned tables for the CLI's `-o table` output.
+use std::fmt::Write as _;
+
 pub struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
@@ -32,7 +34,7 @@ impl Table {
                     s.push_str(cell);
                 } else {
                     let pad = widths.get(i).copied().unwrap_or(0);
-                    s.push_str(&format!("{cell:<pad$}  "));
+                    let _ = write!(s, "{cell:<pad$}  ");
                 }
             }
             s.trim_end().to_string()

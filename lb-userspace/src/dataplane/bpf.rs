@@ -25,7 +25,10 @@ pub struct BpfServiceMaps {
     capacities: Capacities,
 }
 
-fn typed<T: TryFrom<Map, Error = MapError>>(name: &'static str, data: MapData) -> Result<T, MapReadError> {
+fn typed<T: TryFrom<Map, Error = MapError>>(
+    name: &'static str,
+    data: MapData,
+) -> Result<T, MapReadError> {
     T::try_from(Map::from_map_data(data).map_err(|e| read_error(name, &e))?)
         .map_err(|e| read_error(name, &e))
 }
@@ -76,8 +79,8 @@ impl BpfServiceMaps {
     }
 }
 
-fn write_error(map: &'static str, capacity: u32, e: MapError) -> MapWriteError {
-    if let MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) = &e
+fn write_error(map: &'static str, capacity: u32, e: &MapError) -> MapWriteError {
+    if let MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) = e
         && io_error.raw_os_error() == Some(libc::E2BIG)
     {
         return MapWriteError::Full { map, capacity };
@@ -97,7 +100,7 @@ fn removed(map: &'static str, capacity: u32, r: Result<(), MapError>) -> Result<
         {
             Ok(())
         }
-        Err(e) => Err(write_error(map, capacity, e)),
+        Err(e) => Err(write_error(map, capacity, &e)),
     }
 }
 
@@ -105,7 +108,7 @@ impl ServiceMaps for BpfServiceMaps {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let map = write.map();
         let cap = self.capacities.of(map);
-        let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, e));
+        let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, &e));
         match write {
             MapWrite::PutBackend(id, b) => put(self.backends.insert(id, b, 0)),
             MapWrite::DeleteBackend(id) => removed(map, cap, self.backends.remove(id)),
@@ -120,19 +123,19 @@ impl ServiceMaps for BpfServiceMaps {
 
     fn read_all(&self) -> Result<MapSnapshot, MapReadError> {
         let mut snap = MapSnapshot::default();
-        for entry in self.frontends.iter() {
+        for entry in &self.frontends {
             let (k, v) = entry.map_err(|e| read_error(map_name::FRONTENDS, &e))?;
             snap.frontends.insert(k, v);
         }
-        for entry in self.slots.iter() {
+        for entry in &self.slots {
             let (k, v) = entry.map_err(|e| read_error(map_name::SLOTS, &e))?;
             snap.slots.insert(k, v);
         }
-        for entry in self.backends.iter() {
+        for entry in &self.backends {
             let (k, v) = entry.map_err(|e| read_error(map_name::BACKENDS, &e))?;
             snap.backends.insert(k, v);
         }
-        for entry in self.meta.iter() {
+        for entry in &self.meta {
             let (k, v) = entry.map_err(|e| read_error(map_name::SERVICE_META, &e))?;
             snap.meta.insert(k, v);
         }
@@ -145,13 +148,12 @@ impl ServiceMaps for BpfServiceMaps {
 }
 
 /// Opens a pinned map; with `read_only` the kernel hands out a read-only descriptor
-/// (BPF_OBJ_GET with BPF_F_RDONLY), so `inspect` cannot change anything even by mistake.
-pub fn open_pinned_map(path: &Path, name: &'static str, read_only: bool) -> Result<MapData, MapReadError> {
-    if !read_only {
-        return MapData::from_pin(path).map_err(|e| read_error(name, &format!("{}: {e}", path.display())));
-    }
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| read_error(name, &e))?;
+/// (`BPF_OBJ_GET` with `BPF_F_RDONLY`), so `inspect` cannot change anything even by mistake.
+pub fn open_pinned_map(
+    path: &Path,
+    name: &'static str,
+    read_only: bool,
+) -> Result<MapData, MapReadError> {
     // union bpf_attr, BPF_OBJ_GET variant: pathname, bpf_fd, file_flags, path_fd.
     #[repr(C)]
     struct ObjGetAttr {
@@ -163,6 +165,11 @@ pub fn open_pinned_map(path: &Path, name: &'static str, read_only: bool) -> Resu
     }
     const BPF_OBJ_GET: libc::c_long = 7;
     const BPF_F_RDONLY: u32 = 1 << 3;
+    if !read_only {
+        return MapData::from_pin(path)
+            .map_err(|e| read_error(name, &format!("{}: {e}", path.display())));
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|e| read_error(name, &e))?;
     let attr = ObjGetAttr {
         pathname: c_path.as_ptr() as u64,
         bpf_fd: 0,

@@ -78,7 +78,9 @@ pub fn services(snap: &MapSnapshot) -> Vec<ServiceView> {
         v.port = Some(meta.port);
     }
     for (key, fe) in &snap.frontends {
-        let v = by_id.entry(fe.service_id).or_insert_with(|| view(fe.service_id));
+        let v = by_id
+            .entry(fe.service_id)
+            .or_insert_with(|| view(fe.service_id));
         v.active = v.active.max(fe.count);
         v.frontends.push(FrontendView {
             frontend: Frontend::from_key(key).map_or_else(|| format!("{key:?}"), |f| f.to_string()),
@@ -88,7 +90,9 @@ pub fn services(snap: &MapSnapshot) -> Vec<ServiceView> {
         });
     }
     for (SlotKey { service_id, slot }, backend_id) in &snap.slots {
-        let v = by_id.entry(*service_id).or_insert_with(|| view(*service_id));
+        let v = by_id
+            .entry(*service_id)
+            .or_insert_with(|| view(*service_id));
         v.slots.push(SlotView {
             slot: *slot,
             backend_id: *backend_id,
@@ -100,7 +104,14 @@ pub fn services(snap: &MapSnapshot) -> Vec<ServiceView> {
         });
     }
     let mut out: Vec<ServiceView> = by_id.into_values().collect();
-    out.sort_by(|a, b| (&a.service, a.scope.as_deref(), a.family.as_deref(), a.id).cmp(&(&b.service, b.scope.as_deref(), b.family.as_deref(), b.id)));
+    out.sort_by(|a, b| {
+        (&a.service, a.scope.as_deref(), a.family.as_deref(), a.id).cmp(&(
+            &b.service,
+            b.scope.as_deref(),
+            b.family.as_deref(),
+            b.id,
+        ))
+    });
     out
 }
 
@@ -124,10 +135,18 @@ pub fn render(snap: &MapSnapshot) -> String {
                 .affinity_timeout_s
                 .map(|t| format!(" affinity ClientIP {t}s"))
                 .unwrap_or_default();
-            let _ = writeln!(out, "  frontend {} count {}{affinity}", f.frontend, f.active);
+            let _ = writeln!(
+                out,
+                "  frontend {} count {}{affinity}",
+                f.frontend, f.active
+            );
         }
         for slot in &s.slots {
-            let marker = if slot.slot <= u32::from(s.active) { "" } else { " (inactive)" };
+            let marker = if slot.slot <= u32::from(s.active) {
+                ""
+            } else {
+                " (inactive)"
+            };
             let _ = writeln!(
                 out,
                 "  slot {} -> backend {} {}{marker}",

@@ -9,8 +9,7 @@
 //! pinned links (cgroup links run side by side), moves the pins to the new links, then lets the
 //! old ones go: there is no moment without a program.
 use std::{
-    fs,
-    io,
+    fs, io,
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
 };
@@ -71,7 +70,10 @@ pub enum LoadError {
     #[error("loading the eBPF object: {0}{hint}", hint = permission_hint(.0))]
     Object(String),
     #[error("program {program}: {message}{hint}", hint = permission_hint(.message))]
-    Program { program: &'static str, message: String },
+    Program {
+        program: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Maps(#[from] MapReadError),
 }
@@ -203,7 +205,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn attach(ebpf: &mut Ebpf, program: &'static str, cgroup: &fs::File, pins: &PinFolder) -> Result<u32, LoadError> {
+fn attach(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    cgroup: &fs::File,
+    pins: &PinFolder,
+) -> Result<u32, LoadError> {
     let fail = |message: String| LoadError::Program { program, message };
     let prog: &mut CgroupSockAddr = ebpf
         .program_mut(program)
@@ -247,7 +254,10 @@ fn verifier_error(e: &aya::programs::ProgramError) -> String {
         let log = verifier_log.to_string();
         let tail: Vec<&str> = log.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return format!("the kernel refused it ({io_error}); verifier log tail:\n{}", tail.join("\n"));
+        return format!(
+            "the kernel refused it ({io_error}); verifier log tail:\n{}",
+            tail.join("\n")
+        );
     }
     error_chain(e)
 }
@@ -270,7 +280,8 @@ fn prepare_pin_folder(pins: &PinFolder) -> Result<(), LoadError> {
         let default = Path::new(sysfs::DEFAULT_BPFFS);
         if pins.root.starts_with(default) {
             fs::create_dir_all(default).map_err(|e| err(e.to_string()))?;
-            sysfs::mount_bpffs(default).map_err(|e| err(format!("mounting bpffs on {}: {e}", default.display())))?;
+            sysfs::mount_bpffs(default)
+                .map_err(|e| err(format!("mounting bpffs on {}: {e}", default.display())))?;
         } else {
             return Err(err(
                 "not on a bpf filesystem; mount one (mount -t bpf bpf DIR) or use the default /sys/fs/bpf/socklb".into(),
@@ -302,15 +313,47 @@ fn check_cgroup(path: &Path) -> Result<(), LoadError> {
 
 /// Refuses pinned maps whose layout or size differs from what this agent would create.
 fn check_pinned_maps(pins: &PinFolder, config: &LoadConfig) -> Result<(), LoadError> {
-    use lb_common::{AffinityKey, AffinityValue, Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, SockState};
+    use lb_common::{
+        AffinityKey, AffinityValue, Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, SockState,
+    };
     let caps = &config.capacities;
     let expected: [(&'static str, usize, usize, Option<u32>); 7] = [
-        (map_name::FRONTENDS, size_of::<FrontendKey>(), size_of::<Frontend>(), Some(caps.frontends)),
-        (map_name::SLOTS, size_of::<SlotKey>(), size_of::<u32>(), Some(caps.slots)),
-        (map_name::BACKENDS, size_of::<u32>(), size_of::<Backend>(), Some(caps.backends)),
-        (map_name::SERVICE_META, size_of::<u32>(), size_of::<ServiceMeta>(), Some(caps.service_meta)),
-        (map_name::SOCK_STATE, size_of::<i32>(), size_of::<SockState>(), None),
-        (map_name::AFFINITY, size_of::<AffinityKey>(), size_of::<AffinityValue>(), Some(config.affinity_capacity)),
+        (
+            map_name::FRONTENDS,
+            size_of::<FrontendKey>(),
+            size_of::<Frontend>(),
+            Some(caps.frontends),
+        ),
+        (
+            map_name::SLOTS,
+            size_of::<SlotKey>(),
+            size_of::<u32>(),
+            Some(caps.slots),
+        ),
+        (
+            map_name::BACKENDS,
+            size_of::<u32>(),
+            size_of::<Backend>(),
+            Some(caps.backends),
+        ),
+        (
+            map_name::SERVICE_META,
+            size_of::<u32>(),
+            size_of::<ServiceMeta>(),
+            Some(caps.service_meta),
+        ),
+        (
+            map_name::SOCK_STATE,
+            size_of::<i32>(),
+            size_of::<SockState>(),
+            None,
+        ),
+        (
+            map_name::AFFINITY,
+            size_of::<AffinityKey>(),
+            size_of::<AffinityValue>(),
+            Some(config.affinity_capacity),
+        ),
         (map_name::COUNTERS, size_of::<u32>(), size_of::<u64>(), None),
     ];
     for (map, key, value, entries) in expected {

@@ -33,7 +33,10 @@ impl MapWrite {
     pub fn is_delete(&self) -> bool {
         matches!(
             self,
-            Self::DeleteBackend(_) | Self::DeleteSlot(_) | Self::DeleteMeta(_) | Self::DeleteFrontend(_)
+            Self::DeleteBackend(_)
+                | Self::DeleteSlot(_)
+                | Self::DeleteMeta(_)
+                | Self::DeleteFrontend(_)
         )
     }
 }

@@ -40,7 +40,11 @@ pub fn mount_bpffs(target: &Path) -> io::Result<()> {
             std::ptr::null(),
         )
     };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// The cgroup v2 mount point, from /proc/self/mountinfo (it is /sys/fs/cgroup on unified hosts
@@ -60,8 +64,8 @@ pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
     })
 }
 
-/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; newer ones use memcg. Raising the
-/// limit may be refused (no CAP_SYS_RESOURCE), which is harmless on those kernels.
+/// Kernels before 5.11 charge BPF memory to `RLIMIT_MEMLOCK`; newer ones use memcg. Raising the
+/// limit may be refused (no `CAP_SYS_RESOURCE`), which is harmless on those kernels.
 pub fn raise_memlock_limit() {
     let limit = libc::rlimit {
         rlim_cur: libc::RLIM_INFINITY,
@@ -84,9 +88,18 @@ mod tests {
     fn finds_the_cgroup2_mount_on_hybrid_and_unified_hosts() {
         let hybrid = "25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro\n\
                       41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount_in(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            cgroup2_mount_in(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         let unified = "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount_in(unified), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(cgroup2_mount_in("1 2 0:1 / / rw - ext4 /dev/vda rw\n"), None);
+        assert_eq!(
+            cgroup2_mount_in(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(
+            cgroup2_mount_in("1 2 0:1 / / rw - ext4 /dev/vda rw\n"),
+            None
+        );
     }
 }

@@ -7,7 +7,7 @@ use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
-use super::{EndpointSlice, LABEL_TOPOLOGY_ZONE, Service, slice_from_api, service_from_api};
+use super::{EndpointSlice, LABEL_TOPOLOGY_ZONE, Service, service_from_api, slice_from_api};
 
 /// A Node, as far as socklb cares: its name, zone and addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,8 +92,15 @@ pub fn parse_manifests(location: &str, bytes: &[u8]) -> Parsed {
 }
 
 fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default().to_string();
-    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let object = object_name(&kind, &value);
     let error = |field: Option<String>, message: String| ManifestError {
         location: location.to_string(),
@@ -109,15 +116,21 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
             },
             Err((field, message)) => parsed.errors.push(error(field, message)),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => match typed::<discovery::EndpointSlice>(value) {
-            Ok(slice) => match slice_from_api(&slice) {
-                Ok(slice) => parsed.objects.push(ManifestObject::EndpointSlice(Box::new(slice))),
-                Err(e) => parsed.errors.push(error(Some(e.field), e.message)),
-            },
-            Err((field, message)) => parsed.errors.push(error(field, message)),
-        },
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            match typed::<discovery::EndpointSlice>(value) {
+                Ok(slice) => match slice_from_api(&slice) {
+                    Ok(slice) => parsed
+                        .objects
+                        .push(ManifestObject::EndpointSlice(Box::new(slice))),
+                    Err(e) => parsed.errors.push(error(Some(e.field), e.message)),
+                },
+                Err((field, message)) => parsed.errors.push(error(field, message)),
+            }
+        }
         ("v1", "Node") => match typed::<core::Node>(value) {
-            Ok(node) => parsed.objects.push(ManifestObject::Node(node_from_api(&node))),
+            Ok(node) => parsed
+                .objects
+                .push(ManifestObject::Node(node_from_api(&node))),
             Err((field, message)) => parsed.errors.push(error(field, message)),
         },
         (_, "List" | "ServiceList" | "EndpointSliceList") => {
@@ -130,7 +143,14 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
         ("", _) | (_, "") => parsed.errors.push(ManifestError {
             location: location.to_string(),
             object: None,
-            field: Some(if kind.is_empty() { "kind" } else { "apiVersion" }.into()),
+            field: Some(
+                if kind.is_empty() {
+                    "kind"
+                } else {
+                    "apiVersion"
+                }
+                .into(),
+            ),
             message: "missing: not a Kubernetes object".into(),
         }),
         // Deployments, Pods and the like may share a file with Services: not ours to read.
@@ -153,7 +173,10 @@ fn object_name(kind: &str, value: &Value) -> String {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or("<unnamed>");
-    match meta.and_then(|m| m.get("namespace")).and_then(Value::as_str) {
+    match meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+    {
         Some(ns) => format!("{kind} {ns}/{name}"),
         None if kind == "Node" => format!("{kind} {name}"),
         None => format!("{kind} default/{name}"),

@@ -118,7 +118,10 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     let name = meta.name.clone().unwrap_or_default();
     let c = Checker {
         kind: "Service",
-        object: format!("{namespace}/{}", if name.is_empty() { "<unnamed>" } else { &name }),
+        object: format!(
+            "{namespace}/{}",
+            if name.is_empty() { "<unnamed>" } else { &name }
+        ),
     };
     c.dns_name("metadata.name", &name, 63)?;
     c.dns_name("metadata.namespace", &namespace, 63)?;
@@ -135,33 +138,7 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         Some(other) => return Err(c.error("spec.type", format!("unknown type {other:?}"))),
     };
 
-    let mut headless = false;
-    let mut cluster_ips = Vec::new();
-    let listed: Vec<(String, &str)> = match &spec.cluster_ips {
-        Some(ips) if !ips.is_empty() => ips
-            .iter()
-            .enumerate()
-            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
-            .collect(),
-        _ => spec
-            .cluster_ip
-            .iter()
-            .map(|ip| ("spec.clusterIP".to_string(), ip.as_str()))
-            .collect(),
-    };
-    for (field, ip) in listed {
-        match ip {
-            "None" => headless = true,
-            "" => {}
-            ip => {
-                let ip = c.ip(&field, ip)?;
-                if cluster_ips.iter().any(|other| Family::of(*other) == Family::of(ip)) {
-                    return Err(c.error(field, format!("second {} cluster IP", Family::of(ip))));
-                }
-                cluster_ips.push(ip);
-            }
-        }
-    }
+    let (cluster_ips, headless) = cluster_ips(&c, spec)?;
 
     let external_ips = spec
         .external_ips
@@ -171,51 +148,10 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         .map(|(i, ip)| c.ip(&format!("spec.externalIPs[{i}]"), ip))
         .collect::<Result<Vec<_>, _>>()?;
 
-    let mut lb_ingress = Vec::new();
-    let ingress = svc
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref());
-    for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        if let Some(ip) = &ing.ip {
-            lb_ingress.push(LbIngress {
-                ip: c.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip)?,
-                proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
-            });
-        }
-    }
-
+    let lb_ingress = lb_ingress(&c, svc)?;
     let ports = validate_ports(&c, spec.ports.as_deref().unwrap_or_default())?;
 
-    let affinity_timeout_s = match spec.session_affinity.as_deref() {
-        None | Some("" | "None") => None,
-        Some("ClientIP") => {
-            let t = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|s| s.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            match t {
-                None => Some(DEFAULT_AFFINITY_TIMEOUT_S),
-                Some(t) => match u32::try_from(t) {
-                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Some(t),
-                    _ => {
-                        return Err(c.error(
-                            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-                            format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
-                        ));
-                    }
-                },
-            }
-        }
-        Some(other) => {
-            return Err(c.error(
-                "spec.sessionAffinity",
-                format!("{other:?} is not None or ClientIP"),
-            ));
-        }
-    };
+    let affinity_timeout_s = affinity_timeout(&c, spec)?;
 
     Ok(Service {
         key: ObjectKey::new(namespace, name),
@@ -244,7 +180,95 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     })
 }
 
-fn validate_ports(c: &Checker, ports: &[core::ServicePort]) -> Result<Vec<ServicePort>, ValidationError> {
+/// `spec.clusterIPs` (or `spec.clusterIP`): the addresses, and whether the Service is headless.
+fn cluster_ips(
+    c: &Checker,
+    spec: &core::ServiceSpec,
+) -> Result<(Vec<IpAddr>, bool), ValidationError> {
+    let mut headless = false;
+    let mut cluster_ips: Vec<IpAddr> = Vec::new();
+    let listed: Vec<(String, &str)> = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| (format!("spec.clusterIPs[{i}]"), ip.as_str()))
+            .collect(),
+        _ => spec
+            .cluster_ip
+            .iter()
+            .map(|ip| ("spec.clusterIP".to_string(), ip.as_str()))
+            .collect(),
+    };
+    for (field, ip) in listed {
+        match ip {
+            "None" => headless = true,
+            "" => {}
+            ip => {
+                let ip = c.ip(&field, ip)?;
+                if cluster_ips
+                    .iter()
+                    .any(|other| Family::of(*other) == Family::of(ip))
+                {
+                    return Err(c.error(field, format!("second {} cluster IP", Family::of(ip))));
+                }
+                cluster_ips.push(ip);
+            }
+        }
+    }
+    Ok((cluster_ips, headless))
+}
+
+/// `status.loadBalancer.ingress[].ip`, with their ipMode.
+fn lb_ingress(c: &Checker, svc: &core::Service) -> Result<Vec<LbIngress>, ValidationError> {
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    let mut out = Vec::new();
+    for (i, ing) in ingress.into_iter().flatten().enumerate() {
+        if let Some(ip) = &ing.ip {
+            out.push(LbIngress {
+                ip: c.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip)?,
+                proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// sessionAffinity ClientIP's timeout, when affinity is on.
+fn affinity_timeout(c: &Checker, spec: &core::ServiceSpec) -> Result<Option<u32>, ValidationError> {
+    match spec.session_affinity.as_deref() {
+        None | Some("" | "None") => Ok(None),
+        Some("ClientIP") => {
+            let t = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|s| s.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match t {
+                None => Ok(Some(DEFAULT_AFFINITY_TIMEOUT_S)),
+                Some(t) => match u32::try_from(t) {
+                    Ok(t) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&t) => Ok(Some(t)),
+                    _ => Err(c.error(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                        format!("{t} is outside 1-{MAX_AFFINITY_TIMEOUT_S}"),
+                    )),
+                },
+            }
+        }
+        Some(other) => Err(c.error(
+            "spec.sessionAffinity",
+            format!("{other:?} is not None or ClientIP"),
+        )),
+    }
+}
+
+fn validate_ports(
+    c: &Checker,
+    ports: &[core::ServicePort],
+) -> Result<Vec<ServicePort>, ValidationError> {
     let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     for (i, p) in ports.iter().enumerate() {
         let field = |f: &str| format!("spec.ports[{i}].{f}");
@@ -252,7 +276,10 @@ fn validate_ports(c: &Checker, ports: &[core::ServicePort]) -> Result<Vec<Servic
         if !name.is_empty() {
             c.port_name(&field("name"), &name)?;
         } else if ports.len() > 1 {
-            return Err(c.error(field("name"), "every port of a multi-port Service needs a name"));
+            return Err(c.error(
+                field("name"),
+                "every port of a multi-port Service needs a name",
+            ));
         }
         let protocol_name = p.protocol.clone().unwrap_or_else(|| "TCP".into());
         let protocol = match protocol_name.as_str() {
@@ -260,7 +287,10 @@ fn validate_ports(c: &Checker, ports: &[core::ServicePort]) -> Result<Vec<Servic
             "UDP" => Some(Protocol::Udp),
             "SCTP" => None,
             other => {
-                return Err(c.error(field("protocol"), format!("{other:?} is not TCP, UDP or SCTP")));
+                return Err(c.error(
+                    field("protocol"),
+                    format!("{other:?} is not TCP, UDP or SCTP"),
+                ));
             }
         };
         let port = c.port(&field("port"), p.port)?;
@@ -287,7 +317,10 @@ fn validate_ports(c: &Checker, ports: &[core::ServicePort]) -> Result<Vec<Servic
             .iter()
             .any(|o| o.port == port && o.protocol_name == protocol_name)
         {
-            return Err(c.error(field("port"), format!("duplicate port {port}/{protocol_name}")));
+            return Err(c.error(
+                field("port"),
+                format!("duplicate port {port}/{protocol_name}"),
+            ));
         }
         out.push(ServicePort {
             name,

@@ -93,7 +93,10 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     let name = meta.name.clone().unwrap_or_default();
     let c = Checker {
         kind: "EndpointSlice",
-        object: format!("{namespace}/{}", if name.is_empty() { "<unnamed>" } else { &name }),
+        object: format!(
+            "{namespace}/{}",
+            if name.is_empty() { "<unnamed>" } else { &name }
+        ),
     };
     c.dns_name("metadata.name", &name, 253)?;
     c.dns_name("metadata.namespace", &namespace, 63)?;
@@ -109,7 +112,10 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         "IPv6" => AddressType::Ip(Family::IPv6),
         "FQDN" => AddressType::Fqdn,
         other => {
-            return Err(c.error("addressType", format!("{other:?} is not IPv4, IPv6 or FQDN")));
+            return Err(c.error(
+                "addressType",
+                format!("{other:?} is not IPv4, IPv6 or FQDN"),
+            ));
         }
     };
     if slice.endpoints.len() > MAX_ENDPOINTS_PER_SLICE {
@@ -121,15 +127,33 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
             ),
         ));
     }
+    let endpoints = endpoints(&c, address_type, slice, &namespace)?;
+    let ports = ports(&c, slice)?;
+    Ok(EndpointSlice {
+        key: ObjectKey::new(namespace, name),
+        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        service,
+        address_type,
+        endpoints,
+        ports,
+    })
+}
+
+fn endpoints(
+    c: &Checker,
+    address_type: AddressType,
+    slice: &discovery::EndpointSlice,
+    namespace: &str,
+) -> Result<Vec<Endpoint>, ValidationError> {
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let field = format!("endpoints[{i}].addresses[0]");
-        let address = match (&address_type, ep.addresses.first()) {
+        let address = match (address_type, ep.addresses.first()) {
             (_, None) => return Err(c.error(format!("endpoints[{i}].addresses"), "empty")),
             (AddressType::Fqdn, Some(_)) => None,
             (AddressType::Ip(family), Some(a)) => {
                 let ip = c.ip(&field, a)?;
-                if Family::of(ip) != *family {
+                if Family::of(ip) != family {
                     return Err(c.error(
                         field,
                         format!("{ip} is not an {family} address, as addressType says"),
@@ -157,17 +181,27 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
                 format!(
                     "{} {}/{}",
                     t.kind.as_deref().unwrap_or("Object"),
-                    t.namespace.as_deref().unwrap_or(&namespace),
+                    t.namespace.as_deref().unwrap_or(namespace),
                     t.name.as_deref().unwrap_or("?")
                 )
             }),
         });
     }
+    Ok(endpoints)
+}
+
+fn ports(
+    c: &Checker,
+    slice: &discovery::EndpointSlice,
+) -> Result<Vec<EndpointPort>, ValidationError> {
     let api_ports = slice.ports.as_deref().unwrap_or_default();
     if api_ports.len() > MAX_PORTS_PER_SLICE {
         return Err(c.error(
             "ports",
-            format!("{} ports, at most {MAX_PORTS_PER_SLICE} allowed", api_ports.len()),
+            format!(
+                "{} ports, at most {MAX_PORTS_PER_SLICE} allowed",
+                api_ports.len()
+            ),
         ));
     }
     let mut ports = Vec::with_capacity(api_ports.len());
@@ -193,12 +227,5 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
             port,
         });
     }
-    Ok(EndpointSlice {
-        key: ObjectKey::new(namespace, name),
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
-        service,
-        address_type,
-        endpoints,
-        ports,
-    })
+    Ok(ports)
 }

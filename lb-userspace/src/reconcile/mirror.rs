@@ -37,7 +37,11 @@ impl Mirror {
             *mirror.backend_refs.entry(*id).or_default() += 1;
         }
         for (k, f) in &snap.frontends {
-            mirror.frontends_of.entry(f.service_id).or_default().insert(*k);
+            mirror
+                .frontends_of
+                .entry(f.service_id)
+                .or_default()
+                .insert(*k);
         }
         mirror.snap = snap;
         mirror
@@ -70,7 +74,10 @@ impl Mirror {
                 if let Some(old) = self.snap.frontends.get(k) {
                     self.drop_frontend(old.service_id, k);
                 }
-                self.frontends_of.entry(f.service_id).or_default().insert(*k);
+                self.frontends_of
+                    .entry(f.service_id)
+                    .or_default()
+                    .insert(*k);
             }
             MapWrite::DeleteFrontend(k) => {
                 if let Some(old) = self.snap.frontends.get(k) {

@@ -161,7 +161,11 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     /// Brings one service port to `desired` (`None`: remove it).
-    pub fn sync_one(&mut self, key: &ServicePortKey, desired: Option<&DesiredService>) -> SyncReport {
+    pub fn sync_one(
+        &mut self,
+        key: &ServicePortKey,
+        desired: Option<&DesiredService>,
+    ) -> SyncReport {
         let mut report = SyncReport::default();
         self.sync_one_into(key, desired, &mut report);
         report
@@ -211,7 +215,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             Err(e) => {
                 self.rollback(undo);
                 report.writes += writes;
-                if !self.mirror.snap.meta.contains_key(&id) && self.mirror.frontends_of(id).next().is_none() {
+                if !self.mirror.snap.meta.contains_key(&id)
+                    && self.mirror.frontends_of(id).next().is_none()
+                {
                     self.ids.remove(key);
                 }
                 *self.stats.errors.entry(e.kind()).or_default() += 1;
@@ -278,14 +284,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         let mut planned = BTreeSet::new();
         let mut layout_ids = Vec::with_capacity(new_layout.len());
         for addr in &new_layout {
-            let backend_id = match self.mirror.backend_id(addr) {
-                Some(b) => b,
-                None => {
-                    let b = self.new_backend_id(&planned);
-                    planned.insert(b);
-                    writes.push(MapWrite::PutBackend(b, backend_to_abi(*addr)));
-                    b
-                }
+            let backend_id = if let Some(b) = self.mirror.backend_id(addr) {
+                b
+            } else {
+                let b = self.new_backend_id(&planned);
+                planned.insert(b);
+                writes.push(MapWrite::PutBackend(b, backend_to_abi(*addr)));
+                b
             };
             layout_ids.push(backend_id);
         }
@@ -296,7 +301,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         for (i, backend_id) in layout_ids.iter().enumerate() {
             let slot = i as u32 + 1;
             if old_slots.get(&slot) != Some(backend_id) {
-                let write = MapWrite::PutSlot(SlotKey { service_id: id, slot }, *backend_id);
+                let write = MapWrite::PutSlot(
+                    SlotKey {
+                        service_id: id,
+                        slot,
+                    },
+                    *backend_id,
+                );
                 if slot <= old_count {
                     writes.push(write);
                 } else {
@@ -307,12 +318,10 @@ impl<M: ServiceMaps> Reconciler<M> {
         writes.extend(beyond);
 
         // 3. Metadata, before any frontend points at the id.
-        let meta = desired.map(|d| service_meta(key, d.port));
-        match meta {
-            Some(meta) if self.mirror.snap.meta.get(&id) != Some(&meta) => {
-                writes.push(MapWrite::PutMeta(id, meta));
-            }
-            _ => {}
+        if let Some(meta) = desired.map(|d| service_meta(key, d.port))
+            && self.mirror.snap.meta.get(&id) != Some(&meta)
+        {
+            writes.push(MapWrite::PutMeta(id, meta));
         }
 
         // 4. Frontends with the new count, last.
@@ -350,7 +359,12 @@ impl<M: ServiceMaps> Reconciler<M> {
             old_slots
                 .keys()
                 .filter(|s| **s == 0 || **s > keep)
-                .map(|s| MapWrite::DeleteSlot(SlotKey { service_id: id, slot: *s })),
+                .map(|s| {
+                    MapWrite::DeleteSlot(SlotKey {
+                        service_id: id,
+                        slot: *s,
+                    })
+                }),
         );
         if desired.is_none() && self.mirror.snap.meta.contains_key(&id) {
             writes.push(MapWrite::DeleteMeta(id));
@@ -366,11 +380,18 @@ impl<M: ServiceMaps> Reconciler<M> {
         self.ids
             .iter()
             .find(|(_, id)| **id == service_id)
-            .map_or_else(|| format!("service id {service_id}"), |(k, _)| k.to_string())
+            .map_or_else(
+                || format!("service id {service_id}"),
+                |(k, _)| k.to_string(),
+            )
     }
 
     /// Runs writes in order, recording for each the write that undoes it.
-    fn execute(&mut self, writes: &[MapWrite], undo: &mut Vec<MapWrite>) -> Result<(), MapWriteError> {
+    fn execute(
+        &mut self,
+        writes: &[MapWrite],
+        undo: &mut Vec<MapWrite>,
+    ) -> Result<(), MapWriteError> {
         for write in writes {
             let inverse = self.inverse(write);
             self.maps.write(write)?;
@@ -387,7 +408,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             MapWrite::PutBackend(id, _) | MapWrite::DeleteBackend(id) => snap
                 .backends
                 .get(id)
-                .map_or(MapWrite::DeleteBackend(*id), |b| MapWrite::PutBackend(*id, *b)),
+                .map_or(MapWrite::DeleteBackend(*id), |b| {
+                    MapWrite::PutBackend(*id, *b)
+                }),
             MapWrite::PutSlot(k, _) | MapWrite::DeleteSlot(k) => snap
                 .slots
                 .get(k)
@@ -399,7 +422,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             MapWrite::PutFrontend(k, _) | MapWrite::DeleteFrontend(k) => snap
                 .frontends
                 .get(k)
-                .map_or(MapWrite::DeleteFrontend(*k), |f| MapWrite::PutFrontend(*k, *f)),
+                .map_or(MapWrite::DeleteFrontend(*k), |f| {
+                    MapWrite::PutFrontend(*k, *f)
+                }),
         }
     }
 
@@ -436,12 +461,12 @@ impl<M: ServiceMaps> Reconciler<M> {
                 .copied()
                 .map(MapWrite::DeleteFrontend)
                 .collect();
-            writes.extend(
-                self.mirror
-                    .slots_of(id)
-                    .keys()
-                    .map(|s| MapWrite::DeleteSlot(SlotKey { service_id: id, slot: *s })),
-            );
+            writes.extend(self.mirror.slots_of(id).keys().map(|s| {
+                MapWrite::DeleteSlot(SlotKey {
+                    service_id: id,
+                    slot: *s,
+                })
+            }));
             if self.mirror.snap.meta.contains_key(&id) {
                 writes.push(MapWrite::DeleteMeta(id));
             }

@@ -94,7 +94,10 @@ pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
             if let Some(first) = seen.get(&label) {
                 contents.errors.push((
                     Some(label.clone()),
-                    format!("{location}: {label} is also defined in {}; that one is used", first.display()),
+                    format!(
+                        "{location}: {label} is also defined in {}; that one is used",
+                        first.display()
+                    ),
                 ));
                 continue;
             }
@@ -110,14 +113,19 @@ pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
 
 /// Polls `dir` every `interval` and sends listings whenever it changed. Runs on its own thread
 /// until the receiver is gone.
-pub fn watch(dir: PathBuf, node_name: Option<String>, interval: Duration, tx: mpsc::Sender<SourceEvent>) {
+pub fn watch(
+    dir: &Path,
+    node_name: Option<&str>,
+    interval: Duration,
+    tx: &mpsc::Sender<SourceEvent>,
+) {
     let mut last = None;
     let mut last_good: BTreeMap<String, Object> = BTreeMap::new();
     loop {
-        let fp = fingerprint(&dir).map_err(|e| e.to_string());
+        let fp = fingerprint(dir).map_err(|e| e.to_string());
         if last.as_ref() != Some(&fp) {
-            let events = match read_folder(&dir) {
-                Ok(contents) => listing(contents, node_name.as_deref(), &mut last_good),
+            let events = match read_folder(dir) {
+                Ok(contents) => listing(contents, node_name, &mut last_good),
                 Err(e) => vec![SourceEvent::Rejected {
                     object: None,
                     message: format!("reading {}: {e}", dir.display()),
@@ -141,7 +149,11 @@ fn listing(
     last_good: &mut BTreeMap<String, Object>,
 ) -> Vec<SourceEvent> {
     let mut events = Vec::new();
-    if let Some(node) = contents.nodes.into_iter().find(|n| Some(n.name.as_str()) == node_name) {
+    if let Some(node) = contents
+        .nodes
+        .into_iter()
+        .find(|n| Some(n.name.as_str()) == node_name)
+    {
         events.push(SourceEvent::Node(node));
     }
     let mut services = contents.services;

@@ -108,11 +108,18 @@ async fn watch_kind<K>(
 
 async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEvent>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config).default_backoff().applied_objects().boxed();
+    let mut stream = watcher(api, config)
+        .default_backoff()
+        .applied_objects()
+        .boxed();
     loop {
         match stream.try_next().await {
             Ok(Some(node)) => {
-                if tx.send(SourceEvent::Node(node_from_api(&node))).await.is_err() {
+                if tx
+                    .send(SourceEvent::Node(node_from_api(&node)))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -42,5 +42,8 @@ pub enum SourceEvent {
     Node(NodeObject),
     /// An object that could not be used; it names the object and the field. The previous
     /// version of that object, if any, stays in effect.
-    Rejected { object: Option<String>, message: String },
+    Rejected {
+        object: Option<String>,
+        message: String,
+    },
 }

@@ -33,7 +33,10 @@ struct Pending<'a> {
 }
 
 /// Returns the backends (sorted) and a decision for every endpoint considered.
-pub fn select(sel: &Selection<'_>, slices: &[&EndpointSlice]) -> (Vec<SocketAddr>, Vec<EndpointDecision>) {
+pub fn select(
+    sel: &Selection<'_>,
+    slices: &[&EndpointSlice],
+) -> (Vec<SocketAddr>, Vec<EndpointDecision>) {
     let mut decisions = Vec::new();
     let mut pending: Vec<Pending<'_>> = Vec::new();
 
@@ -209,7 +212,9 @@ fn by_topology<'p, 'a>(
     let prefer_node = sel.service.traffic_distribution.as_deref() == Some("PreferSameNode");
     if prefer_node
         && all_have(|e| e.node_hints.as_ref())
-        && ready.iter().any(|p| hinted_for(p.endpoint.node_hints.as_ref(), node))
+        && ready
+            .iter()
+            .any(|p| hinted_for(p.endpoint.node_hints.as_ref(), node))
     {
         let (keep, drop): (Vec<_>, Vec<_>) = ready
             .into_iter()
@@ -222,7 +227,9 @@ fn by_topology<'p, 'a>(
         return keep;
     }
     if all_have(|e| e.zone_hints.as_ref())
-        && ready.iter().any(|p| hinted_for(p.endpoint.zone_hints.as_ref(), zone))
+        && ready
+            .iter()
+            .any(|p| hinted_for(p.endpoint.zone_hints.as_ref(), zone))
     {
         let (keep, drop): (Vec<_>, Vec<_>) = ready
             .into_iter()
@@ -239,5 +246,8 @@ fn by_topology<'p, 'a>(
 
 /// All addresses of one family among the given ones.
 pub fn of_family(addrs: &[IpAddr], family: Family) -> impl Iterator<Item = IpAddr> + '_ {
-    addrs.iter().copied().filter(move |ip| Family::of(*ip) == family)
+    addrs
+        .iter()
+        .copied()
+        .filter(move |ip| Family::of(*ip) == family)
 }

@@ -53,7 +53,9 @@ pub fn translate_all(store: &Store, node: &NodeInfo) -> (DesiredState, Vec<Servi
     for svc in store.services() {
         let report = translate_service(svc, &store.slices_of(&svc.key), node);
         for port in &report.ports {
-            desired.services.insert(port.key.clone(), port.desired.clone());
+            desired
+                .services
+                .insert(port.key.clone(), port.desired.clone());
         }
         reports.push(report);
     }

@@ -114,7 +114,9 @@ impl fmt::Display for Exclusion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NotReady => f.write_str("not ready"),
-            Self::Terminating => f.write_str("terminating (and others are ready, or it is not serving)"),
+            Self::Terminating => {
+                f.write_str("terminating (and others are ready, or it is not serving)")
+            }
             Self::OtherNode { node } => write!(
                 f,
                 "on node {}, and traffic policy Local keeps this node's endpoints only",
@@ -131,7 +133,9 @@ impl fmt::Display for Exclusion {
             Self::WrongFamily { address_type } => {
                 write!(f, "its slice's addressType is {address_type}")
             }
-            Self::Duplicate { slice } => write!(f, "same address and port already taken from {slice}"),
+            Self::Duplicate { slice } => {
+                write!(f, "same address and port already taken from {slice}")
+            }
         }
     }
 }

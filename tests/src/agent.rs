@@ -1,0 +1,179 @@
+//! The real `socklb agent` binary, run against a sandbox.
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::{bins, sandbox::Sandbox, system::kill_and_wait};
+
+#[derive(Clone, Debug, Default)]
+pub struct AgentOptions {
+    /// Extra arguments (e.g. `--node-name`, map sizes).
+    pub args: Vec<String>,
+    /// Use this kubeconfig instead of the sandbox's manifests folder.
+    pub kubeconfig: Option<PathBuf>,
+    /// Don't wait for /readyz.
+    pub no_wait: bool,
+}
+
+pub struct AgentProcess {
+    child: Option<Child>,
+    pub listen: SocketAddr,
+    pub log: PathBuf,
+    command: Vec<String>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl AgentProcess {
+    pub fn start(sandbox: &Sandbox, options: &AgentOptions) -> anyhow::Result<Self> {
+        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let log = sandbox.workdir.join(format!("agent-{}.log", listen.port()));
+        let mut command: Vec<String> = vec!["agent".into()];
+        match &options.kubeconfig {
+            Some(k) => command.extend(["--kubeconfig".into(), k.display().to_string()]),
+            None => command.extend([
+                "--manifests".into(),
+                sandbox.manifests().display().to_string(),
+                "--poll-ms".into(),
+                "50".into(),
+            ]),
+        }
+        command.extend([
+            "--cgroup".into(),
+            sandbox.cgroup.display().to_string(),
+            "--bpffs".into(),
+            sandbox.pin_folder().display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+        ]);
+        command.extend(options.args.iter().cloned());
+        let mut agent = Self {
+            child: None,
+            listen,
+            log,
+            command,
+        };
+        agent.spawn()?;
+        if !options.no_wait {
+            agent.wait_ready(Duration::from_secs(20))?;
+        }
+        Ok(agent)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(bins::socklb()?)
+            .args(&self.command)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting socklb agent")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Kills the agent with SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_wait(&mut child);
+        }
+    }
+
+    /// Starts the same agent again (after `kill9`).
+    pub fn restart(&mut self, wait: bool) -> anyhow::Result<()> {
+        self.kill9();
+        self.spawn()?;
+        if wait {
+            self.wait_ready(Duration::from_secs(20))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the agent with SIGTERM and waits for it.
+    pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("agent not running")?;
+        // SAFETY: signalling our own child by PID.
+        unsafe { libc::kill(i32::try_from(child.id())?, libc::SIGTERM) };
+        Ok(child.wait()?)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("agent exited with {status}:\n{}", self.log_tail(40));
+            }
+            if self.get("/readyz").is_ok_and(|(code, _)| code == 200) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("agent not ready after {timeout:?}:\n{}", self.log_tail(40))
+    }
+
+    /// An HTTP GET on the agent's listen address: (status code, body).
+    pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let mut s = TcpStream::connect_timeout(&self.listen, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: socklb\r\n\r\n")?;
+        let mut response = String::new();
+        s.read_to_string(&mut response)?;
+        let code = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("no HTTP status")?;
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// The value of a metric line (`name{labels} value`) from /metrics.
+    pub fn metric(&self, name_and_labels: &str) -> anyhow::Result<Option<f64>> {
+        let (_, body) = self.get("/metrics")?;
+        Ok(body.lines().find_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            (key == name_and_labels)
+                .then(|| value.parse().ok())
+                .flatten()
+        }))
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- socklb agent log (last 40 lines) ---\n{}",
+                self.log_tail(40)
+            );
+        }
+        self.kill9();
+    }
+}

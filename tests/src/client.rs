@@ -1,0 +1,312 @@
+//! The client side of the sandbox: commands the tests send to an `sbx client` process running in
+//! the client cgroup and namespace, and what it reports back. Everything is what an application
+//! would observe: which backend answered, the errno, what getpeername or recvfrom said.
+use std::{
+    collections::{BTreeMap, HashMap},
+    io::{BufRead as _, BufReader, Write as _},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Command {
+    /// `count` short connections: connect, read the backend's greeting, getpeername, close.
+    /// With `udp`, a connected UDP socket sends one datagram and reads the reply.
+    Connect {
+        target: SocketAddr,
+        count: usize,
+        #[serde(default)]
+        udp: bool,
+    },
+    /// One unconnected UDP socket: `count` times sendto(target) then recvfrom.
+    SendTo {
+        target: SocketAddr,
+        count: usize,
+    },
+    /// A long-lived connection (TCP, or connected UDP) kept under `id`.
+    Open {
+        id: u32,
+        target: SocketAddr,
+        #[serde(default)]
+        udp: bool,
+    },
+    /// Sends `msg` on connection `id` and reads the answer.
+    Exchange {
+        id: u32,
+        msg: String,
+    },
+    Close {
+        id: u32,
+    },
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    pub error: Option<String>,
+    /// Backend address, as the backend reported it → answers.
+    pub backends: BTreeMap<String, usize>,
+    /// errno name → failures.
+    pub errors: BTreeMap<String, usize>,
+    /// What getpeername (TCP, connected UDP) or recvfrom (unconnected UDP) reported → times.
+    pub peer_names: BTreeMap<String, usize>,
+    /// The client address the backend saw → times.
+    pub seen_as: BTreeMap<String, usize>,
+    /// The raw answer line (open, exchange).
+    pub line: Option<String>,
+}
+
+impl Reply {
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            error: Some(message.into()),
+            ..Self::default()
+        }
+    }
+
+    fn count_answer(&mut self, answer: &str) {
+        let field = |key: &str| {
+            answer
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(key))
+                .map(str::to_string)
+        };
+        if let Some(b) = field("backend=") {
+            *self.backends.entry(b).or_default() += 1;
+        }
+        if let Some(p) = field("peer=") {
+            *self.seen_as.entry(p).or_default() += 1;
+        }
+    }
+
+    fn count_error(&mut self, e: &std::io::Error) {
+        *self.errors.entry(errno_name(e)).or_default() += 1;
+    }
+
+    /// Total answers from backends.
+    pub fn answers(&self) -> usize {
+        self.backends.values().sum()
+    }
+
+    pub fn failures(&self) -> usize {
+        self.errors.values().sum()
+    }
+}
+
+/// The errno's symbolic name (ECONNREFUSED, ENETUNREACH, ...), or the error text.
+pub fn errno_name(e: &std::io::Error) -> String {
+    let names = [
+        (libc::ECONNREFUSED, "ECONNREFUSED"),
+        (libc::ENETUNREACH, "ENETUNREACH"),
+        (libc::EHOSTUNREACH, "EHOSTUNREACH"),
+        (libc::ETIMEDOUT, "ETIMEDOUT"),
+        (libc::EPERM, "EPERM"),
+        (libc::ECONNRESET, "ECONNRESET"),
+        (libc::ECONNABORTED, "ECONNABORTED"),
+        (libc::EPIPE, "EPIPE"),
+        (libc::EAGAIN, "EAGAIN"),
+        (libc::EINPROGRESS, "EINPROGRESS"),
+    ];
+    match e.raw_os_error() {
+        Some(code) => names
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map_or_else(|| format!("errno {code}"), |(_, n)| (*n).to_string()),
+        None if e.kind() == std::io::ErrorKind::WouldBlock
+            || e.kind() == std::io::ErrorKind::TimedOut =>
+        {
+            "timeout".into()
+        }
+        None => e.to_string(),
+    }
+}
+
+const IO_TIMEOUT: Duration = Duration::from_secs(3);
+
+enum Conn {
+    Tcp(BufReader<TcpStream>),
+    Udp(UdpSocket),
+}
+
+/// The client process's open connections.
+#[derive(Default)]
+pub struct ClientState {
+    conns: HashMap<u32, Conn>,
+}
+
+impl ClientState {
+    pub fn run(&mut self, cmd: Command) -> Reply {
+        match cmd {
+            Command::Connect { target, count, udp } => connect_many(target, count, udp),
+            Command::SendTo { target, count } => send_to(target, count),
+            Command::Open { id, target, udp } => self.open(id, target, udp),
+            Command::Exchange { id, msg } => self.exchange(id, &msg),
+            Command::Close { id } => {
+                self.conns.remove(&id);
+                Reply {
+                    ok: true,
+                    ..Reply::default()
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, id: u32, target: SocketAddr, udp: bool) -> Reply {
+        let mut reply = Reply {
+            ok: true,
+            ..Reply::default()
+        };
+        let result = if udp {
+            udp_connected(target).and_then(|s| {
+                let answer = udp_roundtrip(&s, "open")?;
+                let peer = s.peer_addr()?;
+                Ok((Conn::Udp(s), answer, peer))
+            })
+        } else {
+            tcp_connect(target).and_then(|s| {
+                let peer = s.peer_addr()?;
+                let mut r = BufReader::new(s);
+                let answer = read_line(&mut r)?;
+                Ok((Conn::Tcp(r), answer, peer))
+            })
+        };
+        match result {
+            Ok((conn, answer, peer)) => {
+                reply.count_answer(&answer);
+                *reply.peer_names.entry(peer.to_string()).or_default() += 1;
+                reply.line = Some(answer);
+                self.conns.insert(id, conn);
+            }
+            Err(e) => {
+                reply.ok = false;
+                reply.count_error(&e);
+            }
+        }
+        reply
+    }
+
+    fn exchange(&mut self, id: u32, msg: &str) -> Reply {
+        let mut reply = Reply {
+            ok: true,
+            ..Reply::default()
+        };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Reply::error(format!("no connection {id}"));
+        };
+        let result = match conn {
+            Conn::Tcp(r) => writeln!(r.get_mut(), "{msg}").and_then(|()| read_line(r)),
+            Conn::Udp(s) => udp_roundtrip(s, msg),
+        };
+        match result {
+            Ok(answer) => {
+                reply.count_answer(&answer);
+                reply.line = Some(answer);
+            }
+            Err(e) => {
+                reply.ok = false;
+                reply.count_error(&e);
+            }
+        }
+        reply
+    }
+}
+
+fn tcp_connect(target: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&target, IO_TIMEOUT)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
+fn udp_connected(target: SocketAddr) -> std::io::Result<UdpSocket> {
+    let local: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let s = UdpSocket::bind(local)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.connect(target)?;
+    Ok(s)
+}
+
+fn udp_roundtrip(s: &UdpSocket, msg: &str) -> std::io::Result<String> {
+    s.send(msg.as_bytes())?;
+    let mut buf = [0u8; 2048];
+    let n = s.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+fn read_line(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::ECONNRESET));
+    }
+    Ok(line.trim_end().to_string())
+}
+
+fn connect_many(target: SocketAddr, count: usize, udp: bool) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    for _ in 0..count {
+        let result = if udp {
+            udp_connected(target).and_then(|s| {
+                let answer = udp_roundtrip(&s, "hello")?;
+                Ok((answer, s.peer_addr()?))
+            })
+        } else {
+            tcp_connect(target).and_then(|s| {
+                let peer = s.peer_addr()?;
+                Ok((read_line(&mut BufReader::new(s))?, peer))
+            })
+        };
+        match result {
+            Ok((answer, peer)) => {
+                reply.count_answer(&answer);
+                *reply.peer_names.entry(peer.to_string()).or_default() += 1;
+            }
+            Err(e) => reply.count_error(&e),
+        }
+    }
+    reply
+}
+
+fn send_to(target: SocketAddr, count: usize) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    let local: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let socket = match UdpSocket::bind(local)
+        .and_then(|s| s.set_read_timeout(Some(IO_TIMEOUT)).map(|()| s))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            reply.count_error(&e);
+            return reply;
+        }
+    };
+    let mut buf = [0u8; 2048];
+    for i in 0..count {
+        let result = socket
+            .send_to(format!("datagram {i}").as_bytes(), target)
+            .and_then(|_| socket.recv_from(&mut buf));
+        match result {
+            Ok((n, from)) => {
+                reply.count_answer(&String::from_utf8_lossy(&buf[..n]));
+                *reply.peer_names.entry(from.to_string()).or_default() += 1;
+            }
+            Err(e) => reply.count_error(&e),
+        }
+    }
+    reply
+}
