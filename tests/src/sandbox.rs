@@ -60,7 +60,7 @@ impl Sandbox {
     pub fn new() -> anyhow::Result<Self> {
         crate::system::sweep_stale();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 256;
-        let id = format!("slb{:x}{n:02x}", std::process::id());
+        let id = format!("slb{:x}x{n:02x}", std::process::id());
         let cg2 = cgroup2_mount().context("no cgroup2 mount")?;
         let sandbox = Self {
             client_ns: format!("{id}c"),

@@ -86,14 +86,10 @@ fn pid_alive(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// The PID encoded in a sandbox name `slb<hex pid><2 hex digits>...`, if it is one.
+/// The PID encoded in a sandbox name `slb<hex pid>x<2 hex digits>...`, if it is one.
 fn owner_pid(name: &str) -> Option<u32> {
-    let rest = name.strip_prefix("slb")?;
-    let hex: String = rest.chars().take_while(char::is_ascii_hexdigit).collect();
-    if hex.len() < 3 {
-        return None;
-    }
-    u32::from_str_radix(&hex[..hex.len() - 2], 16).ok()
+    let (pid, _) = name.strip_prefix("slb")?.split_once('x')?;
+    u32::from_str_radix(pid, 16).ok()
 }
 
 /// Removes what sandboxes of processes that no longer exist left behind (a run killed with
@@ -137,8 +133,9 @@ pub fn sweep_stale() {
 mod tests {
     #[test]
     fn sandbox_names_carry_their_owner() {
-        assert_eq!(super::owner_pid("slb1a2b03c"), Some(0x1a2b));
-        assert_eq!(super::owner_pid("slbff01-bpffs"), Some(0xff));
+        assert_eq!(super::owner_pid("slb1a2bx03c"), Some(0x1a2b));
+        assert_eq!(super::owner_pid("slbffx01-bpffs"), Some(0xff));
+        assert_eq!(super::owner_pid("slbzzx01"), None);
         assert_eq!(super::owner_pid("other"), None);
     }
 }
