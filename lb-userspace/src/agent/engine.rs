@@ -11,7 +11,7 @@ use std::{
 use crate::{
     dataplane::maps::ServiceMaps,
     model::{NodeObject, ObjectKey, Store},
-    reconcile::{Reconciler, SyncReport},
+    reconcile::{Reconciler, ServiceProblem, SyncReport},
     source::{Kind, Object, SourceEvent},
     translate::{NodeInfo, ServicePortKey, translate_all, translate_service},
 };
@@ -216,8 +216,20 @@ impl<M: ServiceMaps> Engine<M> {
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
-            for svc in dirty {
-                self.sync_service(&svc, &mut pass.report);
+            for svc in &dirty {
+                self.sync_service(svc, &mut pass.report);
+            }
+            // A frontend another service was waiting for may have been freed just now.
+            let waiting: BTreeSet<ObjectKey> = self
+                .reconciler
+                .problems()
+                .iter()
+                .filter(|(_, p)| matches!(p, ServiceProblem::FrontendConflict { .. }))
+                .map(|(k, _)| k.service.clone())
+                .filter(|s| !dirty.contains(s))
+                .collect();
+            for svc in &waiting {
+                self.sync_service(svc, &mut pass.report);
             }
         }
         pass.duration = start.elapsed();
@@ -230,13 +242,25 @@ impl<M: ServiceMaps> Engine<M> {
             .store
             .service(svc)
             .map(|s| translate_service(s, &self.store.slices_of(svc), &self.node));
-        let old = self.keys_by_service.remove(svc).unwrap_or_default();
+        let mut old = self.keys_by_service.remove(svc).unwrap_or_default();
+        // Service ports whose removal failed earlier are still in the maps: remove them now.
+        old.extend(
+            self.reconciler
+                .problems()
+                .keys()
+                .filter(|k| k.service == *svc)
+                .cloned(),
+        );
         let mut new = BTreeSet::new();
         for port in translation.iter().flat_map(|t| &t.ports) {
             new.insert(port.key.clone());
         }
+        let mut tracked = new.clone();
         for gone in old.difference(&new) {
             merge(report, self.reconciler.sync_one(gone, None));
+            if self.reconciler.service_id(gone).is_some() {
+                tracked.insert(gone.clone());
+            }
         }
         for port in translation.iter().flat_map(|t| &t.ports) {
             merge(
@@ -244,8 +268,8 @@ impl<M: ServiceMaps> Engine<M> {
                 self.reconciler.sync_one(&port.key, Some(&port.desired)),
             );
         }
-        if !new.is_empty() {
-            self.keys_by_service.insert(svc.clone(), new);
+        if !tracked.is_empty() {
+            self.keys_by_service.insert(svc.clone(), tracked);
         }
     }
 }

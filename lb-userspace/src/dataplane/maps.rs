@@ -41,6 +41,39 @@ impl MapWrite {
     }
 }
 
+impl std::fmt::Display for MapWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use super::abi::{Frontend as Fe, backend_from_abi, from_fixed};
+        let backend =
+            |b: &Backend| backend_from_abi(b).map_or_else(|| "<invalid>".into(), |a| a.to_string());
+        let frontend =
+            |k: &FrontendKey| Fe::from_key(k).map_or_else(|| format!("{k:?}"), |f| f.to_string());
+        match self {
+            Self::PutBackend(id, b) => write!(f, "put backend {id} = {}", backend(b)),
+            Self::DeleteBackend(id) => write!(f, "delete backend {id}"),
+            Self::PutSlot(k, id) => {
+                write!(f, "put slot {}#{} = backend {id}", k.service_id, k.slot)
+            }
+            Self::DeleteSlot(k) => write!(f, "delete slot {}#{}", k.service_id, k.slot),
+            Self::PutMeta(id, m) => write!(
+                f,
+                "put meta {id} = {}:{}",
+                from_fixed(&m.name),
+                from_fixed(&m.port_name)
+            ),
+            Self::DeleteMeta(id) => write!(f, "delete meta {id}"),
+            Self::PutFrontend(k, v) => write!(
+                f,
+                "put frontend {} = service {} count {}",
+                frontend(k),
+                v.service_id,
+                v.count
+            ),
+            Self::DeleteFrontend(k) => write!(f, "delete frontend {}", frontend(k)),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MapWriteError {
     #[error("map {map} is full ({capacity} entries)")]
@@ -174,8 +207,9 @@ pub trait ServiceMaps {
     fn capacities(&self) -> Capacities;
 }
 
-/// Decides whether the n-th write (counting from 0) fails.
-pub type FailureRule = Box<dyn FnMut(usize, &MapWrite) -> bool + Send>;
+/// Decides whether the n-th write (counting from 0) fails; the flag says whether the write
+/// would add a key (the writes a full map refuses).
+pub type FailureRule = Box<dyn FnMut(usize, &MapWrite, bool) -> bool + Send>;
 /// Runs after every successful write with the maps' new content (invariant checks in tests).
 pub type WriteObserver = Box<dyn FnMut(&MapSnapshot, &MapWrite) + Send>;
 
@@ -201,8 +235,8 @@ impl InMemoryMaps {
         }
     }
 
-    /// Makes writes fail when `rule(write_number, write)` returns true.
-    pub fn fail_when(&mut self, rule: impl FnMut(usize, &MapWrite) -> bool + Send + 'static) {
+    /// Makes writes fail when `rule(write_number, write, adds_key)` returns true.
+    pub fn fail_when(&mut self, rule: impl FnMut(usize, &MapWrite, bool) -> bool + Send + 'static) {
         self.fail = Some(Box::new(rule));
     }
 
@@ -225,14 +259,15 @@ impl ServiceMaps for InMemoryMaps {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let n = self.writes;
         self.writes += 1;
+        let adds_key = self.content.adds_key(write);
         if let Some(rule) = self.fail.as_mut()
-            && rule(n, write)
+            && rule(n, write, adds_key)
         {
             return Err(MapWriteError::Injected { map: write.map() });
         }
         let map = write.map();
         let capacity = self.capacities.of(map);
-        if self.content.adds_key(write) && self.content.len_of(map) >= capacity as usize {
+        if adds_key && self.content.len_of(map) >= capacity as usize {
             return Err(MapWriteError::Full { map, capacity });
         }
         self.content.apply(write);

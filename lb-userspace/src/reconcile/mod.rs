@@ -9,6 +9,7 @@
 //! backends of its family). When a write fails, the writes already done are undone in reverse
 //! order, which walks back through the same valid states, so the service is left exactly as it
 //! was; it is recorded as failed and retried later. Other services are unaffected.
+pub mod invariants;
 mod layout;
 mod mirror;
 
@@ -143,6 +144,10 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// complete view of the cluster (after the initial lists), never with a partial one.
     pub fn sync_all(&mut self, desired: &DesiredState) -> SyncReport {
         let mut report = SyncReport::default();
+        // Problems of service ports that are neither wanted nor in the maps are moot.
+        let ids = &self.ids;
+        self.problems
+            .retain(|k, _| desired.services.contains_key(k) || ids.contains_key(k));
         let stale: Vec<ServicePortKey> = self
             .ids
             .keys()

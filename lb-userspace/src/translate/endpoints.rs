@@ -183,7 +183,9 @@ fn by_readiness<'p, 'a>(
             && matches!(decisions[p.index].verdict, Verdict::Candidate { .. })
         {
             decisions[p.index].verdict = Verdict::Excluded(if p.endpoint.is_terminating() {
-                Exclusion::Terminating
+                Exclusion::Terminating {
+                    serving: p.endpoint.is_serving(),
+                }
             } else {
                 Exclusion::NotReady
             });
@@ -220,8 +222,8 @@ fn by_topology<'p, 'a>(
             .into_iter()
             .partition(|p| hinted_for(p.endpoint.node_hints.as_ref(), node));
         for p in drop {
-            decisions[p.index].verdict = Verdict::Excluded(Exclusion::OtherNode {
-                node: p.endpoint.node_name.clone(),
+            decisions[p.index].verdict = Verdict::Excluded(Exclusion::HintedForOtherNode {
+                hints: p.endpoint.node_hints.clone().unwrap_or_default(),
             });
         }
         return keep;

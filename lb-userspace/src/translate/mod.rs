@@ -3,6 +3,7 @@
 //! Pure functions: no IO, no clock, no randomness. The same inputs always give the same tables,
 //! which is what the golden tests and `socklb explain` rely on.
 mod endpoints;
+pub mod report;
 mod types;
 
 pub use types::{
@@ -88,7 +89,9 @@ pub fn translate_service(
             ));
             continue;
         };
-        for family in [Family::IPv4, Family::IPv6] {
+        // Only the families the Service has (its cluster IPs): kube-proxy's per-family proxiers
+        // leave a single-stack Service's other family alone, NodePorts included.
+        for family in svc.cluster_ips.iter().map(|ip| Family::of(*ip)) {
             for scope in [Scope::Internal, Scope::External] {
                 let frontends: BTreeSet<Frontend> = frontend_addrs(svc, port, family, scope, node)
                     .into_iter()
@@ -128,6 +131,17 @@ pub fn translate_service(
                 });
             }
         }
+    }
+    let families: Vec<Family> = svc.cluster_ips.iter().map(|ip| Family::of(*ip)).collect();
+    let external = svc
+        .external_ips
+        .iter()
+        .chain(svc.lb_ingress.iter().map(|i| &i.ip));
+    for ip in external.filter(|ip| !families.contains(&Family::of(**ip))) {
+        out.notes.push(format!(
+            "{ip} is ignored: the Service has no {} cluster IP",
+            Family::of(*ip)
+        ));
     }
     if out.ports.is_empty() && out.notes.is_empty() {
         out.skipped = Some("no port with a frontend on this node".into());

@@ -87,12 +87,30 @@ pub enum Candidacy {
 #[serde(tag = "reason", rename_all = "kebab-case")]
 pub enum Exclusion {
     NotReady,
-    Terminating,
-    OtherNode { node: Option<String> },
-    OtherZone { hints: Vec<String> },
-    PortNameMissing { port_name: String, protocol: String },
-    WrongFamily { address_type: String },
-    Duplicate { slice: String },
+    /// Terminating: not a candidate while others are ready, nor when it stopped serving.
+    Terminating {
+        serving: bool,
+    },
+    OtherNode {
+        node: Option<String>,
+    },
+    OtherZone {
+        hints: Vec<String>,
+    },
+    /// trafficDistribution PreferSameNode, and hinted for another node.
+    HintedForOtherNode {
+        hints: Vec<String>,
+    },
+    PortNameMissing {
+        port_name: String,
+        protocol: String,
+    },
+    WrongFamily {
+        address_type: String,
+    },
+    Duplicate {
+        slice: String,
+    },
 }
 
 impl Exclusion {
@@ -100,8 +118,8 @@ impl Exclusion {
     pub fn code(&self) -> &'static str {
         match self {
             Self::NotReady => "not-ready",
-            Self::Terminating => "terminating",
-            Self::OtherNode { .. } => "other-node",
+            Self::Terminating { .. } => "terminating",
+            Self::OtherNode { .. } | Self::HintedForOtherNode { .. } => "other-node",
             Self::OtherZone { .. } => "other-zone",
             Self::PortNameMissing { .. } => "port-name-missing",
             Self::WrongFamily { .. } => "wrong-family",
@@ -114,8 +132,11 @@ impl fmt::Display for Exclusion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::NotReady => f.write_str("not ready"),
-            Self::Terminating => {
-                f.write_str("terminating (and others are ready, or it is not serving)")
+            Self::Terminating { serving: true } => {
+                f.write_str("terminating while other endpoints are ready")
+            }
+            Self::Terminating { serving: false } => {
+                f.write_str("terminating and no longer serving")
             }
             Self::OtherNode { node } => write!(
                 f,
@@ -123,6 +144,11 @@ impl fmt::Display for Exclusion {
                 node.as_deref().unwrap_or("<none>")
             ),
             Self::OtherZone { hints } => write!(f, "hinted for zone(s) {}", hints.join(",")),
+            Self::HintedForOtherNode { hints } => write!(
+                f,
+                "hinted for node(s) {} (trafficDistribution PreferSameNode)",
+                hints.join(",")
+            ),
             Self::PortNameMissing {
                 port_name,
                 protocol,
