@@ -354,7 +354,7 @@ proptest! {
         let mut maps = checked_maps(&allowed, &violations);
         // Like a full map: writes that add a key fail, at pseudo-random moments.
         maps.fail_when(move |n, _, adds_key| {
-            adds_key && (n as u64).wrapping_mul(seed | 1).rotate_left(7) % every as u64 == 0
+            adds_key && (n as u64).wrapping_mul(seed | 1).rotate_left(7).is_multiple_of(every as u64)
         });
         let mut r = Reconciler::new(maps).unwrap();
         for w in &worlds {
