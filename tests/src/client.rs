@@ -21,10 +21,13 @@ pub enum Command {
         #[serde(default)]
         udp: bool,
     },
-    /// One unconnected UDP socket: `count` times sendto(target) then recvfrom.
+    /// One unconnected UDP socket: `count` times sendto(target) then recvfrom. With `id`,
+    /// the same socket is kept and reused by later commands with that id.
     SendTo {
         target: SocketAddr,
         count: usize,
+        #[serde(default)]
+        id: Option<u32>,
     },
     /// A long-lived connection (TCP, or connected UDP) kept under `id`.
     Open {
@@ -108,6 +111,7 @@ pub fn errno_name(e: &std::io::Error) -> String {
         (libc::ECONNRESET, "ECONNRESET"),
         (libc::ECONNABORTED, "ECONNABORTED"),
         (libc::EPIPE, "EPIPE"),
+        (libc::EDESTADDRREQ, "EDESTADDRREQ"),
         (libc::EAGAIN, "EAGAIN"),
         (libc::EINPROGRESS, "EINPROGRESS"),
     ];
@@ -142,7 +146,7 @@ impl ClientState {
     pub fn run(&mut self, cmd: Command) -> Reply {
         match cmd {
             Command::Connect { target, count, udp } => connect_many(target, count, udp),
-            Command::SendTo { target, count } => send_to(target, count),
+            Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
             Command::Close { id } => {
@@ -152,6 +156,27 @@ impl ClientState {
                     ..Reply::default()
                 }
             }
+        }
+    }
+
+    fn send_to(&mut self, target: SocketAddr, count: usize, id: Option<u32>) -> Reply {
+        let Some(id) = id else {
+            return match unconnected_udp(target) {
+                Ok(socket) => send_to(&socket, target, count),
+                Err(e) => Reply::error(e.to_string()),
+            };
+        };
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.conns.entry(id) {
+            match unconnected_udp(target) {
+                Ok(s) => {
+                    slot.insert(Conn::Udp(s));
+                }
+                Err(e) => return Reply::error(e.to_string()),
+            }
+        }
+        match self.conns.get(&id) {
+            Some(Conn::Udp(s)) => send_to(s, target, count),
+            _ => Reply::error(format!("connection {id} is not a UDP socket")),
         }
     }
 
@@ -276,24 +301,21 @@ fn connect_many(target: SocketAddr, count: usize, udp: bool) -> Reply {
     reply
 }
 
-fn send_to(target: SocketAddr, count: usize) -> Reply {
-    let mut reply = Reply {
-        ok: true,
-        ..Reply::default()
-    };
+fn unconnected_udp(target: SocketAddr) -> std::io::Result<UdpSocket> {
     let local: SocketAddr = if target.is_ipv4() {
         "0.0.0.0:0".parse().expect("literal")
     } else {
         "[::]:0".parse().expect("literal")
     };
-    let socket = match UdpSocket::bind(local)
-        .and_then(|s| s.set_read_timeout(Some(IO_TIMEOUT)).map(|()| s))
-    {
-        Ok(s) => s,
-        Err(e) => {
-            reply.count_error(&e);
-            return reply;
-        }
+    let socket = UdpSocket::bind(local)?;
+    socket.set_read_timeout(Some(IO_TIMEOUT))?;
+    Ok(socket)
+}
+
+fn send_to(socket: &UdpSocket, target: SocketAddr, count: usize) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
     };
     let mut buf = [0u8; 2048];
     for i in 0..count {

@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bins;
 pub mod client;
+pub mod manifests;
 pub mod privileges;
 pub mod sandbox;
 pub mod stats;

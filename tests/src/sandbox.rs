@@ -240,6 +240,56 @@ impl Sandbox {
         Client::spawn(None, &self.client_ns)
     }
 
+    /// Runs `socklb inspect -o json ARGS` on this sandbox's pins.
+    pub fn inspect(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let out = Process::new(bins::socklb()?)
+            .arg("inspect")
+            .arg("--bpffs")
+            .arg(self.pin_folder())
+            .args(["-o", "json"])
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "socklb inspect {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// The backends a connect to `target` (`ADDR:PORT[/udp]`) can get now, per the maps.
+    pub fn candidates(&self, target: &str) -> anyhow::Result<Vec<String>> {
+        let v = self.inspect(&["lookup", target])?;
+        Ok(v["candidates"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|c| c.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Waits until the maps give `target` exactly `expected` (in any order).
+    pub fn wait_candidates(&self, target: &str, expected: &[&str]) -> anyhow::Result<()> {
+        let mut want: Vec<String> = expected.iter().map(|s| (*s).to_string()).collect();
+        want.sort();
+        let start = Instant::now();
+        loop {
+            let mut got = self.candidates(target)?;
+            got.sort();
+            if got == want {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("{target}: maps hold {got:?}, expected {want:?}");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
     /// Starts `socklb agent` on this sandbox's cgroup, pins and manifests folder, and waits
     /// until it reports ready.
     pub fn start_agent(&self, options: &AgentOptions) -> anyhow::Result<AgentProcess> {

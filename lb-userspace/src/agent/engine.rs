@@ -5,6 +5,7 @@
 //! Services it touches.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
     time::{Duration, Instant},
 };
 
@@ -25,6 +26,8 @@ pub struct Pass {
     pub duration: Duration,
     /// From the first event of the batch to the writes being done.
     pub lag: Option<Duration>,
+    /// Backends no UDP service port uses any more: connected UDP sockets to them are stale.
+    pub stale_udp_backends: BTreeSet<SocketAddr>,
 }
 
 pub struct Engine<M: ServiceMaps> {
@@ -232,6 +235,15 @@ impl<M: ServiceMaps> Engine<M> {
                 self.sync_service(svc, &mut pass.report);
             }
         }
+        if !pass.report.udp_backends_removed.is_empty() {
+            let active = self.reconciler.active_udp_backends();
+            pass.stale_udp_backends = pass
+                .report
+                .udp_backends_removed
+                .difference(&active)
+                .copied()
+                .collect();
+        }
         pass.duration = start.elapsed();
         pass.lag = lag_from.map(|t| t.elapsed());
         Some(pass)
@@ -279,4 +291,5 @@ fn merge(into: &mut SyncReport, from: SyncReport) {
     into.services_changed += from.services_changed;
     into.services_removed += from.services_removed;
     into.problems.extend(from.problems);
+    into.udp_backends_removed.extend(from.udp_backends_removed);
 }

@@ -40,6 +40,7 @@ pub struct Metrics {
     services: Gauge,
     failing_services: Gauge,
     rejected_objects: Counter,
+    udp_terminated: Counter,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<String, u64>>,
     seen_rejected: AtomicU64,
@@ -90,6 +91,12 @@ impl Metrics {
             "Services and EndpointSlices rejected by validation",
             rejected_objects.clone(),
         );
+        let udp_terminated = Counter::default();
+        registry.register(
+            "udp_sockets_terminated",
+            "Connected UDP sockets destroyed because their backend left the service",
+            udp_terminated.clone(),
+        );
         if let Some(dir) = maps_dir {
             registry.register_collector(Box::new(Datapath { maps_dir: dir }));
         }
@@ -104,6 +111,7 @@ impl Metrics {
             services,
             failing_services,
             rejected_objects,
+            udp_terminated,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
         }
@@ -165,6 +173,16 @@ impl Metrics {
         if rejected_total > last {
             self.rejected_objects.inc_by(rejected_total - last);
         }
+    }
+
+    pub fn record_udp_terminated(&self, sockets: usize) {
+        self.udp_terminated.inc_by(sockets as u64);
+    }
+
+    pub fn record_error(&self, kind: &str) {
+        self.errors
+            .get_or_create(&vec![("kind".to_string(), kind.to_string())])
+            .inc();
     }
 
     pub fn encode(&self) -> String {

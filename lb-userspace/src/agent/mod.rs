@@ -27,6 +27,7 @@ use crate::{
     dataplane::{
         bpf::BpfServiceMaps,
         loader::{Dataplane, LoadConfig},
+        udp_sockets,
     },
     reconcile::Reconciler,
     source::{self, SourceEvent},
@@ -117,6 +118,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         }
         if let Some(pass) = engine.reconcile() {
             log_pass(&pass);
+            if !pass.stale_udp_backends.is_empty() {
+                terminate_udp_sockets(
+                    &config.load.cgroup,
+                    pass.stale_udp_backends.clone(),
+                    &shared,
+                );
+            }
             shared.metrics.record_pass(&pass);
             record_state(&engine, &shared);
             if engine.is_synced() && !shared.ready.swap(true, Ordering::Relaxed) {
@@ -147,6 +155,32 @@ async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> an
         }
     }
     Ok(())
+}
+
+/// Destroys connected UDP sockets to backends that left (off the event loop).
+fn terminate_udp_sockets(
+    cgroup: &std::path::Path,
+    backends: std::collections::BTreeSet<SocketAddr>,
+    shared: &Arc<Shared>,
+) {
+    let (cgroup, shared) = (cgroup.to_path_buf(), shared.clone());
+    tokio::task::spawn_blocking(move || match udp_sockets::terminate(&cgroup, &backends) {
+        Ok(done) => {
+            shared.metrics.record_udp_terminated(done.sockets);
+            if done.sockets > 0 {
+                tracing::info!(
+                    sockets = done.sockets,
+                    namespaces = done.namespaces,
+                    backends = ?backends,
+                    "terminated connected UDP sockets to removed backends"
+                );
+            }
+        }
+        Err(e) => {
+            shared.metrics.record_error("udp_terminate");
+            tracing::warn!(error = %e, "could not terminate UDP sockets to removed backends");
+        }
+    });
 }
 
 fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {

@@ -38,6 +38,8 @@ pub enum What {
     Stats,
     /// Session-affinity entries.
     Affinity,
+    /// The attached programs: instruction counts and the kernel's run counters.
+    Programs,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
@@ -57,6 +59,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
         What::Lookup { target } => lookup(&pins, &snap, target, json)?,
         What::Stats => stats(&pins, &maps, &snap, json)?,
         What::Affinity => affinity(&pins, &snap, json)?,
+        What::Programs => programs(&pins, json)?,
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
@@ -311,6 +314,31 @@ fn stats(
         m.row(vec![n.clone(), len.to_string(), cap.to_string()]);
     }
     Ok(format!("{}\n{}", t.render(), m.render()))
+}
+
+fn programs(pins: &PinFolder, json: bool) -> anyhow::Result<String> {
+    let programs = crate::dataplane::loader::attached_programs(pins)?;
+    if json {
+        return to_json(&programs);
+    }
+    let mut t = Table::new(["PROGRAM", "ID", "INSNS", "VERIFIED", "RUNS", "AVG NS"]);
+    let opt = |v: Option<u32>| v.map_or_else(|| "-".into(), |v| v.to_string());
+    for p in programs {
+        let avg = if p.run_count == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.0}", p.run_time_ns as f64 / p.run_count as f64)
+        };
+        t.row(vec![
+            p.name,
+            p.id.to_string(),
+            opt(p.instructions),
+            opt(p.verified_instructions),
+            p.run_count.to_string(),
+            avg,
+        ]);
+    }
+    Ok(t.render())
 }
 
 #[derive(Serialize)]

@@ -60,7 +60,8 @@ pub struct PinArgs {
 
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SOCKLB_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The programs' own records are already filtered by --bpf-log-level at load time.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lb_ebpf=trace"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

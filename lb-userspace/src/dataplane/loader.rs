@@ -432,3 +432,47 @@ pub fn remove_pins(pins: &PinFolder) -> io::Result<Removed> {
     }
     Ok(removed)
 }
+
+/// An attached program, as the kernel reports it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProgramView {
+    pub name: String,
+    pub id: u32,
+    /// Instructions after the verifier's rewrites (`xlated_prog_len / 8`).
+    pub instructions: Option<u32>,
+    /// Instructions the verifier processed to prove the program safe.
+    pub verified_instructions: Option<u32>,
+    /// Runs and total run time; counted only while BPF statistics are enabled
+    /// (`sysctl kernel.bpf_stats_enabled=1`, or a `BPF_ENABLE_STATS` holder such as the
+    /// benchmark).
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+/// The programs behind the pinned links.
+pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
+    let mut ids = Vec::new();
+    for program in PROGRAMS {
+        let Ok(link) = PinnedLink::from_pin(pins.link(program)) else {
+            continue;
+        };
+        let link: FdLink = link.into();
+        let info = link.info().map_err(|e| io::Error::other(e.to_string()))?;
+        ids.push((program, info.program_id()));
+    }
+    let mut out = Vec::new();
+    for info in aya::programs::loaded_programs().flatten() {
+        if let Some((name, _)) = ids.iter().find(|(_, id)| *id == info.id()) {
+            out.push(ProgramView {
+                name: (*name).to_string(),
+                id: info.id(),
+                instructions: info.size_translated().map(|b| b / 8),
+                verified_instructions: info.verified_instruction_count(),
+                run_count: info.run_count(),
+                run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+            });
+        }
+    }
+    out.sort_by_key(|p| PROGRAMS.iter().position(|n| *n == p.name));
+    Ok(out)
+}

@@ -6,3 +6,4 @@ pub mod dump;
 pub mod loader;
 pub mod maps;
 pub mod sysfs;
+pub mod udp_sockets;

@@ -26,7 +26,7 @@ pub use mirror::{Mirror, key_from_meta};
 
 use crate::{
     dataplane::{
-        abi::{backend_to_abi, to_fixed},
+        abi::{Protocol, backend_to_abi, to_fixed},
         maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
     },
     translate::{DesiredService, DesiredState, Scope, ServicePortKey},
@@ -59,6 +59,8 @@ pub struct SyncReport {
     pub services_changed: usize,
     pub services_removed: usize,
     pub problems: BTreeMap<ServicePortKey, ServiceProblem>,
+    /// Backends that left a UDP service port (connected UDP sockets to them are stale).
+    pub udp_backends_removed: BTreeSet<SocketAddr>,
 }
 
 /// Counters over the reconciler's life, for metrics.
@@ -195,6 +197,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             );
         }
         let old_backends: BTreeSet<u32> = self.mirror.slots_of(id).into_values().collect();
+        let old_active = self.active_backends(id);
         let mut undo = Vec::new();
         let mut result = self.execute(&phase1, &mut undo);
         if result.is_ok() {
@@ -210,6 +213,12 @@ impl<M: ServiceMaps> Reconciler<M> {
         match result {
             Ok(()) => {
                 report.writes += writes;
+                if key.protocol == Protocol::Udp {
+                    let now = self.active_backends(id);
+                    report
+                        .udp_backends_removed
+                        .extend(old_active.difference(&now).copied());
+                }
                 if desired.is_none() {
                     self.ids.remove(key);
                     report.services_removed += 1;
@@ -239,6 +248,23 @@ impl<M: ServiceMaps> Reconciler<M> {
         if let Some(problem) = report.problems.get(key) {
             self.problems.insert(key.clone(), problem.clone());
         }
+    }
+
+    /// The backend addresses a service id's frontends currently spread over.
+    fn active_backends(&self, id: u32) -> BTreeSet<SocketAddr> {
+        let slots = self.mirror.slots_of(id);
+        (1..=u32::from(self.mirror.active_count(id)))
+            .filter_map(|s| slots.get(&s).and_then(|b| self.mirror.backend_addr(*b)))
+            .collect()
+    }
+
+    /// Every backend address some UDP frontend currently spreads over.
+    pub fn active_udp_backends(&self) -> BTreeSet<SocketAddr> {
+        self.ids
+            .iter()
+            .filter(|(k, _)| k.protocol == Protocol::Udp)
+            .flat_map(|(_, id)| self.active_backends(*id))
+            .collect()
     }
 
     fn id_for(&mut self, key: &ServicePortKey, create: bool) -> Option<u32> {

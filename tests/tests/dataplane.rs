@@ -1,0 +1,608 @@
+//! The data path on real sockets, for IPv4 and IPv6: spread, connection stickiness, reverse
+//! translation, refusals, session affinity, UDP socket termination, IPv4-mapped destinations,
+//! and the verifier's verdict on every program.
+use std::{collections::BTreeSet, net::SocketAddr, thread::sleep, time::Duration};
+
+use socklb_tests::{
+    Client, Sandbox,
+    agent::{AgentOptions, AgentProcess},
+    client::{Command, Reply},
+    manifests::{Ep, service, slice},
+    privileged,
+    stats::{chi_square_critical_p001, chi_square_uniform},
+};
+
+/// One address family's addresses in the sandbox.
+struct Net {
+    vip: &'static str,
+    backends: [&'static str; 3],
+    client: &'static str,
+}
+
+const V4: Net = Net {
+    vip: "10.96.0.10",
+    backends: ["10.244.1.21", "10.244.2.34", "10.244.3.47"],
+    client: "10.244.0.2",
+};
+
+const V6: Net = Net {
+    vip: "fd00:96::10",
+    backends: ["fd00:244::1:21", "fd00:244::2:34", "fd00:244::3:47"],
+    client: "fd00:244::2",
+};
+
+const TCP_PORT: u16 = 80;
+const UDP_PORT: u16 = 53;
+const TARGET: u16 = 8080;
+
+fn addr(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().expect("IP"), port)
+}
+
+impl Net {
+    fn vip(&self, port: u16) -> SocketAddr {
+        addr(self.vip, port)
+    }
+
+    fn backend(&self, i: usize) -> SocketAddr {
+        addr(self.backends[i], TARGET)
+    }
+
+    fn backend_str(&self, i: usize) -> String {
+        self.backend(i).to_string()
+    }
+
+    /// `socklb inspect lookup` syntax.
+    fn lookup(&self, port: u16, udp: bool) -> String {
+        format!("{}{}", self.vip(port), if udp { "/udp" } else { "" })
+    }
+
+    fn client_prefix(&self) -> String {
+        addr(self.client, 1)
+            .to_string()
+            .trim_end_matches(":1")
+            .to_string()
+            + ":"
+    }
+}
+
+/// A sandbox with `backends` (indexes into the net's three), an agent, and one Service named
+/// `svc` on the VIP: TCP port 80 or UDP port 53, both to target port 8080.
+struct World<'n> {
+    net: &'n Net,
+    sandbox: Sandbox,
+    agent: AgentProcess,
+    udp: bool,
+    extra: Vec<&'static str>,
+}
+
+impl<'n> World<'n> {
+    fn new(
+        net: &'n Net,
+        udp: bool,
+        backends: &[usize],
+        extra: &[&'static str],
+    ) -> anyhow::Result<Self> {
+        let sandbox = Sandbox::new()?;
+        for i in 0..3 {
+            sandbox.add_backend(net.backend(i), udp)?;
+        }
+        let (protocol, port) = if udp {
+            ("UDP", UDP_PORT)
+        } else {
+            ("TCP", TCP_PORT)
+        };
+        sandbox.write_manifest(
+            "svc.yaml",
+            &service(
+                "svc",
+                net.vip,
+                "p",
+                protocol,
+                port,
+                &TARGET.to_string(),
+                extra,
+            ),
+        )?;
+        let world_slice = slice_yaml(net, udp, backends);
+        sandbox.write_manifest("slice.yaml", &world_slice)?;
+        let agent = sandbox.start_agent(&AgentOptions::default())?;
+        let w = Self {
+            net,
+            sandbox,
+            agent,
+            udp,
+            extra: extra.to_vec(),
+        };
+        w.wait(backends)?;
+        Ok(w)
+    }
+
+    fn port(&self) -> u16 {
+        if self.udp { UDP_PORT } else { TCP_PORT }
+    }
+
+    /// Rewrites the slice to hold `backends` and waits until the maps say so.
+    fn set_backends(&self, backends: &[usize]) -> anyhow::Result<()> {
+        self.sandbox
+            .write_manifest("slice.yaml", &slice_yaml(self.net, self.udp, backends))?;
+        self.wait(backends)
+    }
+
+    fn wait(&self, backends: &[usize]) -> anyhow::Result<()> {
+        let expected: Vec<String> = backends.iter().map(|i| self.net.backend_str(*i)).collect();
+        let expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+        self.sandbox
+            .wait_candidates(&self.net.lookup(self.port(), self.udp), &expected)
+    }
+
+    fn client(&self) -> anyhow::Result<Client> {
+        self.sandbox.client()
+    }
+}
+
+fn slice_yaml(net: &Net, udp: bool, backends: &[usize]) -> String {
+    let eps: Vec<Ep> = backends
+        .iter()
+        .map(|i| Ep::ready(net.backends[*i]))
+        .collect();
+    slice(
+        "svc-1",
+        "svc",
+        "p",
+        if udp { "UDP" } else { "TCP" },
+        TARGET,
+        &eps,
+    )
+}
+
+/// The single backend that answered, failing if several did.
+fn only_backend(reply: &Reply) -> String {
+    assert_eq!(
+        reply.backends.len(),
+        1,
+        "one backend expected: {:?}",
+        reply.backends
+    );
+    reply.backends.keys().next().cloned().unwrap_or_default()
+}
+
+fn backend_index(net: &Net, backend: &str) -> usize {
+    (0..3)
+        .find(|i| net.backend_str(*i) == backend)
+        .expect("a known backend")
+}
+
+/// 10,000 connects over 3 backends: a uniform spread (chi-square at p = 0.001), every connect
+/// answered, getpeername reports the service, the backend sees the client's own address.
+fn spread(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, false, &[0, 1, 2], &[])?;
+    let mut client = w.client()?;
+    let n = 10_000;
+    let reply = client.connect(net.vip(TCP_PORT), n)?;
+    assert_eq!(reply.failures(), 0, "errors: {:?}", reply.errors);
+    assert_eq!(reply.answers(), n);
+    let counts: Vec<usize> = (0..3)
+        .map(|i| {
+            reply
+                .backends
+                .get(&net.backend_str(i))
+                .copied()
+                .unwrap_or(0)
+        })
+        .collect();
+    let chi2 = chi_square_uniform(&counts);
+    eprintln!("spread over 3 backends: {counts:?}, chi-square {chi2:.2}");
+    assert!(
+        chi2 < chi_square_critical_p001(2),
+        "not uniform: {counts:?} (chi-square {chi2:.2})"
+    );
+    assert_eq!(
+        reply.peer_names.get(&net.vip(TCP_PORT).to_string()),
+        Some(&n)
+    );
+    let prefix = net.client_prefix();
+    assert!(
+        reply.seen_as.keys().all(|a| a.starts_with(&prefix)),
+        "backends saw {:?}",
+        reply.seen_as.keys().take(3).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// A connection keeps its backend, and keeps talking to it, after that backend leaves the
+/// service; new connections no longer reach it.
+fn established_connection_stays(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, false, &[0, 1, 2], &[])?;
+    let mut client = w.client()?;
+    let opened = client.run(&Command::Open {
+        id: 1,
+        target: net.vip(TCP_PORT),
+        udp: false,
+    })?;
+    assert!(opened.ok, "{opened:?}");
+    let pinned = only_backend(&opened);
+    assert_eq!(
+        opened.peer_names.keys().next(),
+        Some(&net.vip(TCP_PORT).to_string())
+    );
+    let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != pinned).collect();
+    w.set_backends(&others)?;
+
+    let fresh = client.connect(net.vip(TCP_PORT), 300)?;
+    assert_eq!(fresh.failures(), 0);
+    assert!(
+        !fresh.backends.contains_key(&pinned),
+        "new connects reached the removed backend"
+    );
+    for round in 0..3 {
+        let r = client.run(&Command::Exchange {
+            id: 1,
+            msg: format!("still there {round}"),
+        })?;
+        assert!(r.ok, "the established connection broke: {r:?}");
+        assert_eq!(only_backend(&r), pinned, "the connection moved");
+    }
+    Ok(())
+}
+
+/// UDP: recvfrom on an unconnected socket reports the service address, the backend sees the
+/// client's address, and the socket keeps its backend across sendmsg calls; connected UDP
+/// sockets report the service through getpeername.
+fn udp_reverse_translation_and_stickiness(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, true, &[0, 1, 2], &[])?;
+    let mut client = w.client()?;
+    let vip = net.vip(UDP_PORT);
+    let r = client.run(&Command::SendTo {
+        target: vip,
+        count: 30,
+        id: Some(7),
+    })?;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    assert_eq!(
+        r.peer_names.get(&vip.to_string()),
+        Some(&30),
+        "recvfrom source: {:?}",
+        r.peer_names
+    );
+    let prefix = net.client_prefix();
+    assert!(
+        r.seen_as.keys().all(|a| a.starts_with(&prefix)),
+        "{:?}",
+        r.seen_as
+    );
+    let first = only_backend(&r);
+
+    // The backend leaves: the same socket re-picks, and sticks to the new one.
+    let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != first).collect();
+    w.set_backends(&others)?;
+    let r = client.run(&Command::SendTo {
+        target: vip,
+        count: 30,
+        id: Some(7),
+    })?;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    let second = only_backend(&r);
+    assert_ne!(second, first);
+
+    // Connected UDP: a fresh socket each time, spread, peer reported as the service.
+    let r = client.run(&Command::Connect {
+        target: vip,
+        count: 40,
+        udp: true,
+    })?;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    assert_eq!(
+        r.backends.len(),
+        2,
+        "spread over the remaining backends: {:?}",
+        r.backends
+    );
+    assert_eq!(r.peer_names.get(&vip.to_string()), Some(&40));
+    Ok(())
+}
+
+/// A service without a backend refuses at once: ECONNREFUSED for TCP connect, UDP connect and
+/// UDP sendmsg; the no-backend counter says so.
+fn refused_without_backends(net: &Net) -> anyhow::Result<()> {
+    let tcp = World::new(net, false, &[], &[])?;
+    let mut client = tcp.client()?;
+    let r = client.connect(net.vip(TCP_PORT), 3)?;
+    assert_eq!(r.errors.get("ECONNREFUSED"), Some(&3), "TCP: {r:?}");
+
+    let udp = World::new(net, true, &[], &[])?;
+    let mut client = udp.client()?;
+    let vip = net.vip(UDP_PORT);
+    let r = client.run(&Command::Connect {
+        target: vip,
+        count: 3,
+        udp: true,
+    })?;
+    assert_eq!(
+        r.errors.get("ECONNREFUSED"),
+        Some(&3),
+        "connected UDP: {r:?}"
+    );
+    let r = client.run(&Command::SendTo {
+        target: vip,
+        count: 3,
+        id: None,
+    })?;
+    assert_eq!(r.errors.get("ECONNREFUSED"), Some(&3), "sendto: {r:?}");
+    let stats = udp.sandbox.inspect(&["stats"])?;
+    let no_backend = stats["counters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|e| e[0] == "no_backend"))
+        .and_then(|e| e[1].as_u64());
+    assert_eq!(
+        no_backend,
+        Some(6),
+        "the data path counted the refusals: {stats}"
+    );
+    Ok(())
+}
+
+/// sessionAffinity ClientIP: the client stays on one backend while it keeps using it, gets a
+/// fresh choice once the timeout passes unused, and moves when its backend leaves.
+fn session_affinity(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(
+        net,
+        false,
+        &[0, 1, 2],
+        &[
+            "sessionAffinity: ClientIP",
+            "sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}",
+        ],
+    )?;
+    assert_eq!(w.extra.len(), 2);
+    let mut client = w.client()?;
+    let vip = net.vip(TCP_PORT);
+    let held = client.connect(vip, 30)?;
+    let pinned = only_backend(&held);
+    // Used again within the timeout: still the same backend.
+    sleep(Duration::from_millis(500));
+    assert_eq!(only_backend(&client.connect(vip, 10)?), pinned);
+
+    // Left unused past the timeout, each time: a fresh random choice. Ten rounds all landing on
+    // one of three backends by chance has probability 3^-9.
+    let mut seen = BTreeSet::new();
+    for _ in 0..10 {
+        sleep(Duration::from_millis(1300));
+        seen.insert(only_backend(&client.connect(vip, 1)?));
+    }
+    assert!(seen.len() > 1, "affinity never expired: {seen:?}");
+
+    // The pinned backend leaves: the client moves, and sticks to its new backend.
+    let now = only_backend(&client.connect(vip, 1)?);
+    let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != now).collect();
+    w.set_backends(&others)?;
+    let moved = client.connect(vip, 20)?;
+    let new = only_backend(&moved);
+    assert_ne!(new, now);
+    assert!(others.contains(&backend_index(net, &new)));
+    let affinity = w.sandbox.inspect(&["affinity"])?;
+    assert!(
+        affinity
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["backend"] == new.as_str())),
+        "the affinity map records the client's backend: {affinity}"
+    );
+    Ok(())
+}
+
+/// A connected UDP socket whose backend leaves is terminated, so the application sees an
+/// error instead of sending into the void.
+fn connected_udp_socket_terminated(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, true, &[0, 1, 2], &[])?;
+    let mut client = w.client()?;
+    let opened = client.run(&Command::Open {
+        id: 1,
+        target: net.vip(UDP_PORT),
+        udp: true,
+    })?;
+    assert!(opened.ok, "{opened:?}");
+    let pinned = only_backend(&opened);
+    let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != pinned).collect();
+    w.set_backends(&others)?;
+
+    let mut error = None;
+    for i in 0..60 {
+        let r = client.run(&Command::Exchange {
+            id: 1,
+            msg: format!("ping {i}"),
+        })?;
+        if !r.ok {
+            error = r.errors.keys().next().cloned();
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    // SOCK_DESTROY aborts the socket: a blocked recv gets ECONNABORTED, and the socket is
+    // disconnected, so the next send gets EDESTADDRREQ. Either way the application knows.
+    assert!(
+        matches!(error.as_deref(), Some("ECONNABORTED" | "EDESTADDRREQ")),
+        "the stale UDP socket was not terminated: {error:?}"
+    );
+    let terminated = w.agent.metric("socklb_udp_sockets_terminated_total")?;
+    assert!(terminated >= Some(1.0), "metric: {terminated:?}");
+    // A new connected socket works and avoids the removed backend.
+    let r = client.run(&Command::Connect {
+        target: net.vip(UDP_PORT),
+        count: 10,
+        udp: true,
+    })?;
+    assert_eq!(r.failures(), 0);
+    assert!(!r.backends.contains_key(&pinned));
+    Ok(())
+}
+
+/// A process outside the cgroup, in the same namespace, is never translated.
+fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, false, &[0, 1, 2], &[])?;
+    let mut outside = w.sandbox.outside_client()?;
+    let r = outside.connect(net.vip(TCP_PORT), 3)?;
+    assert_eq!(r.errors.get("ENETUNREACH"), Some(&3), "{r:?}");
+    // While the cgroup's own client is.
+    assert_eq!(w.client()?.connect(net.vip(TCP_PORT), 3)?.answers(), 3);
+    Ok(())
+}
+
+macro_rules! both_families {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[test]
+            fn ipv4() -> anyhow::Result<()> {
+                if !super::privileged(concat!(stringify!($scenario), "::ipv4")) {
+                    return Ok(());
+                }
+                super::$scenario(&super::V4)
+            }
+
+            #[test]
+            fn ipv6() -> anyhow::Result<()> {
+                if !super::privileged(concat!(stringify!($scenario), "::ipv6")) {
+                    return Ok(());
+                }
+                super::$scenario(&super::V6)
+            }
+        }
+    )*};
+}
+
+both_families!(
+    spread,
+    established_connection_stays,
+    udp_reverse_translation_and_stickiness,
+    refused_without_backends,
+    session_affinity,
+    connected_udp_socket_terminated,
+    outside_cgroup_untouched,
+);
+
+/// Java and gRPC clients dial IPv4 services through AF_INET6 sockets (`::ffff:a.b.c.d`).
+#[test]
+fn ipv4_mapped_destinations_are_translated() -> anyhow::Result<()> {
+    if !privileged("ipv4_mapped_destinations_are_translated") {
+        return Ok(());
+    }
+    let tcp = World::new(&V4, false, &[0, 1, 2], &[])?;
+    let mapped: SocketAddr = format!("[::ffff:{}]:{TCP_PORT}", V4.vip).parse()?;
+    let r = tcp.client()?.connect(mapped, 50)?;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    assert!(r.backends.len() > 1, "{:?}", r.backends);
+    assert_eq!(
+        r.peer_names.get(&mapped.to_string()),
+        Some(&50),
+        "{:?}",
+        r.peer_names
+    );
+
+    let udp = World::new(&V4, true, &[0, 1, 2], &[])?;
+    let mapped: SocketAddr = format!("[::ffff:{}]:{UDP_PORT}", V4.vip).parse()?;
+    let r = udp.client()?.run(&Command::SendTo {
+        target: mapped,
+        count: 10,
+        id: None,
+    })?;
+    assert_eq!(r.failures(), 0, "{r:?}");
+    assert_eq!(
+        r.peer_names.get(&mapped.to_string()),
+        Some(&10),
+        "{:?}",
+        r.peer_names
+    );
+    Ok(())
+}
+
+/// The verifier accepts every program on this kernel; their sizes are printed.
+#[test]
+fn verifier_accepts_every_program() -> anyhow::Result<()> {
+    if !privileged("verifier_accepts_every_program") {
+        return Ok(());
+    }
+    let w = World::new(&V4, false, &[0], &[])?;
+    let programs = w.sandbox.inspect(&["programs"])?;
+    let programs = programs.as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = programs.iter().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "socklb_connect4",
+            "socklb_connect6",
+            "socklb_sendmsg4",
+            "socklb_sendmsg6",
+            "socklb_recvmsg4",
+            "socklb_recvmsg6",
+            "socklb_getpeername4",
+            "socklb_getpeername6"
+        ]
+    );
+    eprintln!(
+        "{:<22} {:>12} {:>22}",
+        "program", "instructions", "verified instructions"
+    );
+    for p in &programs {
+        let insns = p["instructions"].as_u64().unwrap_or(0);
+        let verified = p["verified_instructions"].as_u64().unwrap_or(0);
+        eprintln!(
+            "{:<22} {insns:>12} {verified:>22}",
+            p["name"].as_str().unwrap_or("?")
+        );
+        assert!(insns > 0 && verified > 0, "{p}");
+    }
+    Ok(())
+}
+
+/// aya-log: off by default, so the verifier removes the logging code (fewer instructions than
+/// with logging on); `--bpf-log-level debug` turns it on at load time and the agent forwards
+/// the programs' records.
+#[test]
+fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<()> {
+    if !privileged("program_logging_is_off_by_default_and_switchable_at_load") {
+        return Ok(());
+    }
+    let verified = |sandbox: &Sandbox| -> anyhow::Result<u64> {
+        let programs = sandbox.inspect(&["programs"])?;
+        Ok(programs
+            .as_array()
+            .and_then(|a| a.iter().find(|p| p["name"] == "socklb_connect4"))
+            .and_then(|p| p["instructions"].as_u64())
+            .unwrap_or(0))
+    };
+    let quiet = World::new(&V4, false, &[0], &[])?;
+    let quiet_size = verified(&quiet.sandbox)?;
+    drop(quiet);
+
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend(V4.backend(0), false)?;
+    sandbox.write_manifest(
+        "svc.yaml",
+        &service("svc", V4.vip, "p", "TCP", TCP_PORT, "8080", &[]),
+    )?;
+    sandbox.write_manifest("slice.yaml", &slice_yaml(&V4, false, &[0]))?;
+    let agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--bpf-log-level".into(), "debug".into()],
+        ..AgentOptions::default()
+    })?;
+    let loud_size = verified(&sandbox)?;
+    assert!(
+        quiet_size < loud_size,
+        "logging off should remove code: {quiet_size} vs {loud_size} instructions"
+    );
+    let r = sandbox.client()?.connect(V4.vip(TCP_PORT), 3)?;
+    assert_eq!(r.answers(), 3);
+    let mut logged = false;
+    for _ in 0..40 {
+        if agent.log_tail(200).contains("-> backend") {
+            logged = true;
+            break;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    assert!(
+        logged,
+        "no program log line in the agent's log:\n{}",
+        agent.log_tail(20)
+    );
+    Ok(())
+}
