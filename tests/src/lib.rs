@@ -2,6 +2,7 @@
 //! namespaces, a child cgroup, a private bpffs), backend and client processes, and the real
 //! `socklb agent` binary.
 pub mod agent;
+pub mod apiserver;
 pub mod bins;
 pub mod client;
 pub mod manifests;

@@ -259,6 +259,20 @@ impl Sandbox {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Runs `socklb explain TARGET -o json` against this sandbox's manifests and pins;
+    /// returns the parsed explanation and whether the command reported no broken link.
+    pub fn explain(&self, target: &str) -> anyhow::Result<(serde_json::Value, bool)> {
+        let out = Process::new(bins::socklb()?)
+            .args(["explain", target, "-o", "json", "--manifests"])
+            .arg(self.manifests())
+            .arg("--bpffs")
+            .arg(self.pin_folder())
+            .output()?;
+        let value = serde_json::from_slice(&out.stdout)
+            .with_context(|| format!("explain output: {}", String::from_utf8_lossy(&out.stderr)))?;
+        Ok((value, out.status.success()))
+    }
+
     /// The backends a connect to `target` (`ADDR:PORT[/udp]`) can get now, per the maps.
     pub fn candidates(&self, target: &str) -> anyhow::Result<Vec<String>> {
         let v = self.inspect(&["lookup", target])?;

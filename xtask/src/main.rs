@@ -21,7 +21,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Task {
     /// Install what the build and tests need (`rust-src`, `bpf-linker`, Debian and `PyPI` packages).
-    Setup,
+    Setup {
+        /// Only what building needs (`rust-src`, `bpf-linker`): for container builds.
+        #[arg(long)]
+        build_only: bool,
+    },
     /// The main job, with no cluster: the seed scenarios on real sockets in a sandbox.
     Demo {
         /// Don't pause between steps.
@@ -43,9 +47,12 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
-    setup::run()?;
+    if let Task::Setup { build_only: true } = cli.command {
+        return setup::run(true);
+    }
+    setup::run(false)?;
     match &cli.command {
-        Task::Setup => Ok(()),
+        Task::Setup { .. } => Ok(()),
         Task::Demo { non_interactive } => demo(*non_interactive),
         Task::Test => test(),
     }
@@ -118,6 +125,10 @@ fn test() -> anyhow::Result<()> {
         cmd("cargo", &["build", "--workspace", "--bins"])
     })?;
     step(
+        "deploy manifests (kubernetes-validate --strict)",
+        validate_deploy,
+    )?;
+    step(
         "tests (unit, golden, property, privileged end-to-end)",
         || cmd("cargo", &["test", "--workspace"]),
     )?;
@@ -126,6 +137,27 @@ fn test() -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Validates deploy/*.yaml offline against the Kubernetes API schemas.
+fn validate_deploy() -> anyhow::Result<()> {
+    let mut files: Vec<String> = std::fs::read_dir(workspace_root().join("deploy"))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.display().to_string())
+        .collect();
+    files.sort();
+    let mut args = vec![
+        "-m",
+        "kubernetes_validate",
+        "--strict",
+        "--quiet",
+        "-k",
+        "1.34.0",
+    ];
+    args.extend(files.iter().map(String::as_str));
+    cmd("python3", &args)
 }
 
 fn clippy_ebpf() -> anyhow::Result<()> {

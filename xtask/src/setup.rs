@@ -23,12 +23,14 @@ const PACKAGES: [(&str, &str); 4] = [
     ("nft", "nftables"),
 ];
 
-pub fn run() -> anyhow::Result<()> {
+pub fn run(build_only: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     rust_src()?;
     let linker = bpf_linker()?;
-    debian_packages()?;
-    python_packages()?;
+    if !build_only {
+        debian_packages()?;
+        python_packages()?;
+    }
     eprintln!(
         "setup: ready in {:.1}s (bpf-linker: {})",
         start.elapsed().as_secs_f64(),

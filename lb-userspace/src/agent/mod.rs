@@ -126,11 +126,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 );
             }
             shared.metrics.record_pass(&pass);
-            record_state(&engine, &shared);
             if engine.is_synced() && !shared.ready.swap(true, Ordering::Relaxed) {
                 tracing::info!("first complete sync written: ready");
             }
         }
+        record_state(&engine, &shared);
     }
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"

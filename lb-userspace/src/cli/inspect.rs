@@ -1,14 +1,13 @@
 //! `socklb inspect`: the pinned maps, read-only.
-use std::{fmt::Write as _, net::SocketAddr, process::ExitCode};
+use std::{fmt::Write as _, process::ExitCode};
 
-use anyhow::Context as _;
 use clap::Subcommand;
 use lb_common::{counter, map_name};
 use serde::Serialize;
 
 use super::{Output, PinArgs, table::Table};
 use crate::dataplane::{
-    abi::{Frontend, Protocol, backend_from_abi, words_to_ip},
+    abi::{Frontend, backend_from_abi, words_to_ip},
     bpf::{BpfServiceMaps, open_pinned_map, read_affinity, read_counters},
     dump::{self, ServiceView},
     loader::PinFolder,
@@ -140,21 +139,6 @@ fn backends(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
     Ok(t.render())
 }
 
-/// Parses `ADDR:PORT[/tcp|udp]` (IPv6 as `[::1]:80`).
-pub fn parse_target(target: &str) -> anyhow::Result<Frontend> {
-    let (addr, protocol) = match target.rsplit_once('/') {
-        Some((a, p)) => (
-            a,
-            Protocol::parse(p).with_context(|| format!("{p:?} is not tcp or udp"))?,
-        ),
-        None => (target, Protocol::Tcp),
-    };
-    let addr: SocketAddr = addr
-        .parse()
-        .with_context(|| format!("{addr:?} is not ADDR:PORT (IPv6: [ADDR]:PORT)"))?;
-    Ok(Frontend::new(addr.ip(), addr.port(), protocol))
-}
-
 #[derive(Serialize)]
 struct Lookup {
     frontend: String,
@@ -171,7 +155,7 @@ fn lookup(
     target: &str,
     json: bool,
 ) -> anyhow::Result<String> {
-    let frontend = parse_target(target)?;
+    let frontend = Frontend::parse(target).map_err(anyhow::Error::msg)?;
     let key = frontend.to_key();
     let result = match snap.frontends.get(&key) {
         None => Lookup {

@@ -137,6 +137,21 @@ impl Frontend {
         Family::of(self.addr.ip())
     }
 
+    /// Parses `ADDR:PORT[/tcp|udp]` (IPv6 as `[ADDR]:PORT`); TCP when no protocol is given.
+    pub fn parse(target: &str) -> Result<Self, String> {
+        let (addr, protocol) = match target.rsplit_once('/') {
+            Some((a, p)) => (
+                a,
+                Protocol::parse(p).ok_or_else(|| format!("{p:?} is not tcp or udp"))?,
+            ),
+            None => (target, Protocol::Tcp),
+        };
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not ADDR:PORT (IPv6: [ADDR]:PORT)"))?;
+        Ok(Self::new(addr.ip(), addr.port(), protocol))
+    }
+
     pub fn to_key(self) -> FrontendKey {
         FrontendKey {
             addr: ip_to_words(self.addr.ip()),

@@ -1,0 +1,358 @@
+//! `socklb explain`: the chain from a Service to this node's maps, link by link, ending with
+//! the first broken one. Pure: objects, node identity and a map snapshot in, an
+//! `Explanation` out (rendered as text or JSON by the CLI).
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+
+mod render;
+
+pub use render::render;
+
+use crate::{
+    dataplane::{abi::Frontend, dump, maps::MapSnapshot},
+    model::{EndpointSlice, ObjectKey, Service, Store},
+    translate::{
+        Exclusion, NodeInfo, PortTranslation, ServiceTranslation, Verdict, translate_all,
+        translate_service,
+    },
+};
+
+/// The link that broke first, in the order the seeds teach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Link {
+    Service,
+    EndpointSlices,
+    Endpoints,
+    Port,
+    Candidates,
+    Maps,
+    /// Nothing broken on socklb's side.
+    None,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SliceSummary {
+    pub name: String,
+    pub resource_version: String,
+    pub address_type: String,
+    pub ports: Vec<String>,
+    pub endpoints: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MapCheck {
+    pub frontend: String,
+    /// What the maps hold for the frontend: `None` when absent.
+    pub maps_backends: Option<Vec<String>>,
+    pub desired_backends: Vec<String>,
+    pub matches: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub target: String,
+    pub service: Option<ObjectKey>,
+    /// Why the Service was rejected by validation, if it was.
+    pub rejected: Option<String>,
+    pub translation: Option<ServiceTranslation>,
+    pub selector: Option<BTreeMap<String, String>>,
+    pub slices: Vec<SliceSummary>,
+    pub maps: Vec<MapCheck>,
+    /// Whether pinned maps were readable at all.
+    pub maps_available: bool,
+    pub desired_digest: String,
+    pub maps_digest: String,
+    /// `kind name` → resourceVersion of every object the desired state came from.
+    pub resource_versions: BTreeMap<String, String>,
+    pub broken: Link,
+    pub verdict: String,
+}
+
+/// Finds the Service a target names: `namespace/name` (or `name` in default), or a frontend
+/// address `ADDR:PORT[/tcp|udp]`.
+pub fn resolve(store: &Store, node: &NodeInfo, target: &str) -> Option<ObjectKey> {
+    if let Ok(frontend) = Frontend::parse(target) {
+        let (_, reports) = translate_all(store, node);
+        return reports
+            .iter()
+            .find(|r| {
+                r.ports
+                    .iter()
+                    .any(|p| p.desired.frontends.contains(&frontend))
+            })
+            .map(|r| r.service.clone());
+    }
+    Some(ObjectKey::parse(target))
+}
+
+/// Walks the chain for `service`. `snapshot` is `None` when no maps are pinned.
+pub fn explain(
+    store: &Store,
+    rejected: &BTreeMap<String, String>,
+    node: &NodeInfo,
+    target: &str,
+    snapshot: Option<&MapSnapshot>,
+) -> Explanation {
+    let service = resolve(store, node, target);
+    let mut e = Explanation {
+        target: target.to_string(),
+        service: service.clone(),
+        rejected: None,
+        translation: None,
+        selector: None,
+        slices: Vec::new(),
+        maps: Vec::new(),
+        maps_available: snapshot.is_some(),
+        desired_digest: String::new(),
+        maps_digest: String::new(),
+        resource_versions: BTreeMap::new(),
+        broken: Link::None,
+        verdict: String::new(),
+    };
+    let Some(key) = service else {
+        return e.broken_at(Link::Service, format!("no Service has a frontend {target}"));
+    };
+    let Some(svc) = store.service(&key) else {
+        e.rejected = rejected.get(&format!("Service {key}")).cloned();
+        let why = e.rejected.as_ref().map_or_else(
+            || "it does not exist".to_string(),
+            |r| format!("it was rejected: {r}"),
+        );
+        return e.broken_at(Link::Service, format!("Service {key}: {why}"));
+    };
+    let slices = store.slices_of(&key);
+    e.selector.clone_from(&svc.selector);
+    e.resource_versions
+        .insert(format!("Service {key}"), svc.resource_version.clone());
+    e.summarize_slices(&slices);
+    let translation = translate_service(svc, &slices, node);
+    e.check_maps(&translation, snapshot);
+    e.translation = Some(translation.clone());
+
+    let (link, verdict) = first_broken_link(&key, svc, &slices, &translation, &e);
+    e.broken_at(link, verdict)
+}
+
+/// Checks the links in order and names the first broken one.
+fn first_broken_link(
+    key: &ObjectKey,
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    translation: &ServiceTranslation,
+    e: &Explanation,
+) -> (Link, String) {
+    if let Some(skip) = &translation.skipped {
+        return (
+            Link::Service,
+            format!("Service {key} gets no frontend: {skip}"),
+        );
+    }
+    if slices.is_empty() {
+        let why = if svc.selector.is_some() {
+            "the EndpointSlice controller has not written any (yet)"
+        } else {
+            "the Service has no selector, and nobody wrote slices for it by hand"
+        };
+        return (
+            Link::EndpointSlices,
+            format!(
+                "no EndpointSlice is labelled kubernetes.io/service-name={}: {why}",
+                key.name
+            ),
+        );
+    }
+    if slices.iter().all(|s| s.endpoints.is_empty()) {
+        let selector = svc.selector.as_ref().map_or_else(
+            || "(no selector)".to_string(),
+            |s| {
+                s.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            },
+        );
+        return (
+            Link::Endpoints,
+            format!(
+                "the endpoint set is empty: the selector {selector} matches no pod, so the EndpointSlices list no endpoint; connects to the Service are refused"
+            ),
+        );
+    }
+    for port in &translation.ports {
+        if port.desired.backends.is_empty() {
+            let (link, why) = why_no_candidate(port);
+            return (
+                link,
+                format!(
+                    "{} ({}) has no candidate endpoint: {why}; connects are refused",
+                    port.key,
+                    frontends(port)
+                ),
+            );
+        }
+    }
+    if !e.maps_available {
+        return (
+            Link::Maps,
+            "no socklb maps are pinned on this node (is the agent running?)".into(),
+        );
+    }
+    if let Some(bad) = e.maps.iter().find(|m| !m.matches) {
+        let held = bad
+            .maps_backends
+            .as_ref()
+            .map_or_else(|| "nothing".to_string(), |b| format!("{b:?}"));
+        let verdict = format!(
+            "this node's maps hold {held} for {}, the Service asks for {:?} (agent lagging, failing, or stopped: see its log and /metrics)",
+            bad.frontend, bad.desired_backends
+        );
+        return (Link::Maps, verdict);
+    }
+    (
+        Link::None,
+        "the maps hold what the Service asks for; if connects still fail, look past socklb: is the backend listening on the target port, NetworkPolicy, routes".into(),
+    )
+}
+
+fn frontends(port: &PortTranslation) -> String {
+    port.desired
+        .frontends
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why a backend set has no candidate: the port name, or the endpoints' conditions.
+fn why_no_candidate(port: &PortTranslation) -> (Link, String) {
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for d in &port.endpoints {
+        if let Verdict::Excluded(x) = &d.verdict {
+            *reasons.entry(x.code()).or_default() += 1;
+        }
+    }
+    let port_missing = port.endpoints.iter().all(|d| {
+        matches!(
+            d.verdict,
+            Verdict::Excluded(Exclusion::PortNameMissing { .. } | Exclusion::WrongFamily { .. })
+        )
+    });
+    let summary = reasons
+        .iter()
+        .map(|(r, n)| format!("{n} {r}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if port_missing && reasons.contains_key("port-name-missing") {
+        (
+            Link::Port,
+            format!(
+                "no slice has a {} port named {:?} (the Service port's name) for the target port {}",
+                port.key.protocol, port.key.port_name, port.target_port
+            ),
+        )
+    } else if port.endpoints.is_empty() {
+        (Link::Endpoints, "no endpoint".into())
+    } else {
+        (
+            Link::Candidates,
+            format!("every endpoint is excluded ({summary})"),
+        )
+    }
+}
+
+impl Explanation {
+    fn summarize_slices(&mut self, slices: &[&EndpointSlice]) {
+        for s in slices {
+            self.resource_versions.insert(
+                format!("EndpointSlice {}", s.key),
+                s.resource_version.clone(),
+            );
+            self.slices.push(SliceSummary {
+                name: s.key.name.clone(),
+                resource_version: s.resource_version.clone(),
+                address_type: s.address_type.to_string(),
+                ports: s
+                    .ports
+                    .iter()
+                    .map(|p| {
+                        let port = p.port.map_or_else(|| "-".into(), |n| n.to_string());
+                        let name = if p.name.is_empty() {
+                            "<unnamed>"
+                        } else {
+                            &p.name
+                        };
+                        format!("{name}={port}/{}", p.protocol)
+                    })
+                    .collect(),
+                endpoints: s.endpoints.len(),
+            });
+        }
+    }
+
+    fn broken_at(mut self, link: Link, verdict: String) -> Self {
+        self.broken = link;
+        self.verdict = verdict;
+        self
+    }
+
+    fn check_maps(&mut self, translation: &ServiceTranslation, snapshot: Option<&MapSnapshot>) {
+        let views = snapshot.map(dump::services).unwrap_or_default();
+        let mut desired_text = String::new();
+        let mut maps_text = String::new();
+        for port in &translation.ports {
+            let desired: Vec<String> = port
+                .desired
+                .backends
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            for fe in &port.desired.frontends {
+                let held = held_backends(&views, fe);
+                let mut sorted = held.clone();
+                if let Some(s) = sorted.as_mut() {
+                    s.sort();
+                }
+                let _ = writeln!(desired_text, "{fe} {desired:?}");
+                let _ = writeln!(
+                    maps_text,
+                    "{fe} {}",
+                    sorted
+                        .as_ref()
+                        .map_or_else(|| "absent".into(), |b| format!("{b:?}"))
+                );
+                self.maps.push(MapCheck {
+                    frontend: fe.to_string(),
+                    matches: sorted.as_ref() == Some(&desired),
+                    maps_backends: held,
+                    desired_backends: desired.clone(),
+                });
+            }
+        }
+        self.desired_digest = hex(&Sha256::digest(desired_text.as_bytes()));
+        self.maps_digest = hex(&Sha256::digest(maps_text.as_bytes()));
+    }
+}
+
+fn held_backends(views: &[dump::ServiceView], fe: &Frontend) -> Option<Vec<String>> {
+    let name = fe.to_string();
+    views.iter().find_map(|v| {
+        let f = v.frontends.iter().find(|f| f.frontend == name)?;
+        Some(
+            v.slots
+                .iter()
+                .filter(|s| s.slot <= u32::from(f.active))
+                .filter_map(|s| s.backend.clone())
+                .collect(),
+        )
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}

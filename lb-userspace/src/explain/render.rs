@@ -1,0 +1,134 @@
+//! The explanation as the text a person reads: the chain, numbered, then the verdict.
+use std::fmt::Write as _;
+
+use super::{Explanation, Link};
+use crate::translate::{ServiceTranslation, report::endpoint_line};
+
+pub fn render(e: &Explanation) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "explain {}", e.target);
+    match (&e.service, &e.translation) {
+        (Some(_), Some(t)) => {
+            service(&mut out, e, t);
+            slices(&mut out, e);
+            endpoints(&mut out, t);
+            maps(&mut out, e);
+        }
+        _ => {
+            if let Some(r) = &e.rejected {
+                let _ = writeln!(out, "   rejected: {r}");
+            }
+        }
+    }
+    let link = match e.broken {
+        Link::None => "OK: ".to_string(),
+        link => format!(
+            "broken at {}: ",
+            serde_json::to_value(link)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default()
+        ),
+    };
+    let _ = writeln!(out, "\nverdict: {link}{}", e.verdict);
+    out
+}
+
+fn service(out: &mut String, e: &Explanation, t: &ServiceTranslation) {
+    let _ = writeln!(
+        out,
+        "\n1. Service {} (resourceVersion {})",
+        t.service,
+        dash(&t.resource_version)
+    );
+    match &e.selector {
+        Some(selector) => {
+            let s: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(out, "   selector {}", s.join(","));
+        }
+        None => {
+            let _ = writeln!(out, "   no selector (EndpointSlices are managed by hand)");
+        }
+    }
+    if let Some(skip) = &t.skipped {
+        let _ = writeln!(out, "   produces no frontend: {skip}");
+    }
+    for note in &t.notes {
+        let _ = writeln!(out, "   note: {note}");
+    }
+}
+
+fn slices(out: &mut String, e: &Explanation) {
+    let name = e.service.as_ref().map_or("", |k| k.name.as_str());
+    let _ = writeln!(
+        out,
+        "\n2. EndpointSlices labelled kubernetes.io/service-name={name}: {}",
+        e.slices.len()
+    );
+    for s in &e.slices {
+        let ports = if s.ports.is_empty() {
+            "-".to_string()
+        } else {
+            s.ports.join(" ")
+        };
+        let _ = writeln!(
+            out,
+            "   {} (resourceVersion {}): {}, ports {ports}, {} endpoint(s)",
+            s.name,
+            dash(&s.resource_version),
+            s.address_type,
+            s.endpoints
+        );
+    }
+}
+
+fn endpoints(out: &mut String, t: &ServiceTranslation) {
+    let _ = writeln!(out, "\n3. Endpoints and port mapping");
+    for p in &t.ports {
+        let _ = writeln!(
+            out,
+            "   {} {} {} {}: port {} -> targetPort {} -> {} candidate(s)",
+            p.key.port_name,
+            p.key.protocol,
+            p.key.family,
+            p.key.scope,
+            p.desired.port,
+            p.target_port,
+            p.desired.backends.len()
+        );
+        if p.endpoints.is_empty() {
+            let _ = writeln!(out, "     (no endpoint)");
+        }
+        for d in &p.endpoints {
+            let _ = writeln!(out, "     {}", endpoint_line(d));
+        }
+    }
+}
+
+fn maps(out: &mut String, e: &Explanation) {
+    let _ = writeln!(out, "\n4. This node's maps");
+    if !e.maps_available {
+        let _ = writeln!(out, "   no pinned maps");
+    }
+    for m in &e.maps {
+        let held = match &m.maps_backends {
+            None => "absent".to_string(),
+            Some(b) if b.is_empty() => "no backend (connects refused)".to_string(),
+            Some(b) => b.join(", "),
+        };
+        let verdict = if m.matches { "matches" } else { "DIFFERS" };
+        let _ = writeln!(out, "   {} -> {held} [{verdict}]", m.frontend);
+    }
+    let _ = writeln!(out, "\n   desired sha256 {}", e.desired_digest);
+    let _ = writeln!(out, "   maps    sha256 {}", e.maps_digest);
+    let rvs: Vec<String> = e
+        .resource_versions
+        .iter()
+        .map(|(k, v)| format!("{k}@{}", dash(v)))
+        .collect();
+    let _ = writeln!(out, "   from {}", rvs.join(", "));
+}
+
+fn dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}

@@ -1,0 +1,126 @@
+//! `explain` names the first broken link, for each link of the chain.
+use std::collections::BTreeMap;
+
+use socklb::{
+    dataplane::maps::InMemoryMaps,
+    explain::{Link, explain, render},
+    model::{ManifestObject, Store, parse_manifests},
+    reconcile::Reconciler,
+    translate::{NodeInfo, translate_all},
+};
+
+const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080}]\n";
+
+fn slice(port_name: &str, endpoints: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: {port_name}, port: 8080}}]\nendpoints: {endpoints}\n"
+    )
+}
+
+fn store(docs: &[&str]) -> (Store, BTreeMap<String, String>) {
+    let parsed = parse_manifests("test.yaml", docs.join("---\n").as_bytes());
+    let rejected = parsed
+        .errors
+        .iter()
+        .filter_map(|e| Some((e.object.clone()?, e.to_string())))
+        .collect();
+    let mut store = Store::new();
+    for o in parsed.objects {
+        match o {
+            ManifestObject::Service(s) => {
+                store.upsert_service(*s);
+            }
+            ManifestObject::EndpointSlice(s) => {
+                store.upsert_slice(*s);
+            }
+            ManifestObject::Node(_) => {}
+        }
+    }
+    (store, rejected)
+}
+
+/// Explains `default/web` with the maps holding what the agent would write (or nothing).
+fn link(docs: &[&str], synced: bool) -> (Link, String) {
+    let (store, rejected) = store(docs);
+    let node = NodeInfo::default();
+    let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
+    if synced {
+        r.sync_all(&translate_all(&store, &node).0);
+    }
+    let e = explain(&store, &rejected, &node, "default/web", Some(r.snapshot()));
+    let text = render(&e);
+    assert!(text.contains("verdict:"), "{text}");
+    (e.broken, e.verdict)
+}
+
+#[test]
+fn each_broken_link_is_named() {
+    let ready = r#"[{addresses: ["10.244.1.1"]}]"#;
+    assert_eq!(link(&[], true).0, Link::Service);
+    let (l, why) = link(&[&SERVICE.replace("10.96.0.10", "10.96.0.999")], true);
+    assert_eq!(l, Link::Service);
+    assert!(
+        why.contains("rejected") && why.contains("spec.clusterIP"),
+        "{why}"
+    );
+    assert_eq!(
+        link(
+            &[&SERVICE.replace("clusterIP: 10.96.0.10", "clusterIP: None")],
+            true
+        )
+        .0,
+        Link::Service
+    );
+    assert_eq!(link(&[SERVICE], true).0, Link::EndpointSlices);
+    let (l, why) = link(&[SERVICE, &slice("http", "[]")], true);
+    assert_eq!(l, Link::Endpoints);
+    assert!(why.contains("app=web"), "{why}");
+    assert_eq!(
+        link(&[SERVICE, &slice("metrics", ready)], true).0,
+        Link::Port
+    );
+    let (l, why) = link(
+        &[
+            SERVICE,
+            &slice(
+                "http",
+                r#"[{addresses: ["10.244.1.1"], conditions: {ready: false}}]"#,
+            ),
+        ],
+        true,
+    );
+    assert_eq!(l, Link::Candidates);
+    assert!(why.contains("1 not-ready"), "{why}");
+    assert_eq!(link(&[SERVICE, &slice("http", ready)], false).0, Link::Maps);
+    assert_eq!(link(&[SERVICE, &slice("http", ready)], true).0, Link::None);
+}
+
+#[test]
+fn a_frontend_address_finds_its_service_and_digests_agree_when_in_step() {
+    let (store, rejected) = store(&[SERVICE, &slice("http", r#"[{addresses: ["10.244.1.1"]}]"#)]);
+    let node = NodeInfo::default();
+    let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
+    r.sync_all(&translate_all(&store, &node).0);
+    let e = explain(
+        &store,
+        &rejected,
+        &node,
+        "10.96.0.10:80/tcp",
+        Some(r.snapshot()),
+    );
+    assert_eq!(
+        e.service.as_ref().map(ToString::to_string).as_deref(),
+        Some("default/web")
+    );
+    assert_eq!(e.broken, Link::None);
+    assert_eq!(e.desired_digest, e.maps_digest);
+    assert_eq!(e.desired_digest.len(), 64);
+    let stale = explain(
+        &store,
+        &rejected,
+        &node,
+        "default/web",
+        Some(&Default::default()),
+    );
+    assert_ne!(stale.desired_digest, stale.maps_digest);
+}

@@ -1,0 +1,380 @@
+//! A Kubernetes API stand-in on loopback: list and watch for Services, EndpointSlices and
+//! Nodes, the way the API server serves them: a global resourceVersion, paged lists, chunked
+//! watch streams of ADDED/MODIFIED/DELETED events, periodic BOOKMARKs, and an ERROR event with
+//! code 410 (Gone) when a watch asks for history that was compacted away, which makes clients
+//! re-list. Tests change objects, drop watch connections and expire history through it.
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    sync::{Arc, Condvar, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+/// The resource kinds served, by URL collection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Resource {
+    Services,
+    EndpointSlices,
+    Nodes,
+}
+
+impl Resource {
+    fn from_path(path: &str) -> Option<Self> {
+        match path {
+            "/api/v1/services" => Some(Self::Services),
+            "/apis/discovery.k8s.io/v1/endpointslices" => Some(Self::EndpointSlices),
+            "/api/v1/nodes" => Some(Self::Nodes),
+            _ => None,
+        }
+    }
+
+    fn list_kind(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Services => ("v1", "ServiceList"),
+            Self::EndpointSlices => ("discovery.k8s.io/v1", "EndpointSliceList"),
+            Self::Nodes => ("v1", "NodeList"),
+        }
+    }
+
+    fn of_object(object: &Value) -> Option<Self> {
+        match object["kind"].as_str()? {
+            "Service" => Some(Self::Services),
+            "EndpointSlice" => Some(Self::EndpointSlices),
+            "Node" => Some(Self::Nodes),
+            _ => None,
+        }
+    }
+}
+
+fn key_of(object: &Value) -> String {
+    format!(
+        "{}/{}",
+        object["metadata"]["namespace"].as_str().unwrap_or(""),
+        object["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+#[derive(Default)]
+struct State {
+    rv: u64,
+    objects: BTreeMap<Resource, BTreeMap<String, Value>>,
+    /// (resourceVersion, resource, event type, object)
+    history: Vec<(u64, Resource, &'static str, Value)>,
+    /// Watches asking for a resourceVersion below this get 410 Gone.
+    compacted: u64,
+    watches: Vec<TcpStream>,
+    requests: BTreeMap<String, usize>,
+}
+
+impl State {
+    fn record(&mut self, resource: Resource, kind: &'static str, mut object: Value) {
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let key = key_of(&object);
+        let objects = self.objects.entry(resource).or_default();
+        if kind == "DELETED" {
+            objects.remove(&key);
+        } else {
+            objects.insert(key, object.clone());
+        }
+        self.history.push((self.rv, resource, kind, object));
+    }
+}
+
+/// A running stand-in; it stops with the test process.
+#[derive(Clone)]
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    state: Arc<(Mutex<State>, Condvar)>,
+}
+
+impl ApiServer {
+    pub fn start() -> anyhow::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let server = Self {
+            addr: listener.local_addr()?,
+            state: Arc::new((Mutex::new(State::default()), Condvar::new())),
+        };
+        let s = server.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let _ = s.serve(stream);
+                });
+            }
+        });
+        Ok(server)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Creates or replaces an object (given as YAML or JSON text of one object).
+    pub fn apply(&self, manifest: &str) -> anyhow::Result<()> {
+        let object: Value = serde_yaml::from_str(manifest)?;
+        let resource =
+            Resource::of_object(&object).ok_or_else(|| anyhow::anyhow!("unsupported kind"))?;
+        let mut state = self.lock();
+        let exists = state
+            .objects
+            .get(&resource)
+            .is_some_and(|o| o.contains_key(&key_of(&object)));
+        state.record(resource, if exists { "MODIFIED" } else { "ADDED" }, object);
+        self.state.1.notify_all();
+        Ok(())
+    }
+
+    /// Deletes an object by resource, namespace and name.
+    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) {
+        let mut state = self.lock();
+        let key = format!("{namespace}/{name}");
+        if let Some(object) = state
+            .objects
+            .get(&resource)
+            .and_then(|o| o.get(&key))
+            .cloned()
+        {
+            state.record(resource, "DELETED", object);
+            self.state.1.notify_all();
+        }
+    }
+
+    /// Closes every open watch stream, as a connection loss or an API server restart would.
+    pub fn drop_watches(&self) {
+        let mut state = self.lock();
+        for w in state.watches.drain(..) {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
+        self.state.1.notify_all();
+    }
+
+    /// Atomically: closes every watch, applies `change`, and compacts the history, so the
+    /// clients' next watch gets 410 Gone and only a re-list shows them what changed.
+    pub fn expire(&self, change: impl FnOnce(&Self)) {
+        // Watches are closed first and cannot reconnect before the compaction: their handlers
+        // need the lock, which `change` takes only briefly, so hold a marker instead.
+        self.drop_watches();
+        {
+            let mut state = self.lock();
+            state.compacted = u64::MAX;
+        }
+        change(self);
+        let mut state = self.lock();
+        state.compacted = state.rv + 1;
+        state.history.clear();
+        self.state.1.notify_all();
+    }
+
+    /// How many requests of a kind were served: "list services", "watch endpointslices", ...
+    pub fn requests(&self, what: &str) -> usize {
+        self.lock().requests.get(what).copied().unwrap_or(0)
+    }
+
+    /// A kubeconfig that points kube-rs at this server.
+    pub fn write_kubeconfig(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::write(
+            path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: stand-in\n  cluster:\n    server: http://{}\nusers:\n- name: tester\n  user: {{}}\ncontexts:\n- name: stand-in\n  context:\n    cluster: stand-in\n    user: tester\ncurrent-context: stand-in\n",
+                self.addr
+            ),
+        )?;
+        Ok(())
+    }
+
+    fn serve(&self, stream: TcpStream) -> anyhow::Result<()> {
+        let mut reader = BufReader::new(stream.try_clone()?);
+        loop {
+            let mut request_line = String::new();
+            if reader.read_line(&mut request_line)? == 0 {
+                return Ok(());
+            }
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header)? == 0 || header == "\r\n" {
+                    break;
+                }
+            }
+            let target = request_line
+                .split_whitespace()
+                .nth(1)
+                .unwrap_or("/")
+                .to_string();
+            let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+            let params: BTreeMap<String, String> = query
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.replace("%3D", "=").replace("%2F", "/")))
+                .collect();
+            let Some(resource) = Resource::from_path(path) else {
+                respond(
+                    &stream,
+                    404,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound"}),
+                )?;
+                continue;
+            };
+            if params.get("watch").map(String::as_str) == Some("true") {
+                return self.watch(stream, resource, &params);
+            }
+            self.list(&stream, resource, &params)?;
+        }
+    }
+
+    fn count(&self, what: String) {
+        *self.lock().requests.entry(what).or_default() += 1;
+    }
+
+    fn list(
+        &self,
+        stream: &TcpStream,
+        resource: Resource,
+        params: &BTreeMap<String, String>,
+    ) -> anyhow::Result<()> {
+        self.count(format!("list {resource:?}").to_lowercase());
+        let state = self.lock();
+        let field = params
+            .get("fieldSelector")
+            .and_then(|f| f.strip_prefix("metadata.name="))
+            .map(str::to_string);
+        let all: Vec<Value> = state
+            .objects
+            .get(&resource)
+            .into_iter()
+            .flat_map(|o| o.values())
+            .filter(|o| field.as_deref().is_none_or(|n| o["metadata"]["name"] == n))
+            .cloned()
+            .collect();
+        let start: usize = params
+            .get("continue")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let limit: usize = params
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(usize::MAX);
+        let page: Vec<Value> = all.iter().skip(start).take(limit).cloned().collect();
+        let next = start + page.len();
+        let (api_version, kind) = resource.list_kind();
+        let mut metadata = json!({"resourceVersion": state.rv.to_string()});
+        if next < all.len() {
+            metadata["continue"] = json!(next.to_string());
+        }
+        let body =
+            json!({"apiVersion": api_version, "kind": kind, "metadata": metadata, "items": page});
+        drop(state);
+        respond(stream, 200, &body)
+    }
+
+    fn watch(
+        &self,
+        mut stream: TcpStream,
+        resource: Resource,
+        params: &BTreeMap<String, String>,
+    ) -> anyhow::Result<()> {
+        self.count(format!("watch {resource:?}").to_lowercase());
+        let from: u64 = params
+            .get("resourceVersion")
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let timeout = Duration::from_secs(
+            params
+                .get("timeoutSeconds")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or(290),
+        );
+        let field = params
+            .get("fieldSelector")
+            .and_then(|f| f.strip_prefix("metadata.name="))
+            .map(str::to_string);
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )?;
+        let mut state = self.lock();
+        if from < state.compacted && from != 0 {
+            drop(state);
+            chunk(
+                &mut stream,
+                &json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "too old resource version", "reason": "Expired", "code": 410}}),
+            )?;
+            return Ok(stream.write_all(b"0\r\n\r\n")?);
+        }
+        state.watches.push(stream.try_clone()?);
+        let mut sent = from;
+        let started = Instant::now();
+        let mut last_bookmark = Instant::now();
+        loop {
+            let events: Vec<(u64, &'static str, Value)> = state
+                .history
+                .iter()
+                .filter(|(rv, r, _, o)| {
+                    *rv > sent
+                        && *r == resource
+                        && field.as_deref().is_none_or(|n| o["metadata"]["name"] == n)
+                })
+                .map(|(rv, _, t, o)| (*rv, *t, o.clone()))
+                .collect();
+            let rv_now = state.rv;
+            drop(state);
+            for (rv, kind, object) in events {
+                chunk(&mut stream, &json!({"type": kind, "object": object}))?;
+                sent = rv;
+            }
+            if last_bookmark.elapsed() > Duration::from_millis(500) {
+                let (api_version, _) = resource.list_kind();
+                let kind = match resource {
+                    Resource::Services => "Service",
+                    Resource::EndpointSlices => "EndpointSlice",
+                    Resource::Nodes => "Node",
+                };
+                chunk(
+                    &mut stream,
+                    &json!({"type": "BOOKMARK", "object": {"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": rv_now.to_string()}}}),
+                )?;
+                sent = sent.max(rv_now);
+                last_bookmark = Instant::now();
+            }
+            if started.elapsed() > timeout {
+                return Ok(stream.write_all(b"0\r\n\r\n")?);
+            }
+            state = self.lock();
+            let (s, _) = self
+                .state
+                .1
+                .wait_timeout(state, Duration::from_millis(200))
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state = s;
+        }
+    }
+}
+
+fn respond(mut stream: &TcpStream, code: u16, body: &Value) -> anyhow::Result<()> {
+    let body = serde_json::to_vec(body)?;
+    write!(
+        stream,
+        "HTTP/1.1 {code} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        if code == 200 { "OK" } else { "Error" },
+        body.len()
+    )?;
+    stream.write_all(&body)?;
+    Ok(())
+}
+
+fn chunk(stream: &mut TcpStream, event: &Value) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(event)?;
+    line.push(b'\n');
+    write!(stream, "{:x}\r\n", line.len())?;
+    stream.write_all(&line)?;
+    stream.write_all(b"\r\n")?;
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! The agent as a user runs it: the Kubernetes API source (against a stand-in API server),
+//! the manifests source, restarts under load, health/readiness/metrics, inspect and explain on
+//! the seed scenarios, and who may read the pins.
+use std::{
+    collections::BTreeMap,
+    os::unix::fs::PermissionsExt as _,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use socklb_tests::{
+    Sandbox,
+    agent::AgentOptions,
+    apiserver::{ApiServer, Resource},
+    manifests::{Ep, service, slice},
+    privileged,
+};
+
+const A: &str = "10.244.1.21:8080";
+const B: &str = "10.244.2.34:8080";
+const C: &str = "10.244.3.47:8080";
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn backends(sandbox: &Sandbox) -> anyhow::Result<()> {
+    for b in [A, B, C] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    Ok(())
+}
+
+/// The ids `inspect services` reports, by service name.
+fn service_ids(sandbox: &Sandbox) -> anyhow::Result<BTreeMap<String, u64>> {
+    let services = sandbox.inspect(&["services"])?;
+    Ok(services
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s["service"].as_str()?.to_string(), s["id"].as_u64()?)))
+        .collect())
+}
+
+#[test]
+fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<()> {
+    if !privileged("kubernetes_source_converges_follows_changes_and_recovers") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    backends(&sandbox)?;
+    let api = ApiServer::start()?;
+    api.apply(&std::fs::read_to_string(
+        examples().join("seed/service.yaml"),
+    )?)?;
+    api.apply(&std::fs::read_to_string(
+        examples().join("seed/endpointslice.yaml"),
+    )?)?;
+    let kubeconfig = sandbox.workdir.join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig)?;
+    let agent = sandbox.start_agent(&AgentOptions {
+        kubeconfig: Some(kubeconfig),
+        ..AgentOptions::default()
+    })?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+    let mut client = sandbox.client()?;
+    assert_eq!(client.connect("10.96.0.10:80".parse()?, 20)?.answers(), 20);
+
+    // Add, update, delete.
+    api.apply(&service(
+        "extra",
+        "10.96.0.20",
+        "http",
+        "TCP",
+        80,
+        "8080",
+        &[],
+    ))?;
+    api.apply(&slice(
+        "extra-1",
+        "extra",
+        "http",
+        "TCP",
+        8080,
+        &[Ep::ready("10.244.3.47")],
+    ))?;
+    sandbox.wait_candidates("10.96.0.20:80", &[C])?;
+    api.apply(&std::fs::read_to_string(
+        examples().join("scenarios/000-after/endpointslice.yaml"),
+    )?)?;
+    sandbox.wait_candidates("10.96.0.10:80", &[B])?;
+    api.delete(Resource::Services, "default", "extra");
+    wait_gone(&sandbox, "10.96.0.20:80")?;
+
+    // The watch expires while a change happens: only a re-list can reveal it.
+    let lists = api.requests("list services");
+    api.expire(|api| {
+        api.delete(Resource::EndpointSlices, "default", "web-abc12");
+        api.apply(&service(
+            "late",
+            "10.96.0.21",
+            "http",
+            "TCP",
+            80,
+            "8080",
+            &[],
+        ))
+        .expect("apply");
+    });
+    sandbox.wait_candidates("10.96.0.10:80", &[])?;
+    sandbox.wait_candidates("10.96.0.21:80", &[])?;
+    assert!(
+        api.requests("list services") > lists,
+        "410 Gone forced a re-list"
+    );
+
+    // The watch connection drops: the agent watches again from where it was.
+    let watches = api.requests("watch endpointslices");
+    api.drop_watches();
+    api.apply(&std::fs::read_to_string(
+        examples().join("seed/endpointslice.yaml"),
+    )?)?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+    assert!(api.requests("watch endpointslices") > watches);
+    assert_eq!(client.connect("10.96.0.10:80".parse()?, 20)?.answers(), 20);
+    assert_eq!(agent.get("/readyz")?.0, 200);
+    Ok(())
+}
+
+fn wait_gone(sandbox: &Sandbox, target: &str) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let v = sandbox.inspect(&["lookup", target])?;
+        if v["service"].is_null() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    anyhow::bail!("{target} still in the maps")
+}
+
+#[test]
+fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
+    if !privileged("editing_a_manifest_changes_the_maps_within_a_second") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+    for (file, expected) in [
+        ("scenarios/000-after/endpointslice.yaml", vec![B]),
+        ("seed/endpointslice.yaml", vec![A, B]),
+    ] {
+        let start = Instant::now();
+        sandbox.write_manifest(
+            "endpointslice.yaml",
+            &std::fs::read_to_string(examples().join(file))?,
+        )?;
+        sandbox.wait_candidates("10.96.0.10:80", &expected)?;
+        let took = start.elapsed();
+        eprintln!("{file}: maps changed after {took:?}");
+        assert!(took < Duration::from_secs(1), "took {took:?}");
+    }
+    sandbox.remove_manifest("service.yaml")?;
+    wait_gone(&sandbox, "10.96.0.10:80")?;
+    Ok(())
+}
+
+#[test]
+fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
+    if !privileged("kill_9_under_load_loses_no_connect_and_keeps_ids") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    backends(&sandbox)?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    sandbox.copy_manifests(&examples().join("scenarios/session-affinity"))?;
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+    let ids = service_ids(&sandbox)?;
+
+    let mut client = sandbox.client()?;
+    let load =
+        std::thread::spawn(move || client.connect("10.96.0.10:80".parse().expect("vip"), 15_000));
+    for round in 0..5 {
+        std::thread::sleep(Duration::from_millis(150));
+        agent.kill9();
+        // While the agent is down, connects keep being translated by the pinned programs.
+        std::thread::sleep(Duration::from_millis(100));
+        if round == 2 {
+            // A change made while it is down is picked up after the restart.
+            sandbox.write_manifest(
+                "endpointslice.yaml",
+                &std::fs::read_to_string(
+                    examples().join("scenarios/000-after/endpointslice.yaml"),
+                )?,
+            )?;
+        }
+        agent.restart(true)?;
+    }
+    let reply = load.join().expect("load thread")?;
+    assert_eq!(
+        reply.failures(),
+        0,
+        "connects failed across restarts: {:?}",
+        reply.errors
+    );
+    assert_eq!(reply.answers(), 15_000);
+    sandbox.wait_candidates("10.96.0.10:80", &[B])?;
+    assert_eq!(service_ids(&sandbox)?, ids, "service ids survive restarts");
+    let log = agent.log_tail(400);
+    assert!(log.contains("adopted pinned state"), "{log}");
+    let programs = sandbox.inspect(&["programs"])?;
+    assert_eq!(
+        programs.as_array().map(Vec::len),
+        Some(8),
+        "one link per program, no leftovers"
+    );
+    Ok(())
+}
+
+#[test]
+fn health_readiness_and_metrics() -> anyhow::Result<()> {
+    if !privileged("health_readiness_and_metrics") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    backends(&sandbox)?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
+    assert_eq!(agent.get("/healthz")?.0, 200);
+    assert_eq!(agent.get("/readyz")?.0, 200);
+    let mut client = sandbox.client()?;
+    assert_eq!(client.connect("10.96.0.10:80".parse()?, 25)?.answers(), 25);
+    let metric = |name: &str| agent.metric(name).ok().flatten();
+    assert_eq!(metric("socklb_datapath_translations_total"), Some(25.0));
+    assert_eq!(metric("socklb_service_ports"), Some(1.0));
+    assert_eq!(metric("socklb_map_entries{map=\"BACKENDS\"}"), Some(2.0));
+    assert_eq!(
+        metric("socklb_map_capacity{map=\"BACKENDS\"}"),
+        Some(131_072.0)
+    );
+    assert!(metric("socklb_reconcile_duration_seconds_count") >= Some(1.0));
+    assert!(metric("socklb_sync_lag_seconds").is_some());
+    // The listener is on loopback only.
+    assert!(agent.listen.ip().is_loopback());
+    Ok(())
+}
+
+#[test]
+fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()> {
+    if !privileged("a_bad_manifest_is_reported_and_the_rest_keeps_working") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    backends(&sandbox)?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+    // A broken edit of the slice: the last good version stays in effect.
+    sandbox.write_manifest(
+        "endpointslice.yaml",
+        &slice(
+            "web-abc12",
+            "web",
+            "http",
+            "TCP",
+            8080,
+            &[Ep::ready("10.244.1.21")],
+        )
+        .replace("10.244.1.21", "10.244.1.300"),
+    )?;
+    let start = Instant::now();
+    while agent
+        .metric("socklb_rejected_objects_total")?
+        .unwrap_or(0.0)
+        < 1.0
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no rejection counted"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        agent.log_tail(50).contains("endpoints[0].addresses[0]"),
+        "{}",
+        agent.log_tail(10)
+    );
+    assert_eq!(
+        sandbox.candidates("10.96.0.10:80")?.len(),
+        2,
+        "the last good slice is kept"
+    );
+    assert_eq!(
+        sandbox
+            .client()?
+            .connect("10.96.0.10:80".parse()?, 10)?
+            .answers(),
+        10
+    );
+    Ok(())
+}
+
+#[test]
+fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
+    if !privileged("inspect_and_explain_tell_the_seed_scenarios") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    backends(&sandbox)?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    sandbox.copy_manifests(&examples().join("scenarios/003-selector-typo"))?;
+    sandbox.copy_manifests(&examples().join("scenarios/004-named-target-port"))?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
+
+    // inspect services: every frontend with its service and backends.
+    let services = sandbox.inspect(&["services"])?;
+    let by_name: BTreeMap<String, &serde_json::Value> = services
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s["service"].as_str()?.to_string(), s)))
+        .collect();
+    assert_eq!(by_name["default/web:http"]["active"], 2);
+    assert_eq!(
+        by_name["default/shop:http"]["active"], 0,
+        "the typo'd selector: no backend"
+    );
+    let notes = by_name["reading/notes-api:http"];
+    let slots: Vec<&str> = notes["slots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["backend"].as_str())
+        .collect();
+    assert_eq!(slots, [A, B], "targetPort http resolved to 8080");
+
+    // Seed 000 before: all links fine, digests equal.
+    let (web, ok) = sandbox.explain("default/web")?;
+    assert!(ok, "{web}");
+    assert_eq!(web["broken"], "none");
+    assert_eq!(web["desired_digest"], web["maps_digest"]);
+    assert_eq!(web["resource_versions"]["Service default/web"], "101");
+
+    // Seed 003: the empty endpoint set is the broken link; connects are refused.
+    let (shop, ok) = sandbox.explain("10.96.0.30:80")?;
+    assert!(!ok);
+    assert_eq!(shop["broken"], "endpoints", "{shop}");
+    assert!(
+        shop["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("app=webs")
+    );
+    let lookup = sandbox.inspect(&["lookup", "10.96.0.30:80"])?;
+    assert!(
+        lookup["verdict"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("ECONNREFUSED")
+    );
+    let refused = sandbox.client()?.connect("10.96.0.30:80".parse()?, 2)?;
+    assert_eq!(refused.errors.get("ECONNREFUSED"), Some(&2));
+
+    // Seed 000 after: A terminating; explain shows why A is out and that the maps agree.
+    sandbox.write_manifest(
+        "endpointslice.yaml",
+        &std::fs::read_to_string(examples().join("scenarios/000-after/endpointslice.yaml"))?,
+    )?;
+    sandbox.wait_candidates("10.96.0.10:80", &[B])?;
+    let (web, ok) = sandbox.explain("default/web")?;
+    assert!(ok, "{web}");
+    let endpoints = web["translation"]["ports"][0]["endpoints"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let a = endpoints
+        .iter()
+        .find(|e| e["address"] == "10.244.1.21")
+        .expect("A listed");
+    assert_eq!(a["verdict"], "excluded");
+    assert_eq!(a["reason"], "terminating");
+    assert_eq!(web["maps"][0]["maps_backends"], serde_json::json!([B]));
+    Ok(())
+}
+
+#[test]
+fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
+    if !privileged("pins_are_root_only_and_reset_removes_everything") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+    let pins = sandbox.pin_folder();
+    assert_eq!(mode(&pins)?, 0o700);
+    assert_eq!(mode(&pins.join("maps"))?, 0o700);
+    assert_eq!(mode(&pins.join("maps/FRONTENDS"))?, 0o600);
+    assert_eq!(mode(&pins.join("links/socklb_connect4"))?, 0o600);
+
+    // Stopping the agent keeps the programs serving; reset removes them.
+    agent.stop()?;
+    assert_eq!(
+        sandbox.inspect(&["programs"])?.as_array().map(Vec::len),
+        Some(8)
+    );
+    let out = std::process::Command::new(socklb_tests::bins::socklb()?)
+        .args(["reset", "--bpffs"])
+        .arg(&pins)
+        .output()?;
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("detached 8 program link(s)"));
+    assert!(!pins.exists());
+    let outside = sandbox.client()?.connect("10.96.0.10:80".parse()?, 1)?;
+    assert_eq!(
+        outside.errors.get("ENETUNREACH"),
+        Some(&1),
+        "no longer translated"
+    );
+    Ok(())
+}
