@@ -120,7 +120,7 @@ fn a_frontend_address_finds_its_service_and_digests_agree_when_in_step() {
         &rejected,
         &node,
         "default/web",
-        Some(&Default::default()),
+        Some(&socklb::dataplane::maps::MapSnapshot::default()),
     );
     assert_ne!(stale.desired_digest, stale.maps_digest);
 }
