@@ -3,13 +3,17 @@ use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
 
-use crate::{bins, sandbox::Sandbox, system::kill_and_wait};
+use crate::{
+    bins,
+    processes::{Owned, Registry},
+    sandbox::Sandbox,
+};
 
 #[derive(Clone, Debug, Default)]
 pub struct AgentOptions {
@@ -22,7 +26,8 @@ pub struct AgentOptions {
 }
 
 pub struct AgentProcess {
-    child: Option<Child>,
+    child: Option<Owned>,
+    processes: Registry,
     pub listen: SocketAddr,
     pub log: PathBuf,
     command: Vec<String>,
@@ -57,6 +62,7 @@ impl AgentProcess {
         command.extend(options.args.iter().cloned());
         let mut agent = Self {
             child: None,
+            processes: sandbox.processes.clone(),
             listen,
             log,
             command,
@@ -73,12 +79,15 @@ impl AgentProcess {
             .create(true)
             .append(true)
             .open(&self.log)?;
-        let child = Command::new(bins::socklb()?)
-            .args(&self.command)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+        let child = self
+            .processes
+            .spawn(
+                Command::new(bins::socklb()?)
+                    .args(&self.command)
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log),
+            )
             .context("starting socklb agent")?;
         self.child = Some(child);
         Ok(())
@@ -86,9 +95,8 @@ impl AgentProcess {
 
     /// Kills the agent with SIGKILL, as a crash would.
     pub fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            kill_and_wait(&mut child);
-        }
+        // Dropping the process kills and reaps it.
+        self.child = None;
     }
 
     /// Starts the same agent again (after `kill9`).
@@ -103,21 +111,21 @@ impl AgentProcess {
 
     /// Stops the agent with SIGTERM and waits for it.
     pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
-        let mut child = self.child.take().context("agent not running")?;
-        // SAFETY: signalling our own child by PID.
-        unsafe { libc::kill(i32::try_from(child.id())?, libc::SIGTERM) };
-        Ok(child.wait()?)
+        let mut owned = self.child.take().context("agent not running")?;
+        // SAFETY: signalling our own unreaped child by PID.
+        unsafe { libc::kill(i32::try_from(owned.id())?, libc::SIGTERM) };
+        Ok(owned.child().wait()?)
     }
 
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.as_ref().map(Owned::id)
     }
 
     pub fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let start = Instant::now();
         while start.elapsed() < timeout {
-            if let Some(child) = self.child.as_mut()
-                && let Some(status) = child.try_wait()?
+            if let Some(owned) = self.child.as_mut()
+                && let Some(status) = owned.child().try_wait()?
             {
                 bail!("agent exited with {status}:\n{}", self.log_tail(40));
             }

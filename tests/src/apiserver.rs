@@ -160,12 +160,14 @@ impl ApiServer {
     /// Atomically: closes every watch, applies `change`, and compacts the history, so the
     /// clients' next watch gets 410 Gone and only a re-list shows them what changed.
     pub fn expire(&self, change: impl FnOnce(&Self)) {
-        // Watches are closed first and cannot reconnect before the compaction: their handlers
-        // need the lock, which `change` takes only briefly, so hold a marker instead.
-        self.drop_watches();
         {
+            // From here until the compaction below, every watch request gets 410 Gone: the
+            // watches dropped now cannot resume without a re-list.
             let mut state = self.lock();
             state.compacted = u64::MAX;
+            for w in state.watches.drain(..) {
+                let _ = w.shutdown(std::net::Shutdown::Both);
+            }
         }
         change(self);
         let mut state = self.lock();

@@ -7,6 +7,7 @@ pub mod bins;
 pub mod client;
 pub mod manifests;
 pub mod privileges;
+pub mod processes;
 pub mod sandbox;
 pub mod stats;
 pub mod story;

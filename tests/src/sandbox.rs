@@ -1,20 +1,22 @@
-//! A throwaway world for one test or demo run: a client network namespace inside a child cgroup
-//! of its own, a backend namespace joined to it by a veth pair, a private bpf filesystem for
-//! socklb's pins, and the processes started in them. Everything is removed when the `Sandbox`
-//! is dropped, on success, failure or panic; what a killed run left behind is swept by the next
-//! one (names carry the owning PID).
+//! A throwaway world for one test or demo run: a client "pod" (network namespace) inside a
+//! child cgroup of its own, backend pods each in their own network namespace, all joined by
+//! veth pairs to a bridge, a private bpf filesystem for socklb's pins, and the processes started
+//! in them. `teardown` (run by `Drop`, on success, failure or panic, and by the demo's signal
+//! handler) removes all of it; what a killed run left behind is swept by the next one (names
+//! carry the owning PID).
 //!
 //! Addresses: the client is 10.244.0.2/16 and `fd00:244::2/64`; backends get addresses in the same
 //! subnets. Service addresses (10.96.0.0/12, `fd00:96::/64`) have no route in the client
 //! namespace, so a connect that socklb does not translate fails with ENETUNREACH and never
 //! leaves the sandbox.
 use std::{
+    collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    process::{Child, ChildStdin, ChildStdout, Command as Process, Stdio},
+    process::{ChildStdin, ChildStdout, Command as Process, Stdio},
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicU32, Ordering},
     },
     time::{Duration, Instant},
@@ -26,7 +28,8 @@ use crate::{
     agent::{AgentOptions, AgentProcess},
     bins,
     client::{Command, Reply},
-    system::{cgroup2_mount, ip, kill_and_wait},
+    processes::{Owned, Registry},
+    system::{cgroup2_mount, ip},
 };
 
 pub const CLIENT_V4: &str = "10.244.0.2";
@@ -37,12 +40,15 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 pub struct Sandbox {
     pub id: String,
     pub client_ns: String,
-    pub backend_ns: String,
+    /// The namespace holding the bridge every pod is plugged into.
+    pub switch_ns: String,
     pub cgroup: PathBuf,
     pub pin_mount: PathBuf,
     pub workdir: PathBuf,
-    backend_ips: Mutex<Vec<IpAddr>>,
-    servers: Mutex<Vec<(SocketAddr, bool, Child)>>,
+    /// Backend pod namespace by address.
+    pods: Mutex<BTreeMap<IpAddr, String>>,
+    servers: Mutex<Vec<(SocketAddr, bool, Owned)>>,
+    pub(crate) processes: Registry,
     made: Made,
 }
 
@@ -56,7 +62,7 @@ struct Made {
 }
 
 impl Sandbox {
-    /// Builds the namespaces, the veth pair, the cgroup and the bpf filesystem.
+    /// Builds the client and switch namespaces, the cgroup and the bpf filesystem.
     pub fn new() -> anyhow::Result<Self> {
         crate::system::sweep_stale();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 256;
@@ -64,61 +70,63 @@ impl Sandbox {
         let cg2 = cgroup2_mount().context("no cgroup2 mount")?;
         let sandbox = Self {
             client_ns: format!("{id}c"),
-            backend_ns: format!("{id}b"),
+            switch_ns: format!("{id}s"),
             cgroup: cg2.join(&id),
             pin_mount: std::env::temp_dir().join(format!("{id}-bpffs")),
             workdir: std::env::temp_dir().join(format!("{id}-work")),
             id,
-            backend_ips: Mutex::new(Vec::new()),
+            pods: Mutex::new(BTreeMap::new()),
             servers: Mutex::new(Vec::new()),
+            processes: Registry::default(),
             made: Made::default(),
         };
         sandbox.build()?;
         Ok(sandbox)
     }
 
-    fn build(&self) -> anyhow::Result<()> {
-        for ns in [&self.client_ns, &self.backend_ns] {
-            ip(&["netns", "add", ns])?;
-            lock(&self.made.netns).push(ns.clone());
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+    fn add_netns(&self, name: &str) -> anyhow::Result<()> {
+        ip(&["netns", "add", name])?;
+        lock(&self.made.netns).push(name.to_string());
+        ip(&["-n", name, "link", "set", "lo", "up"])
+    }
+
+    /// Plugs a namespace into the bridge: `port` on the switch side, `eth0` inside.
+    fn plug(&self, ns: &str, port: &str, addrs: &[String]) -> anyhow::Result<()> {
+        let sw = &self.switch_ns;
+        ip(&[
+            "-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns,
+        ])?;
+        ip(&["-n", sw, "link", "set", port, "master", "br0", "up"])?;
+        for a in addrs {
+            let mut args = vec!["-n", ns, "addr", "add", a.as_str(), "dev", "eth0"];
+            if a.contains(':') {
+                args.push("nodad");
+            }
+            ip(&args)?;
         }
-        let (cv, bv) = (format!("{}c", self.id), format!("{}b", self.id));
+        ip(&["-n", ns, "link", "set", "eth0", "up"])
+    }
+
+    fn build(&self) -> anyhow::Result<()> {
+        self.add_netns(&self.switch_ns)?;
         ip(&[
             "-n",
-            &self.client_ns,
+            &self.switch_ns,
             "link",
             "add",
-            &cv,
+            "br0",
             "type",
-            "veth",
-            "peer",
-            "name",
-            &bv,
-            "netns",
-            &self.backend_ns,
+            "bridge",
+            "mcast_snooping",
+            "0",
         ])?;
-        ip(&[
-            "-n",
+        ip(&["-n", &self.switch_ns, "link", "set", "br0", "up"])?;
+        self.add_netns(&self.client_ns)?;
+        self.plug(
             &self.client_ns,
-            "addr",
-            "add",
-            &format!("{CLIENT_V4}/16"),
-            "dev",
-            &cv,
-        ])?;
-        ip(&[
-            "-n",
-            &self.client_ns,
-            "addr",
-            "add",
-            &format!("{CLIENT_V6}/64"),
-            "dev",
-            &cv,
-            "nodad",
-        ])?;
-        ip(&["-n", &self.client_ns, "link", "set", &cv, "up"])?;
-        ip(&["-n", &self.backend_ns, "link", "set", &bv, "up"])?;
+            "client",
+            &[format!("{CLIENT_V4}/16"), format!("{CLIENT_V6}/64")],
+        )?;
 
         std::fs::create_dir(&self.cgroup)
             .with_context(|| format!("creating {}", self.cgroup.display()))?;
@@ -143,12 +151,11 @@ impl Sandbox {
         self.workdir.join("manifests")
     }
 
-    /// Writes (or replaces) one manifest file.
+    /// Writes (or replaces, atomically) one manifest file.
     pub fn write_manifest(&self, name: &str, yaml: &str) -> anyhow::Result<()> {
-        let path = self.manifests().join(name);
         let tmp = self.workdir.join(format!(".{name}.tmp"));
         std::fs::write(&tmp, yaml)?;
-        std::fs::rename(&tmp, &path)?;
+        std::fs::rename(&tmp, self.manifests().join(name))?;
         Ok(())
     }
 
@@ -173,71 +180,62 @@ impl Sandbox {
         Ok(())
     }
 
-    /// Starts a backend "pod" answering on `addr` (TCP, or UDP with `udp`).
-    pub fn add_backend(&self, addr: SocketAddr, udp: bool) -> anyhow::Result<()> {
-        self.add_backend_ip(addr.ip())?;
-        let mut child = Process::new(bins::sbx()?)
-            .args([
-                "--netns",
-                &self.backend_ns,
-                "serve",
-                "--addr",
-                &addr.to_string(),
-            ])
-            .args(udp.then_some("--udp"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting a backend")?;
-        let mut line = String::new();
-        let stdout = child.stdout.take().context("backend stdout")?;
-        BufReader::new(stdout).read_line(&mut line)?;
-        if line.trim() != "ready" {
-            kill_and_wait(&mut child);
-            bail!("backend {addr} did not start");
+    /// The backend pod's namespace for an address, created (and plugged in) on first use.
+    pub fn pod(&self, addr: IpAddr) -> anyhow::Result<String> {
+        let mut pods = lock(&self.pods);
+        if let Some(ns) = pods.get(&addr) {
+            return Ok(ns.clone());
         }
-        lock(&self.servers).push((addr, udp, child));
-        Ok(())
-    }
-
-    fn add_backend_ip(&self, addr: IpAddr) -> anyhow::Result<()> {
-        let mut ips = lock(&self.backend_ips);
-        if ips.contains(&addr) {
-            return Ok(());
-        }
-        let dev = format!("{}b", self.id);
+        let n = pods.len() + 1;
+        let ns = format!("{}p{n}", self.id);
+        self.add_netns(&ns)?;
         let cidr = if addr.is_ipv4() {
             format!("{addr}/16")
         } else {
             format!("{addr}/64")
         };
-        let mut args = vec!["-n", &self.backend_ns, "addr", "add", &cidr, "dev", &dev];
-        if addr.is_ipv6() {
-            args.push("nodad");
+        self.plug(&ns, &format!("pod{n}"), &[cidr])?;
+        pods.insert(addr, ns.clone());
+        Ok(ns)
+    }
+
+    /// Starts a backend answering on `addr` (TCP, or UDP with `udp`) in its pod.
+    pub fn add_backend(&self, addr: SocketAddr, udp: bool) -> anyhow::Result<()> {
+        let ns = self.pod(addr.ip())?;
+        let mut owned = self
+            .processes
+            .spawn(
+                Process::new(bins::sbx()?)
+                    .args(["--netns", &ns, "serve", "--addr", &addr.to_string()])
+                    .args(udp.then_some("--udp"))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit()),
+            )
+            .context("starting a backend")?;
+        let mut line = String::new();
+        let stdout = owned.child().stdout.take().context("backend stdout")?;
+        BufReader::new(stdout).read_line(&mut line)?;
+        if line.trim() != "ready" {
+            bail!("backend {addr} did not start");
         }
-        ip(&args)?;
-        ips.push(addr);
+        lock(&self.servers).push((addr, udp, owned));
         Ok(())
     }
 
-    /// Stops the backend process serving `addr` (its address stays, so connects are refused).
+    /// Stops the backend process serving `addr` (its pod stays, so connects are refused).
     pub fn stop_backend(&self, addr: SocketAddr, udp: bool) {
-        let mut servers = lock(&self.servers);
-        if let Some(i) = servers.iter().position(|(a, u, _)| *a == addr && *u == udp) {
-            let (_, _, mut child) = servers.remove(i);
-            kill_and_wait(&mut child);
-        }
+        lock(&self.servers).retain(|(a, u, _)| !(*a == addr && *u == udp));
     }
 
     /// A client process in the sandbox's cgroup and client namespace: what socklb serves.
     pub fn client(&self) -> anyhow::Result<Client> {
-        Client::spawn(Some(&self.cgroup), &self.client_ns)
+        Client::spawn(&self.processes, Some(&self.cgroup), &self.client_ns)
     }
 
     /// A client in the client namespace but outside the cgroup: socklb must leave it alone.
     pub fn outside_client(&self) -> anyhow::Result<Client> {
-        Client::spawn(None, &self.client_ns)
+        Client::spawn(&self.processes, None, &self.client_ns)
     }
 
     /// Runs `socklb inspect -o json ARGS` on this sandbox's pins.
@@ -273,28 +271,38 @@ impl Sandbox {
         Ok((value, out.status.success()))
     }
 
-    /// The backends a connect to `target` (`ADDR:PORT[/udp]`) can get now, per the maps.
-    pub fn candidates(&self, target: &str) -> anyhow::Result<Vec<String>> {
+    /// The backends a connect to `target` (`ADDR:PORT[/udp]`) can get now, per the maps;
+    /// `None` when `target` is not a service frontend.
+    pub fn candidates(&self, target: &str) -> anyhow::Result<Option<Vec<String>>> {
         let v = self.inspect(&["lookup", target])?;
-        Ok(v["candidates"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|c| c.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default())
+        let verdict = v["verdict"].as_str().unwrap_or_default();
+        if verdict.starts_with("not a service frontend") {
+            return Ok(None);
+        }
+        Ok(Some(
+            v["candidates"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| c.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        ))
     }
 
-    /// Waits until the maps give `target` exactly `expected` (in any order).
+    /// Waits until `target` is a frontend whose backends are exactly `expected` (any order;
+    /// empty: present, with no backend).
     pub fn wait_candidates(&self, target: &str, expected: &[&str]) -> anyhow::Result<()> {
         let mut want: Vec<String> = expected.iter().map(|s| (*s).to_string()).collect();
         want.sort();
         let start = Instant::now();
         loop {
             let mut got = self.candidates(target)?;
-            got.sort();
-            if got == want {
+            if let Some(g) = got.as_mut() {
+                g.sort();
+            }
+            if got.as_ref() == Some(&want) {
                 return Ok(());
             }
             if start.elapsed() > Duration::from_secs(10) {
@@ -304,18 +312,29 @@ impl Sandbox {
         }
     }
 
+    /// Waits until `target` is no service frontend any more.
+    pub fn wait_gone(&self, target: &str) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while self.candidates(target)?.is_some() {
+            if start.elapsed() > Duration::from_secs(10) {
+                bail!("{target} is still in the maps");
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Ok(())
+    }
+
     /// Starts `socklb agent` on this sandbox's cgroup, pins and manifests folder, and waits
     /// until it reports ready.
     pub fn start_agent(&self, options: &AgentOptions) -> anyhow::Result<AgentProcess> {
         AgentProcess::start(self, options)
     }
-}
 
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        for (_, _, mut child) in lock(&self.servers).drain(..) {
-            kill_and_wait(&mut child);
-        }
+    /// Removes everything: processes, programs and pins, the cgroup, the namespaces, the
+    /// files. Safe to call more than once, and from another thread.
+    pub fn teardown(&self) {
+        self.processes.kill_all();
+        lock(&self.servers).clear();
         if let Some(mount) = lock(&self.made.mount).take() {
             let pins = mount.join("socklb");
             if pins.exists()
@@ -333,7 +352,7 @@ impl Drop for Sandbox {
         if let Some(cgroup) = lock(&self.made.cgroup).take() {
             crate::system::remove_cgroup(&cgroup);
         }
-        for ns in lock(&self.made.netns).drain(..) {
+        for ns in lock(&self.made.netns).drain(..).rev() {
             let _ = ip(&["netns", "del", &ns]);
         }
         if let Some(dir) = lock(&self.made.workdir).take() {
@@ -342,43 +361,67 @@ impl Drop for Sandbox {
     }
 }
 
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// Tears the sandbox down and exits when the process gets SIGINT or SIGTERM (Ctrl-C).
+pub fn teardown_on_signal(sandbox: &Arc<Sandbox>) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])?;
+    let sandbox = Arc::clone(sandbox);
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            eprintln!("\ninterrupted: cleaning up the sandbox");
+            sandbox.teardown();
+            std::process::exit(128 + signal);
+        }
+    });
+    Ok(())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A running `sbx client`; commands go in on stdin, replies come back on stdout.
 pub struct Client {
-    child: Child,
+    process: Owned,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
 
 impl Client {
-    fn spawn(cgroup: Option<&Path>, netns: &str) -> anyhow::Result<Self> {
+    fn spawn(processes: &Registry, cgroup: Option<&Path>, netns: &str) -> anyhow::Result<Self> {
         let mut cmd = Process::new(bins::sbx()?);
         if let Some(cg) = cgroup {
             cmd.arg("--cgroup").arg(cg);
         }
-        let mut child = cmd
-            .args(["--netns", netns, "client"])
+        cmd.args(["--netns", netns, "client"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("starting a client")?;
-        let stdin = child.stdin.take().context("client stdin")?;
-        let mut stdout = BufReader::new(child.stdout.take().context("client stdout")?);
+            .stderr(Stdio::inherit());
+        let mut process = processes.spawn(&mut cmd).context("starting a client")?;
+        let stdin = process.child().stdin.take().context("client stdin")?;
+        let mut stdout = BufReader::new(process.child().stdout.take().context("client stdout")?);
         let mut line = String::new();
         stdout.read_line(&mut line)?;
         if !line.contains("ready") {
-            kill_and_wait(&mut child);
             bail!("client did not start: {line:?}");
         }
         Ok(Self {
-            child,
+            process,
             stdin,
             stdout,
         })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.id()
     }
 
     pub fn run(&mut self, cmd: &Command) -> anyhow::Result<Reply> {
@@ -396,27 +439,5 @@ impl Client {
             count,
             udp: false,
         })
-    }
-
-    /// Repeats `f` until it returns true or `timeout` passes; returns whether it did.
-    pub fn wait_for(
-        &mut self,
-        timeout: Duration,
-        mut f: impl FnMut(&mut Self) -> anyhow::Result<bool>,
-    ) -> anyhow::Result<bool> {
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if f(self)? {
-                return Ok(true);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(false)
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        kill_and_wait(&mut self.child);
     }
 }

@@ -90,7 +90,7 @@ fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<
     )?)?;
     sandbox.wait_candidates("10.96.0.10:80", &[B])?;
     api.delete(Resource::Services, "default", "extra");
-    wait_gone(&sandbox, "10.96.0.20:80")?;
+    sandbox.wait_gone("10.96.0.20:80")?;
 
     // The watch expires while a change happens: only a re-list can reveal it.
     let lists = api.requests("list services");
@@ -127,18 +127,6 @@ fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<
     Ok(())
 }
 
-fn wait_gone(sandbox: &Sandbox, target: &str) -> anyhow::Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        let v = sandbox.inspect(&["lookup", target])?;
-        if v["service"].is_null() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    anyhow::bail!("{target} still in the maps")
-}
-
 #[test]
 fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
     if !privileged("editing_a_manifest_changes_the_maps_within_a_second") {
@@ -163,7 +151,7 @@ fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
         assert!(took < Duration::from_secs(1), "took {took:?}");
     }
     sandbox.remove_manifest("service.yaml")?;
-    wait_gone(&sandbox, "10.96.0.10:80")?;
+    sandbox.wait_gone("10.96.0.10:80")?;
     Ok(())
 }
 
@@ -289,8 +277,8 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
         agent.log_tail(10)
     );
     assert_eq!(
-        sandbox.candidates("10.96.0.10:80")?.len(),
-        2,
+        sandbox.candidates("10.96.0.10:80")?.map(|c| c.len()),
+        Some(2),
         "the last good slice is kept"
     );
     assert_eq!(

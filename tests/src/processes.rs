@@ -1,0 +1,65 @@
+//! The processes a sandbox starts, tracked by PID until reaped, so a teardown (also from a
+//! signal handler) ends exactly those and no other: an unreaped child's PID cannot be reused.
+use std::{
+    collections::BTreeSet,
+    process::{Child, Command},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
+
+#[derive(Clone, Default)]
+pub struct Registry(Arc<Mutex<BTreeSet<u32>>>);
+
+impl Registry {
+    fn lock(&self) -> MutexGuard<'_, BTreeSet<u32>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts `cmd` and tracks the child.
+    pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<Owned> {
+        let mut pids = self.lock();
+        let child = cmd.spawn()?;
+        pids.insert(child.id());
+        Ok(Owned {
+            child: Some(child),
+            registry: self.clone(),
+        })
+    }
+
+    /// SIGKILL to every tracked, unreaped child.
+    pub fn kill_all(&self) {
+        for pid in self.lock().iter() {
+            if let Ok(pid) = i32::try_from(*pid) {
+                // SAFETY: signalling our own unreaped child by PID.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// A child that is killed, reaped and forgotten when dropped.
+pub struct Owned {
+    child: Option<Child>,
+    registry: Registry,
+}
+
+impl Owned {
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("child present until drop")
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Hold the registry while reaping, so kill_all never signals a reaped PID.
+            let mut pids = self.registry.lock();
+            let _ = child.kill();
+            let _ = child.wait();
+            pids.remove(&child.id());
+        }
+    }
+}
