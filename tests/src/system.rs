@@ -3,7 +3,7 @@ use std::{
     ffi::CString,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
-    process::{Child, Command},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -74,12 +74,6 @@ pub fn remove_cgroup(path: &Path) {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Kills a process this harness started (by its PID) and reaps it.
-pub fn kill_and_wait(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 fn pid_alive(pid: u32) -> bool {

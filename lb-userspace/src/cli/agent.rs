@@ -52,6 +52,7 @@ pub struct AgentArgs {
     /// Address for /healthz, /readyz and /metrics ("off" to disable).
     #[arg(long, default_value = "127.0.0.1:10256")]
     pub listen: String,
+    /// Log format (json for log collectors). `SOCKLB_LOG` sets the filter (default info).
     #[arg(long, value_enum, default_value_t)]
     pub log_format: LogFormat,
     /// Log level inside the eBPF programs (off removes the logging code from the programs).
@@ -72,7 +73,7 @@ pub struct AgentArgs {
     /// Capacity of the BACKENDS map.
     #[arg(long, default_value_t = lb_common::capacity::BACKENDS)]
     pub max_backends: u32,
-    /// Capacity of the `SERVICE_META` map (service ports).
+    /// Capacity of the SERVICE_META map (service ports).
     #[arg(long, default_value_t = lb_common::capacity::SERVICE_META)]
     pub max_services: u32,
     /// Capacity of the AFFINITY map (an LRU: the oldest client is evicted when full).

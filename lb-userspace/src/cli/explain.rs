@@ -27,12 +27,16 @@ pub struct ExplainArgs {
     /// This node's name (traffic policy Local, topology hints).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
     #[arg(long)]
     pub zone: Option<String>,
+    /// An address of this node on which NodePorts are served (repeatable).
     #[arg(long = "node-address")]
     pub node_addresses: Vec<IpAddr>,
+    /// The proxy name the agent answers to (service-proxy-name label).
     #[arg(long, default_value = DEFAULT_PROXY_NAME)]
     pub proxy_name: String,
+    /// Output format: readable text (table) or JSON.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
 }

@@ -54,7 +54,7 @@ pub enum LogFormat {
 #[derive(clap::Args, Debug, Clone)]
 pub struct PinArgs {
     /// Folder on a bpf filesystem holding socklb's pinned maps and links.
-    #[arg(long = "bpffs", default_value = DEFAULT_PIN_FOLDER, env = "SOCKLB_BPFFS")]
+    #[arg(long = "bpffs", default_value = DEFAULT_PIN_FOLDER, env = "SOCKLB_BPFFS", global = true)]
     pub pin_folder: PathBuf,
 }
 
