@@ -40,37 +40,42 @@ pub mod capacity {
     pub const SLOTS: u32 = 262_144;
     pub const BACKENDS: u32 = 131_072;
     pub const AFFINITY: u32 = 65_536;
+    /// Live translated sockets (their reverse-translation state).
+    pub const SOCK_STATE: u32 = 131_072;
     pub const SERVICE_META: u32 = 65_536;
 }
 
-/// Indexes into the per-CPU `COUNTERS` array.
+/// Indexes into the per-CPU `COUNTERS` array. Every connect or sendmsg addressed to a
+/// frontend ends in exactly one of `TRANSLATIONS`, `NO_BACKEND` or `ERRORS`, so their sum is
+/// the number of service lookups (not counted separately: one update less on the hot path).
 pub mod counter {
-    /// A hook looked a destination up in `FRONTENDS` (connect, sendmsg).
-    pub const LOOKUPS: u32 = 0;
     /// A destination was rewritten to a backend.
-    pub const TRANSLATIONS: u32 = 1;
+    pub const TRANSLATIONS: u32 = 0;
     /// A connect or sendmsg was refused because the service had no active backend.
-    pub const NO_BACKEND: u32 = 2;
+    pub const NO_BACKEND: u32 = 1;
     /// A session-affinity entry chose the backend.
-    pub const AFFINITY_HITS: u32 = 3;
+    pub const AFFINITY_HITS: u32 = 2;
     /// getpeername or recvmsg reported the service address instead of the backend's.
-    pub const REVERSE_TRANSLATIONS: u32 = 4;
+    pub const REVERSE_TRANSLATIONS: u32 = 3;
     /// An unconnected UDP socket kept the backend it used before.
-    pub const STICKY_HITS: u32 = 5;
+    pub const STICKY_HITS: u32 = 4;
     /// A frontend pointed at a missing slot or backend (should never happen; the reconciler's
-    /// write order prevents it), or a helper failed.
-    pub const ERRORS: u32 = 6;
+    /// write order prevents it).
+    pub const ERRORS: u32 = 5;
+    /// `SOCK_STATE` was full: the socket was translated, but getpeername/recvmsg will show the
+    /// backend's address and UDP stickiness is lost for it.
+    pub const SOCK_STATE_FULL: u32 = 6;
     /// Number of counters (the array's size).
     pub const COUNT: u32 = 8;
     /// Names, by index, as exported in metrics and `socklb inspect stats`.
     pub const NAMES: [&str; 7] = [
-        "lookups",
         "translations",
         "no_backend",
         "affinity_hits",
         "reverse_translations",
         "sticky_hits",
         "errors",
+        "sock_state_full",
     ];
 }
 
@@ -131,9 +136,9 @@ pub struct Backend {
     pub _pad: u8,
 }
 
-/// Per-socket state (`SOCK_STATE`, socket-local storage): what a socket was translated to, so
+/// Per-socket state (`SOCK_STATE`, keyed by socket cookie): what a socket was translated to, so
 /// getpeername and recvmsg can report the service address, and an unconnected UDP socket keeps
-/// its backend. It lives and dies with the socket, so it cannot leak.
+/// its backend. The `sock_release` program deletes it when the socket goes, so it cannot leak.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockState {

@@ -1,7 +1,7 @@
 //! The maps, as BTF-defined maps. Types and default sizes come from `lb-common`; the agent can
 //! resize each one at load time and pins them so state survives its restarts.
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray, SkStorage},
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use lb_common::{
@@ -22,9 +22,10 @@ pub static SLOTS: HashMap<SlotKey, u32, { capacity::SLOTS as usize }> = HashMap:
 #[btf_map]
 pub static BACKENDS: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
 
-/// Per-socket translation record; freed by the kernel together with the socket.
+/// Per-socket translation record, by socket cookie. Preallocated (an insert allocates nothing
+/// on the connect path); the `sock_release` program deletes the entry with the socket.
 #[btf_map]
-pub static SOCK_STATE: SkStorage<SockState> = SkStorage::new();
+pub static SOCK_STATE: HashMap<u64, SockState, { capacity::SOCK_STATE as usize }> = HashMap::new();
 
 /// sessionAffinity ClientIP: client of a service → backend, with last use.
 #[btf_map]

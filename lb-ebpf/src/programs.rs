@@ -3,9 +3,14 @@
     clippy::needless_pass_by_value,
     reason = "aya's entry-point macro hands the context over by value"
 )]
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{
+    macros::{cgroup_sock, cgroup_sock_addr},
+    programs::{SockAddrContext, SockContext},
+};
 
-use crate::translate::{Hook, SocketFamily, fault_verdict, try_reverse, try_translate};
+use crate::translate::{
+    Hook, SocketFamily, fault_verdict, try_release, try_reverse, try_translate,
+};
 
 #[inline(always)]
 fn translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> i32 {
@@ -50,4 +55,10 @@ pub fn socklb_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
     try_reverse(&ctx, SocketFamily::V6)
+}
+
+#[cgroup_sock(sock_release)]
+pub fn socklb_sock_release(ctx: SockContext) -> i32 {
+    try_release(&ctx);
+    1
 }

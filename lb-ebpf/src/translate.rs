@@ -2,9 +2,10 @@
 //! that the entry point counts and turns into a verdict.
 use aya_ebpf::{
     helpers::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns, generated::bpf_set_retval,
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
+        generated::bpf_set_retval,
     },
-    programs::SockAddrContext,
+    programs::{SockAddrContext, SockContext},
 };
 use aya_log_ebpf::debug;
 use lb_common::{
@@ -49,6 +50,8 @@ pub enum SocketFamily {
 struct Choice {
     slot: u32,
     backend_id: u32,
+    /// The socket's record already says so (a UDP socket reusing its backend).
+    recorded: bool,
 }
 
 /// connect4/6 and sendmsg4/6: a service address becomes one of its backends.
@@ -73,7 +76,7 @@ pub fn try_translate(
     let Some(frontend) = (unsafe { FRONTENDS.get(key) }).copied() else {
         return Ok(ALLOW);
     };
-    count(counter::LOOKUPS);
+
     if frontend.count == 0 {
         count(counter::NO_BACKEND);
         debug!(
@@ -88,7 +91,9 @@ pub fn try_translate(
         .copied()
         .ok_or(Fault::BackendMissing)?;
     store(ctx, family, &backend.addr, backend.port_be, backend.family);
-    remember(ctx, &key, &backend, frontend.service_id, &choice);
+    if !choice.recorded {
+        remember(ctx, &key, &backend, frontend.service_id, &choice);
+    }
     count(counter::TRANSLATIONS);
     debug!(
         ctx,
@@ -101,13 +106,11 @@ pub fn try_translate(
 /// its peer, as it would behind a NAT-based proxy.
 #[inline(always)]
 pub fn try_reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
-    // SAFETY: the storage belongs to this socket and lives as long as it does.
-    let state = unsafe { SOCK_STATE.get_ptr_mut(ctx) };
-    if state.is_null() {
+    // SAFETY: copied at once; the entry may be deleted concurrently only when the socket is
+    // released, which cannot happen while it runs this hook.
+    let Some(state) = (unsafe { SOCK_STATE.get(socket_cookie(ctx)) }).copied() else {
         return ALLOW;
-    }
-    // SAFETY: non-null storage pointers returned by the kernel are valid for the program run.
-    let state = unsafe { &*state };
+    };
     let peer = load(ctx, family);
     let backend = &state.backend;
     if backend.family == peer.family && backend.port_be == peer.port_be && backend.addr == peer.addr
@@ -179,18 +182,17 @@ fn choose(
         return choose_with_affinity(ctx, family, key, frontend);
     }
     if hook == Hook::SendMsg {
-        // SAFETY: this socket's own storage, valid for the program run.
-        let state = unsafe { SOCK_STATE.get_ptr_mut(ctx) };
-        if !state.is_null() {
-            // SAFETY: as above.
-            let state = unsafe { &*state };
-            if state.frontend == *key && slot_holds(frontend, state.slot, state.backend_id) {
-                count(counter::STICKY_HITS);
-                return Ok(Choice {
-                    slot: state.slot,
-                    backend_id: state.backend_id,
-                });
-            }
+        // SAFETY: this socket's own entry, copied at once.
+        if let Some(state) = (unsafe { SOCK_STATE.get(socket_cookie(ctx)) }).copied()
+            && state.frontend == *key
+            && slot_holds(frontend, state.slot, state.backend_id)
+        {
+            count(counter::STICKY_HITS);
+            return Ok(Choice {
+                slot: state.slot,
+                backend_id: state.backend_id,
+                recorded: true,
+            });
         }
     }
     choose_random(frontend)
@@ -209,7 +211,11 @@ fn choose_random(frontend: &Frontend) -> Result<Choice, Fault> {
     let backend_id = (unsafe { SLOTS.get(key) })
         .copied()
         .ok_or(Fault::SlotMissing)?;
-    Ok(Choice { slot, backend_id })
+    Ok(Choice {
+        slot,
+        backend_id,
+        recorded: false,
+    })
 }
 
 /// True while `slot` is active in the frontend and still holds `backend_id`.
@@ -256,6 +262,7 @@ fn choose_with_affinity(
             return Ok(Choice {
                 slot: entry.slot,
                 backend_id: entry.backend_id,
+                recorded: false,
             });
         }
     }
@@ -270,9 +277,15 @@ fn choose_with_affinity(
     Ok(choice)
 }
 
-/// Records the translation in the socket's own storage for getpeername, recvmsg and UDP
-/// stickiness. Without storage (out of memory) the connection still works; only the reverse
-/// translation is lost, so this is not a fault.
+/// The socket's cookie: unique for the boot, the key of its `SOCK_STATE` entry.
+#[inline(always)]
+fn socket_cookie(ctx: &SockAddrContext) -> u64 {
+    // SAFETY: helper available to sock_addr programs.
+    unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) }
+}
+
+/// Records the translation for getpeername, recvmsg and UDP stickiness. When `SOCK_STATE` is
+/// full the connection still works; only its reverse translation is lost, and counted.
 #[inline(always)]
 fn remember(
     ctx: &SockAddrContext,
@@ -281,21 +294,23 @@ fn remember(
     service_id: u32,
     choice: &Choice,
 ) {
-    // SAFETY: creates (zeroed) or returns this socket's storage.
-    let state = unsafe { SOCK_STATE.get_or_insert_ptr_mut(ctx, None) };
-    if state.is_null() {
-        count(counter::ERRORS);
-        return;
+    let state = SockState {
+        frontend: *key,
+        backend: *backend,
+        service_id,
+        backend_id: choice.backend_id,
+        slot: choice.slot,
+        _pad: 0,
+    };
+    if SOCK_STATE.insert(socket_cookie(ctx), state, 0).is_err() {
+        count(counter::SOCK_STATE_FULL);
     }
-    // SAFETY: non-null storage pointer, valid for the program run.
-    unsafe {
-        *state = SockState {
-            frontend: *key,
-            backend: *backend,
-            service_id,
-            backend_id: choice.backend_id,
-            slot: choice.slot,
-            _pad: 0,
-        };
-    }
+}
+
+/// `sock_release`: the socket is going away; so does its translation record.
+#[inline(always)]
+pub fn try_release(ctx: &SockContext) {
+    // SAFETY: helper available to cgroup sock programs (5.9+).
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
+    let _ = SOCK_STATE.remove(cookie);
 }

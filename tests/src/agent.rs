@@ -23,6 +23,8 @@ pub struct AgentOptions {
     pub kubeconfig: Option<PathBuf>,
     /// Don't wait for /readyz.
     pub no_wait: bool,
+    /// How long to wait for /readyz (default 20 s).
+    pub ready_timeout: Option<Duration>,
 }
 
 pub struct AgentProcess {
@@ -69,7 +71,7 @@ impl AgentProcess {
         };
         agent.spawn()?;
         if !options.no_wait {
-            agent.wait_ready(Duration::from_secs(20))?;
+            agent.wait_ready(options.ready_timeout.unwrap_or(Duration::from_secs(20)))?;
         }
         Ok(agent)
     }

@@ -44,6 +44,17 @@ pub enum Command {
     Close {
         id: u32,
     },
+    /// `count` request/response transactions (connect, one line each way, close), timed:
+    /// the reply's `latencies_ns` holds each connect()'s duration, `elapsed_ns` the total.
+    Bench {
+        target: SocketAddr,
+        count: usize,
+    },
+    /// One connection that sends `bytes` to a sink backend and waits for its count.
+    Bulk {
+        target: SocketAddr,
+        bytes: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -60,6 +71,12 @@ pub struct Reply {
     pub seen_as: BTreeMap<String, usize>,
     /// The raw answer line (open, exchange).
     pub line: Option<String>,
+    /// Bench: each connect()'s duration.
+    #[serde(default)]
+    pub latencies_ns: Vec<u64>,
+    /// Bench, bulk: wall time of the whole command.
+    #[serde(default)]
+    pub elapsed_ns: u64,
 }
 
 impl Reply {
@@ -149,6 +166,8 @@ impl ClientState {
             Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
+            Command::Bench { target, count } => bench(target, count),
+            Command::Bulk { target, bytes } => bulk(target, bytes),
             Command::Close { id } => {
                 self.conns.remove(&id);
                 Reply {
@@ -330,5 +349,70 @@ fn send_to(socket: &UdpSocket, target: SocketAddr, count: usize) -> Reply {
             Err(e) => reply.count_error(&e),
         }
     }
+    reply
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn bench(target: SocketAddr, count: usize) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    reply.latencies_ns.reserve(count);
+    let start = std::time::Instant::now();
+    for _ in 0..count {
+        let t0 = std::time::Instant::now();
+        let result = TcpStream::connect_timeout(&target, IO_TIMEOUT).and_then(|mut s| {
+            let connected = t0.elapsed();
+            s.set_read_timeout(Some(IO_TIMEOUT))?;
+            s.write_all(b"ping\n")?;
+            let mut r = BufReader::new(s);
+            let greeting = read_line(&mut r)?;
+            Ok((connected, greeting))
+        });
+        match result {
+            Ok((connected, greeting)) => {
+                reply.latencies_ns.push(nanos(connected));
+                reply.count_answer(&greeting);
+            }
+            Err(e) => reply.count_error(&e),
+        }
+    }
+    reply.elapsed_ns = nanos(start.elapsed());
+    reply
+}
+
+fn bulk(target: SocketAddr, bytes: u64) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    let start = std::time::Instant::now();
+    let result = TcpStream::connect_timeout(&target, IO_TIMEOUT).and_then(|mut s| {
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+        let chunk = vec![0x5a_u8; 256 * 1024];
+        let mut left = bytes;
+        while left > 0 {
+            let n = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+            s.write_all(&chunk[..n])?;
+            left -= n as u64;
+        }
+        s.shutdown(std::net::Shutdown::Write)?;
+        read_line(&mut BufReader::new(s))
+    });
+    match result {
+        Ok(line) => {
+            reply.count_answer(&line);
+            reply.line = Some(line);
+        }
+        Err(e) => {
+            reply.ok = false;
+            reply.count_error(&e);
+        }
+    }
+    reply.elapsed_ns = nanos(start.elapsed());
     reply
 }

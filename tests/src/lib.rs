@@ -3,6 +3,7 @@
 //! `socklb agent` binary.
 pub mod agent;
 pub mod apiserver;
+pub mod bench;
 pub mod bins;
 pub mod client;
 pub mod manifests;

@@ -56,7 +56,7 @@ pub struct Sandbox {
 #[derive(Default)]
 struct Made {
     netns: Mutex<Vec<String>>,
-    cgroup: Mutex<Option<PathBuf>>,
+    cgroups: Mutex<Vec<PathBuf>>,
     mount: Mutex<Option<PathBuf>>,
     workdir: Mutex<Option<PathBuf>>,
 }
@@ -128,9 +128,7 @@ impl Sandbox {
             &[format!("{CLIENT_V4}/16"), format!("{CLIENT_V6}/64")],
         )?;
 
-        std::fs::create_dir(&self.cgroup)
-            .with_context(|| format!("creating {}", self.cgroup.display()))?;
-        *lock(&self.made.cgroup) = Some(self.cgroup.clone());
+        self.add_cgroup(&self.cgroup)?;
 
         std::fs::create_dir_all(&self.pin_mount)?;
         crate::system::mount_bpffs(&self.pin_mount)?;
@@ -139,6 +137,39 @@ impl Sandbox {
         std::fs::create_dir_all(self.manifests())?;
         *lock(&self.made.workdir) = Some(self.workdir.clone());
         Ok(())
+    }
+
+    fn add_cgroup(&self, path: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir(path).with_context(|| format!("creating {}", path.display()))?;
+        lock(&self.made.cgroups).push(path.to_path_buf());
+        Ok(())
+    }
+
+    /// Another client pod on the bridge at `ipv4`, with a cgroup of its own that is a sibling
+    /// of the sandbox's (socklb's programs attached to the sandbox cgroup do not reach it).
+    pub fn extra_client_pod(&self, name: &str, ipv4: &str) -> anyhow::Result<ClientPod> {
+        let n = lock(&self.made.netns).len();
+        let ns = format!("{}k{n}", self.id);
+        self.add_netns(&ns)?;
+        self.plug(&ns, &format!("k{n}"), &[format!("{ipv4}/16")])?;
+        let cgroup = self.extra_cgroup(name)?;
+        Ok(ClientPod { netns: ns, cgroup })
+    }
+
+    /// An empty cgroup, a sibling of the sandbox's, removed with the sandbox.
+    pub fn extra_cgroup(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let cgroup = self
+            .cgroup
+            .parent()
+            .context("sandbox cgroup without a parent")?
+            .join(format!("{}-{name}", self.id));
+        self.add_cgroup(&cgroup)?;
+        Ok(cgroup)
+    }
+
+    /// A client process in `pod`.
+    pub fn client_in(&self, pod: &ClientPod) -> anyhow::Result<Client> {
+        Client::spawn(&self.processes, Some(&pod.cgroup), &pod.netns)
     }
 
     /// Where socklb pins its maps and links in this sandbox.
@@ -201,13 +232,22 @@ impl Sandbox {
 
     /// Starts a backend answering on `addr` (TCP, or UDP with `udp`) in its pod.
     pub fn add_backend(&self, addr: SocketAddr, udp: bool) -> anyhow::Result<()> {
+        self.add_server(addr, udp.then_some("--udp"), udp)
+    }
+
+    /// Starts a bulk sink on `addr` (TCP): it reads until EOF and answers with the count.
+    pub fn add_sink(&self, addr: SocketAddr) -> anyhow::Result<()> {
+        self.add_server(addr, Some("--sink"), false)
+    }
+
+    fn add_server(&self, addr: SocketAddr, flag: Option<&str>, udp: bool) -> anyhow::Result<()> {
         let ns = self.pod(addr.ip())?;
         let mut owned = self
             .processes
             .spawn(
                 Process::new(bins::sbx()?)
                     .args(["--netns", &ns, "serve", "--addr", &addr.to_string()])
-                    .args(udp.then_some("--udp"))
+                    .args(flag)
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit()),
@@ -349,7 +389,7 @@ impl Sandbox {
             crate::system::unmount(&mount);
             let _ = std::fs::remove_dir(&mount);
         }
-        if let Some(cgroup) = lock(&self.made.cgroup).take() {
+        for cgroup in lock(&self.made.cgroups).drain(..).rev() {
             crate::system::remove_cgroup(&cgroup);
         }
         for ns in lock(&self.made.netns).drain(..).rev() {
@@ -386,6 +426,13 @@ pub fn teardown_on_signal(sandbox: &Arc<Sandbox>) -> anyhow::Result<()> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A client pod of its own: a network namespace and a cgroup.
+#[derive(Clone, Debug)]
+pub struct ClientPod {
+    pub netns: String,
+    pub cgroup: PathBuf,
 }
 
 /// A running `sbx client`; commands go in on stdin, replies come back on stdout.

@@ -202,7 +202,7 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
     let programs = sandbox.inspect(&["programs"])?;
     assert_eq!(
         programs.as_array().map(Vec::len),
-        Some(8),
+        Some(9),
         "one link per program, no leftovers"
     );
     Ok(())
@@ -394,14 +394,14 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
     agent.stop()?;
     assert_eq!(
         sandbox.inspect(&["programs"])?.as_array().map(Vec::len),
-        Some(8)
+        Some(9)
     );
     let out = std::process::Command::new(socklb_tests::bins::socklb()?)
         .args(["reset", "--bpffs"])
         .arg(&pins)
         .output()?;
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("detached 8 program link(s)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("detached 9 program link(s)"));
     assert!(!pins.exists());
     let outside = sandbox.client()?.connect("10.96.0.10:80".parse()?, 1)?;
     assert_eq!(

@@ -534,7 +534,8 @@ fn verifier_accepts_every_program() -> anyhow::Result<()> {
             "socklb_recvmsg4",
             "socklb_recvmsg6",
             "socklb_getpeername4",
-            "socklb_getpeername6"
+            "socklb_getpeername6",
+            "socklb_sock_release"
         ]
     );
     eprintln!(
@@ -604,5 +605,59 @@ fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<
         "no program log line in the agent's log:\n{}",
         agent.log_tail(20)
     );
+    Ok(())
+}
+
+/// The reverse-translation record of a socket goes away with the socket: after a thousand
+/// closed connections only the open ones hold an entry.
+#[test]
+fn per_socket_state_goes_away_with_the_socket() -> anyhow::Result<()> {
+    if !privileged("per_socket_state_goes_away_with_the_socket") {
+        return Ok(());
+    }
+    let w = World::new(&V4, false, &[0, 1, 2], &[])?;
+    let entries = |sandbox: &Sandbox| -> anyhow::Result<u64> {
+        let stats = sandbox.inspect(&["stats"])?;
+        Ok(stats["maps"]
+            .as_array()
+            .and_then(|m| m.iter().find(|e| e[0] == "SOCK_STATE"))
+            .and_then(|e| e[1].as_u64())
+            .unwrap_or(u64::MAX))
+    };
+    let mut client = w.client()?;
+    assert_eq!(client.connect(V4.vip(TCP_PORT), 1000)?.answers(), 1000);
+    for id in 1..=3 {
+        assert!(
+            client
+                .run(&Command::Open {
+                    id,
+                    target: V4.vip(TCP_PORT),
+                    udp: false
+                })?
+                .ok
+        );
+    }
+    assert_eq!(
+        entries(&w.sandbox)?,
+        3,
+        "only the three open sockets keep a record"
+    );
+    drop(client);
+    assert_eq!(
+        entries(&w.sandbox)?,
+        0,
+        "closing (here: the process exiting) releases them"
+    );
+    let stats = w.sandbox.inspect(&["stats"])?;
+    let counters = stats["counters"].as_array().cloned().unwrap_or_default();
+    let get = |name: &str| {
+        counters
+            .iter()
+            .find(|c| c[0] == name)
+            .and_then(|c| c[1].as_u64())
+    };
+    assert_eq!(get("translations"), Some(1003));
+    assert_eq!(get("lookups"), Some(1003));
+    assert_eq!(get("sock_state_full"), Some(0));
     Ok(())
 }

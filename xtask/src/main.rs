@@ -34,6 +34,13 @@ enum Task {
     },
     /// Everything CI checks: fmt, clippy (userspace and eBPF), unit, golden and privileged tests.
     Test,
+    /// Benchmarks: the data path beside kube-proxy's iptables and nftables layouts, and the
+    /// control plane; writes target/bench/report.md.
+    Bench {
+        /// A short run (fewer services and rounds), as `cargo xtask test` does.
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -55,6 +62,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Task::Setup { .. } => Ok(()),
         Task::Demo { non_interactive } => demo(*non_interactive),
         Task::Test => test(),
+        Task::Bench { quick } => bench(*quick),
     }
 }
 
@@ -136,6 +144,48 @@ fn test() -> anyhow::Result<()> {
         "\nall checks passed in {:.0}s",
         start.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+fn bench(quick: bool) -> anyhow::Result<()> {
+    step("build (release)", || {
+        cmd("cargo", &["build", "--release", "--workspace", "--bins"])
+    })?;
+    let mut criterion = vec![
+        "bench",
+        "-p",
+        "lb-userspace",
+        "--bench",
+        "control_plane",
+        "--",
+        "--noplot",
+    ];
+    if quick {
+        criterion.extend(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+    }
+    step("criterion micro-benchmarks", || cmd("cargo", &criterion))?;
+    let root = workspace_root();
+    let out = root.join("target/bench");
+    let _ = std::fs::remove_file(out.join("report.md"));
+    step("socklb-bench", || {
+        let mut c = Command::new(root.join("target/release/socklb-bench"));
+        if quick {
+            c.arg("--quick");
+        }
+        let status = c
+            .arg("--out")
+            .arg(&out)
+            .arg("--criterion")
+            .arg(root.join("target/criterion"))
+            .status()?;
+        if !status.success() {
+            bail!("socklb-bench failed");
+        }
+        Ok(())
+    })?;
+    if !out.join("report.md").exists() {
+        bail!("no report was written to {}", out.display());
+    }
     Ok(())
 }
 

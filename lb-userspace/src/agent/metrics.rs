@@ -8,7 +8,7 @@ use std::{
     },
 };
 
-use lb_common::{counter, map_name};
+use lb_common::map_name;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -23,7 +23,7 @@ use prometheus_client::{
 
 use super::engine::Pass;
 use crate::dataplane::{
-    bpf::{open_pinned_map, read_affinity, read_counters},
+    bpf::{named_counters, open_pinned_map, read_affinity, sock_state_fill},
     maps::{Capacities, MapSnapshot},
 };
 
@@ -202,21 +202,39 @@ struct Datapath {
 
 impl Collector for Datapath {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Ok(totals) = open_pinned_map(
+        if let Ok(counters) = open_pinned_map(
             &self.maps_dir.join(map_name::COUNTERS),
             map_name::COUNTERS,
             true,
         )
-        .and_then(read_counters)
+        .and_then(named_counters)
         {
-            for (i, total) in totals.iter().enumerate() {
-                let name = format!("datapath_{}", counter::NAMES[i]);
-                let help = format!("Data path events: {} (summed over CPUs)", counter::NAMES[i]);
-                let metric = ConstCounter::new(*total);
+            for (name, total) in counters {
+                let metric = ConstCounter::new(total);
+                let (metric_name, help) = (
+                    format!("datapath_{name}"),
+                    format!("Data path events: {name} (summed over CPUs)"),
+                );
                 let metric_encoder =
-                    encoder.encode_descriptor(&name, &help, None, metric.metric_type())?;
+                    encoder.encode_descriptor(&metric_name, &help, None, metric.metric_type())?;
                 metric.encode(metric_encoder)?;
             }
+        }
+        if let Ok((entries, _)) = open_pinned_map(
+            &self.maps_dir.join(map_name::SOCK_STATE),
+            map_name::SOCK_STATE,
+            true,
+        )
+        .and_then(sock_state_fill)
+        {
+            let metric = ConstGauge::new(gauge(entries));
+            let metric_encoder = encoder.encode_descriptor(
+                "sock_state_entries",
+                "Live translated sockets with a reverse-translation record (SOCK_STATE)",
+                None,
+                metric.metric_type(),
+            )?;
+            metric.encode(metric_encoder)?;
         }
         if let Ok(entries) = open_pinned_map(
             &self.maps_dir.join(map_name::AFFINITY),

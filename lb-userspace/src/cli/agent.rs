@@ -79,6 +79,10 @@ pub struct AgentArgs {
     /// Capacity of the AFFINITY map (an LRU: the oldest client is evicted when full).
     #[arg(long, default_value_t = lb_common::capacity::AFFINITY)]
     pub max_affinity: u32,
+    /// Capacity of the SOCK_STATE map: live translated sockets whose peer address is reported
+    /// as the service's (preallocated, about 100 bytes each).
+    #[arg(long, default_value_t = lb_common::capacity::SOCK_STATE)]
+    pub max_sockets: u32,
 }
 
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
@@ -113,6 +117,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 service_meta: args.max_services,
             },
             affinity_capacity: args.max_affinity,
+            sock_state_capacity: args.max_sockets,
             log_level: args.bpf_log_level as u8,
         },
         node: NodeInfo {

@@ -2,13 +2,13 @@
 use std::{fmt::Write as _, process::ExitCode};
 
 use clap::Subcommand;
-use lb_common::{counter, map_name};
+use lb_common::map_name;
 use serde::Serialize;
 
 use super::{Output, PinArgs, table::Table};
 use crate::dataplane::{
     abi::{Frontend, backend_from_abi, words_to_ip},
-    bpf::{BpfServiceMaps, open_pinned_map, read_affinity, read_counters},
+    bpf::{BpfServiceMaps, named_counters, open_pinned_map, read_affinity, sock_state_fill},
     dump::{self, ServiceView},
     loader::PinFolder,
     maps::{MapSnapshot, ServiceMaps as _},
@@ -246,9 +246,14 @@ fn stats(
     snap: &MapSnapshot,
     json: bool,
 ) -> anyhow::Result<String> {
-    let totals = read_counters(open_pinned_map(
+    let counters = named_counters(open_pinned_map(
         &pins.map(map_name::COUNTERS),
         map_name::COUNTERS,
+        true,
+    )?)?;
+    let (sockets, sockets_cap) = sock_state_fill(open_pinned_map(
+        &pins.map(map_name::SOCK_STATE),
+        map_name::SOCK_STATE,
         true,
     )?)?;
     let affinity = read_affinity(open_pinned_map(
@@ -261,10 +266,9 @@ fn stats(
         .map_or(0, |i| i.max_entries());
     let caps = maps.capacities();
     let stats = Stats {
-        counters: counter::NAMES
-            .iter()
-            .zip(totals)
-            .map(|(n, v)| ((*n).to_string(), v))
+        counters: counters
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v))
             .collect(),
         maps: vec![
             (
@@ -284,6 +288,7 @@ fn stats(
                 caps.service_meta,
             ),
             (map_name::AFFINITY.into(), affinity.len(), affinity_cap),
+            (map_name::SOCK_STATE.into(), sockets, sockets_cap),
         ],
     };
     if json {

@@ -209,6 +209,28 @@ pub fn read_counters(data: MapData) -> Result<Vec<u64>, MapReadError> {
         .collect()
 }
 
+/// The counters by name, with `lookups` (connects and sendmsgs addressed to a frontend)
+/// derived: each ends in exactly one of `translations`, `no_backend` or `errors`.
+pub fn named_counters(data: MapData) -> Result<Vec<(&'static str, u64)>, MapReadError> {
+    let totals = read_counters(data)?;
+    let at = |i: u32| totals.get(i as usize).copied().unwrap_or(0);
+    let mut out = vec![(
+        "lookups",
+        at(counter::TRANSLATIONS) + at(counter::NO_BACKEND) + at(counter::ERRORS),
+    )];
+    out.extend(counter::NAMES.iter().copied().zip(totals));
+    Ok(out)
+}
+
+/// Live entries in `SOCK_STATE` and its capacity (walks the keys: a fill level for humans and
+/// scrapes, not for hot paths).
+pub fn sock_state_fill(data: MapData) -> Result<(usize, u32), MapReadError> {
+    let name = map_name::SOCK_STATE;
+    let capacity = max_entries(name, &data)?;
+    let map: HashMap<MapData, u64, lb_common::SockState> = typed(name, data)?;
+    Ok((map.keys().flatten().count(), capacity))
+}
+
 /// The session-affinity entries.
 pub fn read_affinity(data: MapData) -> Result<Vec<(AffinityKey, AffinityValue)>, MapReadError> {
     let name = map_name::AFFINITY;

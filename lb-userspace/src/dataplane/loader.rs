@@ -17,7 +17,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::MapData,
-    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink, links::PinnedLink},
+    programs::{CgroupAttachMode, Program, links::FdLink, links::PinnedLink},
 };
 use lb_common::map_name;
 
@@ -31,7 +31,7 @@ use crate::dataplane::sysfs;
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"));
 
 /// Every program, in attach order.
-pub const PROGRAMS: [&str; 8] = [
+pub const PROGRAMS: [&str; 9] = [
     "socklb_connect4",
     "socklb_connect6",
     "socklb_sendmsg4",
@@ -40,6 +40,7 @@ pub const PROGRAMS: [&str; 8] = [
     "socklb_recvmsg6",
     "socklb_getpeername4",
     "socklb_getpeername6",
+    "socklb_sock_release",
 ];
 
 /// Maps that live in the pin folder.
@@ -95,6 +96,8 @@ pub struct LoadConfig {
     pub cgroup: PathBuf,
     pub capacities: Capacities,
     pub affinity_capacity: u32,
+    /// Live translated sockets whose reverse translation is kept.
+    pub sock_state_capacity: u32,
     /// aya-log level in the programs: 0 = off (the logging code is removed by the verifier),
     /// 1 error .. 5 trace.
     pub log_level: u8,
@@ -164,6 +167,7 @@ impl Dataplane {
             .map_max_entries(map_name::BACKENDS, caps.backends)
             .map_max_entries(map_name::SERVICE_META, caps.service_meta)
             .map_max_entries(map_name::AFFINITY, config.affinity_capacity)
+            .map_max_entries(map_name::SOCK_STATE, config.sock_state_capacity)
             .override_global(aya_log::LEVEL, &config.log_level, true);
         let mut ebpf = loader
             .load(EBPF_OBJECT)
@@ -212,21 +216,41 @@ fn attach(
     pins: &PinFolder,
 ) -> Result<u32, LoadError> {
     let fail = |message: String| LoadError::Program { program, message };
-    let prog: &mut CgroupSockAddr = ebpf
+    let (id, link) = match ebpf
         .program_mut(program)
         .ok_or_else(|| fail("missing from the eBPF object".into()))?
-        .try_into()
-        .map_err(|e| fail(error_chain(&e)))?;
-    prog.load().map_err(|e| fail(verifier_error(&e)))?;
-    let id = prog.info().map_err(|e| fail(error_chain(&e)))?.id();
-    let link_id = prog
-        .attach(cgroup, CgroupAttachMode::Single)
-        .map_err(|e| fail(error_chain(&e)))?;
-    let link: FdLink = prog
-        .take_link(link_id)
-        .map_err(|e| fail(error_chain(&e)))?
-        .try_into()
-        .map_err(|e: aya::programs::links::LinkError| fail(error_chain(&e)))?;
+    {
+        Program::CgroupSockAddr(prog) => {
+            prog.load().map_err(|e| fail(verifier_error(&e)))?;
+            let id = prog.info().map_err(|e| fail(error_chain(&e)))?.id();
+            let link_id = prog
+                .attach(cgroup, CgroupAttachMode::Single)
+                .map_err(|e| fail(error_chain(&e)))?;
+            let link = prog.take_link(link_id).map_err(|e| fail(error_chain(&e)))?;
+            (
+                id,
+                FdLink::try_from(link).map_err(|e| fail(error_chain(&e)))?,
+            )
+        }
+        Program::CgroupSock(prog) => {
+            prog.load().map_err(|e| fail(verifier_error(&e)))?;
+            let id = prog.info().map_err(|e| fail(error_chain(&e)))?.id();
+            let link_id = prog
+                .attach(cgroup, CgroupAttachMode::Single)
+                .map_err(|e| fail(error_chain(&e)))?;
+            let link = prog.take_link(link_id).map_err(|e| fail(error_chain(&e)))?;
+            (
+                id,
+                FdLink::try_from(link).map_err(|e| fail(error_chain(&e)))?,
+            )
+        }
+        other => {
+            return Err(fail(format!(
+                "unexpected program type {:?}",
+                other.prog_type()
+            )));
+        }
+    };
 
     // Make before break: pin the new link beside the old one, then move the pin over it.
     let pin = pins.link(program);
@@ -344,9 +368,9 @@ fn check_pinned_maps(pins: &PinFolder, config: &LoadConfig) -> Result<(), LoadEr
         ),
         (
             map_name::SOCK_STATE,
-            size_of::<i32>(),
+            size_of::<u64>(),
             size_of::<SockState>(),
-            None,
+            Some(config.sock_state_capacity),
         ),
         (
             map_name::AFFINITY,

@@ -39,6 +39,8 @@ fn main() -> anyhow::Result<()> {
                 .parse()?;
             if args.iter().any(|a| a == "--udp") {
                 serve_udp(addr)
+            } else if args.iter().any(|a| a == "--sink") {
+                serve_sink(addr)
             } else {
                 serve_tcp(addr)
             }
@@ -67,7 +69,7 @@ fn enter_netns(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve_tcp(addr: SocketAddr) -> anyhow::Result<()> {
+fn listen(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
     if addr.is_ipv6() {
@@ -76,7 +78,11 @@ fn serve_tcp(addr: SocketAddr) -> anyhow::Result<()> {
     socket.bind(&addr.into())?;
     // A large backlog: the default 128 overflows under connect loops (1 s SYN retransmits).
     socket.listen(4096)?;
-    let listener: TcpListener = socket.into();
+    Ok(socket.into())
+}
+
+fn serve_tcp(addr: SocketAddr) -> anyhow::Result<()> {
+    let listener = listen(addr)?;
     println!("ready");
     std::io::stdout().flush()?;
     for stream in listener.incoming() {
@@ -97,6 +103,21 @@ fn answer_tcp(addr: SocketAddr, mut stream: TcpStream) -> std::io::Result<()> {
     while reader.read_line(&mut line)? > 0 {
         stream.write_all(format!("backend={addr} echo={}\n", line.trim_end()).as_bytes())?;
         line.clear();
+    }
+    Ok(())
+}
+
+/// Bulk sink: reads until the client closes its side, then answers with the byte count.
+fn serve_sink(addr: SocketAddr) -> anyhow::Result<()> {
+    let listener = listen(addr)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        std::thread::spawn(move || -> std::io::Result<()> {
+            let n = std::io::copy(&mut stream.try_clone()?, &mut std::io::sink())?;
+            stream.write_all(format!("backend={addr} received={n}\n").as_bytes())
+        });
     }
     Ok(())
 }

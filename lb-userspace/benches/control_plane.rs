@@ -1,0 +1,106 @@
+//! Micro-benchmarks of the control plane's pure parts: translating one Service, and the
+//! reconciler's diff for one service port (no change, and one endpoint replaced).
+use std::{collections::BTreeSet, hint::black_box};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use socklb::{
+    dataplane::{
+        abi::{Family, Frontend, Protocol},
+        maps::InMemoryMaps,
+    },
+    model::{ManifestObject, ObjectKey, Store, parse_manifests},
+    reconcile::Reconciler,
+    translate::{DesiredService, NodeInfo, Scope, ServicePortKey, translate_service},
+};
+
+const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80, targetPort: 8080}]\n";
+
+fn slice(endpoints: usize) -> String {
+    let mut s = String::from(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n",
+    );
+    for i in 0..endpoints {
+        s.push_str(&format!(
+            "- addresses: [\"10.244.{}.{}\"]\n  conditions: {{ready: {}}}\n",
+            i / 200,
+            i % 200 + 1,
+            i % 7 != 0
+        ));
+    }
+    s
+}
+
+fn store(endpoints: usize) -> Store {
+    let mut store = Store::new();
+    for o in parse_manifests(
+        "bench",
+        format!("{SERVICE}---\n{}", slice(endpoints)).as_bytes(),
+    )
+    .objects
+    {
+        match o {
+            ManifestObject::Service(s) => {
+                store.upsert_service(*s);
+            }
+            ManifestObject::EndpointSlice(s) => {
+                store.upsert_slice(*s);
+            }
+            ManifestObject::Node(_) => {}
+        }
+    }
+    store
+}
+
+fn translation(c: &mut Criterion) {
+    let node = NodeInfo::default();
+    for endpoints in [10, 100, 1000] {
+        let store = store(endpoints);
+        let key = ObjectKey::new("default", "web");
+        let svc = store.service(&key).expect("service").clone();
+        c.bench_function(&format!("translate_service/{endpoints}_endpoints"), |b| {
+            b.iter(|| translate_service(black_box(&svc), &store.slices_of(&key), &node));
+        });
+    }
+}
+
+fn desired(backends: impl Iterator<Item = u32>) -> DesiredService {
+    DesiredService {
+        port: 80,
+        frontends: BTreeSet::from([Frontend::new(
+            "10.96.0.10".parse().unwrap(),
+            80,
+            Protocol::Tcp,
+        )]),
+        backends: backends
+            .map(|i| format!("10.244.0.{i}:8080").parse().unwrap())
+            .collect(),
+        affinity_timeout_s: None,
+    }
+}
+
+fn diff(c: &mut Criterion) {
+    let key = ServicePortKey {
+        service: ObjectKey::new("default", "web"),
+        port_name: "http".into(),
+        protocol: Protocol::Tcp,
+        family: Family::IPv4,
+        scope: Scope::Internal,
+    };
+    let a = desired(1..=10);
+    let b = desired(2..=11);
+    let mut r = Reconciler::new(InMemoryMaps::new()).expect("maps");
+    r.sync_one(&key, Some(&a));
+    c.bench_function("reconcile/no_change_10_backends", |bench| {
+        bench.iter(|| r.sync_one(black_box(&key), Some(&a)));
+    });
+    c.bench_function("reconcile/one_endpoint_replaced_10_backends", |bench| {
+        let mut flip = false;
+        bench.iter(|| {
+            flip = !flip;
+            r.sync_one(black_box(&key), Some(if flip { &b } else { &a }))
+        });
+    });
+}
+
+criterion_group!(benches, translation, diff);
+criterion_main!(benches);

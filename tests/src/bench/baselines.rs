@@ -1,0 +1,220 @@
+//! kube-proxy's layouts, generated for N services, loaded into one client namespace each:
+//!
+//! - iptables mode: nat OUTPUT → KUBE-SERVICES (one rule per service port) → KUBE-SVC-* (one
+//!   `statistic --mode random --probability` rule per endpoint) → KUBE-SEP-* (mark for
+//!   masquerade if hairpin, DNAT). Loaded with one `iptables-restore`.
+//! - nftables mode: a `service-ips` verdict map keyed by address, protocol and port → one chain
+//!   per service (`numgen random mod N vmap`) → one chain per endpoint (DNAT). Loaded in batches
+//!   (one big transaction of 10,000 services stalls the kernel for tens of seconds).
+//!
+//! Every rule lives in the case's own network namespace and disappears with it.
+use std::{
+    fmt::Write as _,
+    io::Write as _,
+    net::SocketAddr,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use sha2::{Digest as _, Sha256};
+
+/// One service port as kube-proxy sees it: the cluster IP:port and its endpoints.
+#[derive(Clone, Debug)]
+pub struct SvcPort {
+    pub name: String,
+    pub vip: SocketAddr,
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// kube-proxy names chains by a hash of what they stand for.
+fn chain_hash(s: &str) -> String {
+    let d = Sha256::digest(s.as_bytes());
+    d.iter().take(8).fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02X}");
+        out
+    })
+}
+
+/// The iptables-restore input for the nat table.
+pub fn iptables_rules(services: &[SvcPort]) -> String {
+    let mut chains = String::from(
+        "*nat\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n",
+    );
+    let mut rules = String::from(
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n",
+    );
+    for svc in services {
+        let svc_chain = format!("KUBE-SVC-{}", chain_hash(&svc.name));
+        let _ = writeln!(chains, ":{svc_chain} - [0:0]");
+        let _ = writeln!(
+            rules,
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"{} cluster IP\" -m tcp --dport {} -j {svc_chain}",
+            svc.vip.ip(),
+            svc.name,
+            svc.vip.port()
+        );
+        let n = svc.endpoints.len();
+        for (i, ep) in svc.endpoints.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{}", chain_hash(&format!("{}/{ep}", svc.name)));
+            let _ = writeln!(chains, ":{sep} - [0:0]");
+            let left = n - i;
+            if left > 1 {
+                let _ = writeln!(
+                    rules,
+                    "-A {svc_chain} -m comment --comment \"{} -> {ep}\" -m statistic --mode random --probability {:.11} -j {sep}",
+                    svc.name,
+                    1.0 / left as f64
+                );
+            } else {
+                let _ = writeln!(
+                    rules,
+                    "-A {svc_chain} -m comment --comment \"{} -> {ep}\" -j {sep}",
+                    svc.name
+                );
+            }
+            let _ = writeln!(rules, "-A {sep} -s {}/32 -j KUBE-MARK-MASQ", ep.ip());
+            let _ = writeln!(
+                rules,
+                "-A {sep} -p tcp -m tcp -j DNAT --to-destination {ep}"
+            );
+        }
+    }
+    format!("{chains}{rules}COMMIT\n")
+}
+
+/// The nft scripts: the table and its fixed chains, then the services in batches.
+pub fn nft_scripts(services: &[SvcPort], batch: usize) -> Vec<String> {
+    let mut scripts = vec![String::from(
+        "add table ip kube-proxy\n\
+         add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+         add chain ip kube-proxy mark-for-masquerade\n\
+         add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n\
+         add chain ip kube-proxy services\n\
+         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+         add chain ip kube-proxy nat-output { type nat hook output priority -100 ; policy accept ; }\n\
+         add rule ip kube-proxy nat-output jump services\n",
+    )];
+    for chunk in services.chunks(batch.max(1)) {
+        let mut s = String::new();
+        for svc in chunk {
+            let chain = format!("service-{}", chain_hash(&svc.name));
+            let _ = writeln!(s, "add chain ip kube-proxy {chain}");
+            let mut vmap = Vec::new();
+            for (i, ep) in svc.endpoints.iter().enumerate() {
+                let ep_chain = format!("endpoint-{}", chain_hash(&format!("{}/{ep}", svc.name)));
+                let _ = writeln!(s, "add chain ip kube-proxy {ep_chain}");
+                let _ = writeln!(
+                    s,
+                    "add rule ip kube-proxy {ep_chain} ip saddr {} jump mark-for-masquerade",
+                    ep.ip()
+                );
+                let _ = writeln!(
+                    s,
+                    "add rule ip kube-proxy {ep_chain} meta l4proto tcp dnat to {ep}"
+                );
+                vmap.push(format!("{i} : goto {ep_chain}"));
+            }
+            let _ = writeln!(
+                s,
+                "add rule ip kube-proxy {chain} numgen random mod {} vmap {{ {} }}",
+                svc.endpoints.len(),
+                vmap.join(", ")
+            );
+            let _ = writeln!(
+                s,
+                "add element ip kube-proxy service-ips {{ {} . tcp . {} : goto {chain} }}",
+                svc.vip.ip(),
+                svc.vip.port()
+            );
+        }
+        scripts.push(s);
+    }
+    scripts
+}
+
+fn run_in(netns: &str, program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns, program])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program} in {netns}"))?;
+    child
+        .stdin
+        .take()
+        .context("stdin")?
+        .write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{program} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Replaces the nat table of `netns` with kube-proxy's iptables layout; returns the load time.
+pub fn load_iptables(netns: &str, services: &[SvcPort]) -> anyhow::Result<Duration> {
+    let rules = iptables_rules(services);
+    let start = Instant::now();
+    run_in(netns, "iptables-restore", &[], &rules)?;
+    Ok(start.elapsed())
+}
+
+/// Replaces the kube-proxy table of `netns` with the nftables layout, in batches; returns the
+/// load time.
+pub fn load_nftables(netns: &str, services: &[SvcPort]) -> anyhow::Result<Duration> {
+    let _ = run_in(netns, "nft", &["-f", "-"], "delete table ip kube-proxy\n");
+    let start = Instant::now();
+    for script in nft_scripts(services, 500) {
+        run_in(netns, "nft", &["-f", "-"], &script)?;
+    }
+    Ok(start.elapsed())
+}
+
+/// The iptables variant in use (`iptables v1.8.9 (nf_tables)`).
+pub fn iptables_version() -> String {
+    Command::new("iptables")
+        .arg("-V")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|_| "iptables: unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc() -> SvcPort {
+        SvcPort {
+            name: "default/web:http".into(),
+            vip: "10.96.0.10:80".parse().unwrap(),
+            endpoints: vec![
+                "10.244.1.21:8080".parse().unwrap(),
+                "10.244.2.34:8080".parse().unwrap(),
+            ],
+        }
+    }
+
+    #[test]
+    fn iptables_layout_spreads_with_conditional_probabilities() {
+        let rules = iptables_rules(&[svc()]);
+        assert!(rules.contains("-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp"));
+        assert!(rules.contains("--probability 0.50000000000"));
+        assert_eq!(rules.matches("-j DNAT --to-destination").count(), 2);
+        assert!(rules.ends_with("COMMIT\n"));
+    }
+
+    #[test]
+    fn nft_layout_uses_a_verdict_map_and_batches() {
+        let scripts = nft_scripts(&[svc(), svc(), svc()], 2);
+        assert_eq!(scripts.len(), 3, "the table, then two batches");
+        assert!(scripts[0].contains("vmap @service-ips"));
+        assert!(scripts[1].contains("numgen random mod 2 vmap"));
+    }
+}
