@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the control plane's pure parts: translating one Service, and the
 //! reconciler's diff for one service port (no change, and one endpoint replaced).
-use std::{collections::BTreeSet, hint::black_box};
+use std::{collections::BTreeSet, fmt::Write as _, hint::black_box};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use socklb::{
@@ -20,12 +20,13 @@ fn slice(endpoints: usize) -> String {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n",
     );
     for i in 0..endpoints {
-        s.push_str(&format!(
-            "- addresses: [\"10.244.{}.{}\"]\n  conditions: {{ready: {}}}\n",
+        let _ = writeln!(
+            s,
+            "- addresses: [\"10.244.{}.{}\"]\n  conditions: {{ready: {}}}",
             i / 200,
             i % 200 + 1,
             i % 7 != 0
-        ));
+        );
     }
     s
 }

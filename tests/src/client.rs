@@ -45,7 +45,7 @@ pub enum Command {
         id: u32,
     },
     /// `count` request/response transactions (connect, one line each way, close), timed:
-    /// the reply's `latencies_ns` holds each connect()'s duration, `elapsed_ns` the total.
+    /// the reply's `latencies_ns` holds each `connect()`'s duration, `elapsed_ns` the total.
     Bench {
         target: SocketAddr,
         count: usize,
@@ -71,7 +71,7 @@ pub struct Reply {
     pub seen_as: BTreeMap<String, usize>,
     /// The raw answer line (open, exchange).
     pub line: Option<String>,
-    /// Bench: each connect()'s duration.
+    /// Bench: each `connect()`'s duration.
     #[serde(default)]
     pub latencies_ns: Vec<u64>,
     /// Bench, bulk: wall time of the whole command.
@@ -392,7 +392,7 @@ fn bulk(target: SocketAddr, bytes: u64) -> Reply {
     };
     let start = std::time::Instant::now();
     let result = TcpStream::connect_timeout(&target, IO_TIMEOUT).and_then(|mut s| {
-        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
+        s.set_read_timeout(Some(std::time::Duration::from_mins(1)))?;
         let chunk = vec![0x5a_u8; 256 * 1024];
         let mut left = bytes;
         while left > 0 {

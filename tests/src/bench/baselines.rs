@@ -179,11 +179,10 @@ pub fn load_nftables(netns: &str, services: &[SvcPort]) -> anyhow::Result<Durati
 
 /// The iptables variant in use (`iptables v1.8.9 (nf_tables)`).
 pub fn iptables_version() -> String {
-    Command::new("iptables")
-        .arg("-V")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|_| "iptables: unknown".into())
+    Command::new("iptables").arg("-V").output().map_or_else(
+        |_| "iptables: unknown".into(),
+        |o| String::from_utf8_lossy(&o.stdout).trim().to_string(),
+    )
 }
 
 #[cfg(test)]

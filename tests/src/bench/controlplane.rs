@@ -232,7 +232,7 @@ pub fn agent_footprint(
     sandbox.write_manifest("load.yaml", &manifests(services, endpoints))?;
     let start = Instant::now();
     let agent = sandbox.start_agent(&AgentOptions {
-        ready_timeout: Some(Duration::from_secs(180)),
+        ready_timeout: Some(Duration::from_mins(3)),
         ..AgentOptions::default()
     })?;
     let ready_s = start.elapsed().as_secs_f64();

@@ -1,7 +1,7 @@
 //! Short TCP transactions (connect, one request and response, close) through each way of
 //! reaching a service, with N other services installed.
 //!
-//! Wall-clock connect() latency on a VM flips between levels over milliseconds to seconds, so
+//! Wall-clock `connect()` latency on a VM flips between levels over milliseconds to seconds, so
 //! the cases are measured in rotation (a batch of each case in turn, many rounds), and each
 //! case is compared with the direct case round by round. A second direct case shows how much
 //! two identical paths differ: the resolution of the measurement.
@@ -19,7 +19,7 @@ pub enum Case {
     Direct,
     /// The same, from a second client pod: a control for the resolution.
     DirectControl,
-    /// The client connects to the cluster IP; socklb translates at connect().
+    /// The client connects to the cluster IP; socklb translates at `connect()`.
     Socklb,
     /// kube-proxy's iptables layout in the client's namespace.
     Iptables,

@@ -55,7 +55,7 @@ pub struct Verdict {
     pub note: String,
 }
 
-fn case<'a>(run: &'a DatapathRun, c: Case) -> Option<&'a CaseResult> {
+fn case(run: &DatapathRun, c: Case) -> Option<&CaseResult> {
     run.cases.iter().find(|r| r.case == c)
 }
 
@@ -163,7 +163,7 @@ impl Report {
         }
         self.datapath_section(&mut m);
         self.controlplane_section(&mut m);
-        self.reproduce_section(&mut m);
+        Self::reproduce_section(&mut m);
         m
     }
 
@@ -256,7 +256,7 @@ impl Report {
         }
     }
 
-    fn reproduce_section(&self, m: &mut String) {
+    fn reproduce_section(m: &mut String) {
         let _ = writeln!(
             m,
             "\n## Reproduce\n\n- Everything: `cargo xtask bench` (as root; `--quick` for a short run). It builds in release\n  mode, runs the criterion benchmarks (`cargo bench -p lb-userspace --bench control_plane`) and\n  `target/release/socklb-bench --out target/bench`.\n- The figures above are in `target/bench/results.json`.\n- All traffic stays in the benchmark's own network namespaces; the iptables and nftables rules\n  live in the baseline clients' namespaces and go away with them."

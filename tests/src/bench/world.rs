@@ -69,9 +69,10 @@ pub fn other_services(n: usize, endpoints: usize) -> Vec<SvcPort> {
 /// Manifests for the benchmark service and `n` others (Services and EndpointSlices).
 pub fn manifests(n: usize, endpoints: usize) -> String {
     let mut y = String::with_capacity(n * (700 + 80 * endpoints));
-    y.push_str(&format!(
+    let _ = write!(
+        y,
         "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: default}}\nspec:\n  clusterIP: {VIP}\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: 8080}}\n  - {{name: bulk, port: {BULK_PORT}, targetPort: {BULK_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench-1, namespace: default, labels: {{kubernetes.io/service-name: bench}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: bulk, port: {BULK_PORT}}}]\nendpoints:\n"
-    ));
+    );
     for b in BACKENDS {
         let _ = writeln!(y, "- addresses: [\"{b}\"]");
     }
@@ -177,7 +178,7 @@ impl World {
         let want = (n + 2) as f64;
         while self.agent.metric("socklb_service_ports")?.unwrap_or(0.0) < want - 0.5 {
             anyhow::ensure!(
-                start.elapsed() < Duration::from_secs(120),
+                start.elapsed() < Duration::from_mins(2),
                 "socklb did not converge on {n} services"
             );
             std::thread::sleep(Duration::from_millis(20));
