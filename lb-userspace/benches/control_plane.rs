@@ -1,6 +1,6 @@
 //! Micro-benchmarks of the control plane's pure parts: translating one Service, and the
 //! reconciler's diff for one service port (no change, and one endpoint replaced).
-use std::{collections::BTreeSet, fmt::Write as _, hint::black_box};
+use std::{fmt::Write as _, hint::black_box};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use socklb::{
@@ -67,11 +67,13 @@ fn translation(c: &mut Criterion) {
 fn desired(backends: impl Iterator<Item = u32>) -> DesiredService {
     DesiredService {
         port: 80,
-        frontends: BTreeSet::from([Frontend::new(
+        frontends: [Frontend::new(
             "10.96.0.10".parse().unwrap(),
             80,
             Protocol::Tcp,
-        )]),
+        )]
+        .into_iter()
+        .collect(),
         backends: backends
             .map(|i| format!("10.244.0.{i}:8080").parse().unwrap())
             .collect(),

@@ -15,3 +15,4 @@ pub mod model;
 pub mod reconcile;
 pub mod source;
 pub mod translate;
+pub mod vec_set;

@@ -95,6 +95,7 @@ fn run_case(case: &Path) -> String {
                 kind,
                 objects,
                 resource_version: None,
+                keep: Vec::new(),
             });
         }
         let pass = engine.reconcile().expect("both kinds listed");

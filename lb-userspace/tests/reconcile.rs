@@ -1,6 +1,4 @@
 //! The reconciler against in-memory maps: restarts, orphans, full maps.
-use std::collections::BTreeSet;
-
 use lb_common::{Frontend as FrontendValue, SlotKey};
 use socklb::{
     dataplane::{
@@ -25,7 +23,9 @@ fn key(name: &str) -> ServicePortKey {
 fn service(vip: &str, backends: &[&str]) -> DesiredService {
     DesiredService {
         port: 80,
-        frontends: BTreeSet::from([Frontend::new(vip.parse().unwrap(), 80, Protocol::Tcp)]),
+        frontends: [Frontend::new(vip.parse().unwrap(), 80, Protocol::Tcp)]
+            .into_iter()
+            .collect(),
         backends: backends.iter().map(|b| b.parse().unwrap()).collect(),
         affinity_timeout_s: None,
     }

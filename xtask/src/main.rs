@@ -140,6 +140,11 @@ fn test() -> anyhow::Result<()> {
         "tests (unit, golden, property, privileged end-to-end)",
         || cmd("cargo", &["test", "--workspace"]),
     )?;
+    // Benchmarks are not pass/fail: this only checks that they run and write their report.
+    step(
+        "cargo xtask bench --quick (runs, writes its report)",
+        || bench(true),
+    )?;
     eprintln!(
         "\nall checks passed in {:.0}s",
         start.elapsed().as_secs_f64()

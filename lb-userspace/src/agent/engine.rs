@@ -14,7 +14,8 @@ use crate::{
     model::{NodeObject, ObjectKey, Store},
     reconcile::{Reconciler, ServiceProblem, SyncReport},
     source::{Kind, Object, SourceEvent},
-    translate::{NodeInfo, ServicePortKey, translate_all, translate_service},
+    translate::{DesiredState, Detail, NodeInfo, ServicePortKey, translate_service_with},
+    vec_set::VecSet,
 };
 
 /// What one `reconcile` call did, for logs and metrics.
@@ -38,7 +39,7 @@ pub struct Engine<M: ServiceMaps> {
     synced: bool,
     full_sync_needed: bool,
     dirty: BTreeSet<ObjectKey>,
-    keys_by_service: BTreeMap<ObjectKey, BTreeSet<ServicePortKey>>,
+    keys_by_service: BTreeMap<ObjectKey, VecSet<ServicePortKey>>,
     pending_since: Option<Instant>,
     resource_versions: BTreeMap<Kind, String>,
     /// Latest rejection per object (or per source when unnamed).
@@ -104,6 +105,7 @@ impl<M: ServiceMaps> Engine<M> {
                 kind,
                 objects,
                 resource_version,
+                keep,
             } => {
                 let affected = match kind {
                     Kind::Service => self.store.replace_services(
@@ -114,6 +116,7 @@ impl<M: ServiceMaps> Engine<M> {
                                 Object::EndpointSlice(_) => None,
                             })
                             .collect(),
+                        &keep,
                     ),
                     Kind::EndpointSlice => self.store.replace_slices(
                         objects
@@ -123,6 +126,7 @@ impl<M: ServiceMaps> Engine<M> {
                                 Object::Service(_) => None,
                             })
                             .collect(),
+                        &keep,
                     ),
                 };
                 self.listed.insert(kind);
@@ -200,19 +204,13 @@ impl<M: ServiceMaps> Engine<M> {
         let lag_from = self.pending_since.take();
         let mut pass = Pass::default();
         if self.full_sync_needed {
-            let (desired, reports) = translate_all(&self.store, &self.node);
-            self.keys_by_service = reports
-                .iter()
-                .map(|r| {
-                    (
-                        r.service.clone(),
-                        r.ports.iter().map(|p| p.key.clone()).collect(),
-                    )
-                })
-                .collect();
+            let (desired, keys) = self.translate_everything();
+            pass.services = keys.len();
+            self.keys_by_service = keys;
             pass.report = self.reconciler.sync_all(&desired);
+            drop(desired);
+            super::memory::release_free_memory();
             pass.full = true;
-            pass.services = reports.len();
             self.dirty.clear();
             self.full_sync_needed = false;
             self.synced = true;
@@ -249,12 +247,38 @@ impl<M: ServiceMaps> Engine<M> {
         Some(pass)
     }
 
+    /// The desired state of every Service, and each Service's service ports, without the
+    /// per-endpoint records only `explain` reads.
+    fn translate_everything(&self) -> (DesiredState, BTreeMap<ObjectKey, VecSet<ServicePortKey>>) {
+        let mut desired = DesiredState::default();
+        let mut keys = BTreeMap::new();
+        for svc in self.store.services() {
+            let t = translate_service_with(
+                svc,
+                &self.store.slices_of(&svc.key),
+                &self.node,
+                Detail::Lean,
+            );
+            keys.insert(
+                svc.key.clone(),
+                t.ports.iter().map(|p| p.key.clone()).collect(),
+            );
+            for port in t.ports {
+                desired.services.insert(port.key, port.desired);
+            }
+        }
+        (desired, keys)
+    }
+
     fn sync_service(&mut self, svc: &ObjectKey, report: &mut SyncReport) {
-        let translation = self
-            .store
-            .service(svc)
-            .map(|s| translate_service(s, &self.store.slices_of(svc), &self.node));
-        let mut old = self.keys_by_service.remove(svc).unwrap_or_default();
+        let translation = self.store.service(svc).map(|s| {
+            translate_service_with(s, &self.store.slices_of(svc), &self.node, Detail::Lean)
+        });
+        let mut old: BTreeSet<ServicePortKey> = self
+            .keys_by_service
+            .remove(svc)
+            .map(|keys| keys.into_iter().collect())
+            .unwrap_or_default();
         // Service ports whose removal failed earlier are still in the maps: remove them now.
         old.extend(
             self.reconciler
@@ -281,7 +305,8 @@ impl<M: ServiceMaps> Engine<M> {
             );
         }
         if !tracked.is_empty() {
-            self.keys_by_service.insert(svc.clone(), tracked);
+            self.keys_by_service
+                .insert(svc.clone(), tracked.into_iter().collect());
         }
     }
 }

@@ -2,9 +2,11 @@
 //! and serves health, readiness and metrics.
 mod engine;
 mod http;
+mod memory;
 mod metrics;
 
 pub use engine::{Engine, Pass};
+pub use memory::limit_arenas;
 pub use metrics::Metrics;
 
 use std::{

@@ -129,6 +129,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         listen,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
     };
+    crate::agent::limit_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -271,7 +271,7 @@ impl Explanation {
                 s.resource_version.clone(),
             );
             self.slices.push(SliceSummary {
-                name: s.key.name.clone(),
+                name: s.key.name.to_string(),
                 resource_version: s.resource_version.clone(),
                 address_type: s.address_type.to_string(),
                 ports: s

@@ -59,7 +59,7 @@ fn service(out: &mut String, e: &Explanation, t: &ServiceTranslation) {
 }
 
 fn slices(out: &mut String, e: &Explanation) {
-    let name = e.service.as_ref().map_or("", |k| k.name.as_str());
+    let name = e.service.as_ref().map_or("", |k| &*k.name);
     let _ = writeln!(
         out,
         "\n2. EndpointSlices labelled kubernetes.io/service-name={name}: {}",

@@ -1,6 +1,7 @@
 //! Kubernetes objects as socklb uses them: parsed from the API or from YAML, validated once, and
 //! turned into plain Rust types (addresses parsed, ports ranged, enums instead of strings).
 //! Everything downstream (translation, explain) works on these types only.
+mod intern;
 mod manifest;
 mod service;
 mod slice;
@@ -13,23 +14,26 @@ pub use manifest::{
 pub use service::{
     LbIngress, Service, ServicePort, ServiceType, TargetPort, TrafficPolicy, service_from_api,
 };
-pub use slice::{AddressType, Endpoint, EndpointPort, EndpointSlice, slice_from_api};
+pub use slice::{
+    AddressType, Endpoint, EndpointDetails, EndpointPort, EndpointSlice, slice_from_api,
+};
 pub use store::Store;
 pub use validate::ValidationError;
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use serde::Serialize;
 
-/// `namespace/name` of a namespaced object.
+/// `namespace/name` of a namespaced object. Shared strings: the agent keeps a Service's key in
+/// several indexes, and a clone is a reference count, not an allocation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),

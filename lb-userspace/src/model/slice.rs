@@ -1,9 +1,9 @@
 //! The EndpointSlice as socklb needs it, validated from the Kubernetes API type.
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use k8s_openapi::api::discovery::v1 as discovery;
 
-use super::{LABEL_SERVICE_NAME, ObjectKey, ValidationError, validate::Checker};
+use super::{LABEL_SERVICE_NAME, ObjectKey, ValidationError, intern::intern, validate::Checker};
 use crate::dataplane::abi::{Family, Protocol};
 
 /// The API's limit on endpoints in one slice.
@@ -34,8 +34,17 @@ pub struct Endpoint {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Interned: many endpoints share a node (and a zone).
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
+    /// Hints and the target reference, when present: boxed, so an endpoint without them
+    /// takes 64 bytes (the agent holds every endpoint of the cluster).
+    pub details: Option<Box<EndpointDetails>>,
+}
+
+/// The parts of an endpoint that only topology hints and explain read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointDetails {
     /// `hints.forZones` names, when hints are present.
     pub zone_hints: Option<Vec<String>>,
     /// `hints.forNodes` names, when present.
@@ -45,6 +54,26 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.as_deref()
+    }
+
+    pub fn zone_hints(&self) -> Option<&[String]> {
+        self.details.as_ref()?.zone_hints.as_deref()
+    }
+
+    pub fn node_hints(&self) -> Option<&[String]> {
+        self.details.as_ref()?.node_hints.as_deref()
+    }
+
+    pub fn target(&self) -> Option<&str> {
+        self.details.as_ref()?.target.as_deref()
+    }
+
     /// Absent `ready` counts as ready, as the API documents.
     pub fn is_ready(&self) -> bool {
         self.ready.unwrap_or(true)
@@ -163,28 +192,14 @@ fn endpoints(
             }
         };
         let conditions = ep.conditions.clone().unwrap_or_default();
-        let hints = ep.hints.as_ref();
         endpoints.push(Endpoint {
             address,
             ready: conditions.ready,
             serving: conditions.serving,
             terminating: conditions.terminating,
-            node_name: ep.node_name.clone(),
-            zone: ep.zone.clone(),
-            zone_hints: hints
-                .and_then(|h| h.for_zones.as_ref())
-                .map(|z| z.iter().map(|z| z.name.clone()).collect()),
-            node_hints: hints
-                .and_then(|h| h.for_nodes.as_ref())
-                .map(|n| n.iter().map(|n| n.name.clone()).collect()),
-            target: ep.target_ref.as_ref().map(|t| {
-                format!(
-                    "{} {}/{}",
-                    t.kind.as_deref().unwrap_or("Object"),
-                    t.namespace.as_deref().unwrap_or(namespace),
-                    t.name.as_deref().unwrap_or("?")
-                )
-            }),
+            node_name: ep.node_name.as_deref().map(intern),
+            zone: ep.zone.as_deref().map(intern),
+            details: details(ep, namespace),
         });
     }
     Ok(endpoints)
@@ -228,4 +243,25 @@ fn ports(
         });
     }
     Ok(ports)
+}
+
+fn details(ep: &discovery::Endpoint, namespace: &str) -> Option<Box<EndpointDetails>> {
+    let hints = ep.hints.as_ref();
+    let d = EndpointDetails {
+        zone_hints: hints
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|z| z.iter().map(|z| z.name.clone()).collect()),
+        node_hints: hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .map(|n| n.iter().map(|n| n.name.clone()).collect()),
+        target: ep.target_ref.as_ref().map(|t| {
+            format!(
+                "{} {}/{}",
+                t.kind.as_deref().unwrap_or("Object"),
+                t.namespace.as_deref().unwrap_or(namespace),
+                t.name.as_deref().unwrap_or("?")
+            )
+        }),
+    };
+    (d != EndpointDetails::default()).then(|| Box::new(d))
 }

@@ -6,13 +6,14 @@ use std::{
 };
 
 use super::{EndpointSlice, ObjectKey, Service};
+use crate::vec_set::VecSet;
 
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     services: BTreeMap<ObjectKey, Arc<Service>>,
     slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// Service key → keys of the slices labelled with it (the Service need not exist).
-    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    slices_by_service: BTreeMap<ObjectKey, VecSet<ObjectKey>>,
 }
 
 impl Store {
@@ -65,10 +66,16 @@ impl Store {
         vec![owner]
     }
 
-    /// Replaces all Services with a complete listing; returns the Service keys that changed.
-    pub fn replace_services(&mut self, services: Vec<Service>) -> Vec<ObjectKey> {
+    /// Replaces all Services with a complete listing (keeping those in `keep`); returns the
+    /// Service keys that changed.
+    pub fn replace_services(
+        &mut self,
+        services: Vec<Service>,
+        keep: &[ObjectKey],
+    ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let listed: BTreeSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
+        let mut listed: BTreeSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
+        listed.extend(keep.iter().cloned());
         let gone: Vec<ObjectKey> = self
             .services
             .keys()
@@ -86,10 +93,16 @@ impl Store {
         affected
     }
 
-    /// Replaces all EndpointSlices with a complete listing; returns the Service keys affected.
-    pub fn replace_slices(&mut self, slices: Vec<EndpointSlice>) -> Vec<ObjectKey> {
+    /// Replaces all EndpointSlices with a complete listing (keeping those in `keep`); returns
+    /// the Service keys affected.
+    pub fn replace_slices(
+        &mut self,
+        slices: Vec<EndpointSlice>,
+        keep: &[ObjectKey],
+    ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let listed: BTreeSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
+        let mut listed: BTreeSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
+        listed.extend(keep.iter().cloned());
         let gone: Vec<ObjectKey> = self
             .slices
             .keys()

@@ -1,7 +1,7 @@
 //! The reconciler's copy of what the maps hold, with the indexes a diff needs. It changes only
 //! through `apply`, after the same write succeeded on the maps, so it never drifts from them.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
 };
 
@@ -14,6 +14,7 @@ use crate::{
     },
     model::ObjectKey,
     translate::{Scope, ServicePortKey},
+    vec_set::VecSet,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -22,7 +23,7 @@ pub struct Mirror {
     backend_ids: BTreeMap<SocketAddr, u32>,
     /// How many slots name each backend id.
     backend_refs: HashMap<u32, u32>,
-    frontends_of: BTreeMap<u32, BTreeSet<FrontendKey>>,
+    frontends_of: BTreeMap<u32, VecSet<FrontendKey>>,
 }
 
 impl Mirror {

@@ -1,8 +1,9 @@
 //! A folder of YAML manifests as the source of truth, for running without a cluster. The folder
 //! is polled; any change re-reads it and sends complete listings, so adds, edits and deletions
-//! all follow. A document that fails to parse or validate keeps the object's last good version.
+//! all follow. A document that fails to parse or validate keeps the object's last good version
+//! (the agent's store holds it; the listing names the objects to keep).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fs,
     path::{Path, PathBuf},
     time::{Duration, SystemTime},
@@ -11,7 +12,7 @@ use std::{
 use tokio::sync::mpsc;
 
 use super::{Kind, Object, SourceEvent};
-use crate::model::{ManifestObject, NodeObject, parse_manifests};
+use crate::model::{ManifestObject, NodeObject, ObjectKey, parse_manifests};
 
 /// Everything read from the folder at one moment.
 #[derive(Debug, Default)]
@@ -120,12 +121,11 @@ pub fn watch(
     tx: &mpsc::Sender<SourceEvent>,
 ) {
     let mut last = None;
-    let mut last_good: BTreeMap<String, Object> = BTreeMap::new();
     loop {
         let fp = fingerprint(dir).map_err(|e| e.to_string());
         if last.as_ref() != Some(&fp) {
             let events = match read_folder(dir) {
-                Ok(contents) => listing(contents, node_name, &mut last_good),
+                Ok(contents) => listing(contents, node_name),
                 Err(e) => vec![SourceEvent::Rejected {
                     object: None,
                     message: format!("reading {}: {e}", dir.display()),
@@ -143,11 +143,7 @@ pub fn watch(
 }
 
 /// Turns a folder read into events, keeping the last good version of rejected objects.
-fn listing(
-    contents: FolderContents,
-    node_name: Option<&str>,
-    last_good: &mut BTreeMap<String, Object>,
-) -> Vec<SourceEvent> {
+fn listing(contents: FolderContents, node_name: Option<&str>) -> Vec<SourceEvent> {
     let mut events = Vec::new();
     if let Some(node) = contents
         .nodes
@@ -156,34 +152,35 @@ fn listing(
     {
         events.push(SourceEvent::Node(node));
     }
-    let mut services = contents.services;
-    let mut slices = contents.slices;
-    let present: Vec<String> = services.iter().chain(&slices).map(object_label).collect();
+    let services = contents.services;
+    let slices = contents.slices;
+    let present: BTreeSet<String> = services.iter().chain(&slices).map(object_label).collect();
+    // A rejected object that is not also present in good form keeps its last good version,
+    // which the agent's store still holds.
+    let (mut keep_services, mut keep_slices) = (Vec::new(), Vec::new());
     for (object, message) in contents.errors {
         if let Some(label) = &object
             && !present.contains(label)
-            && let Some(previous) = last_good.get(label)
         {
-            match previous {
-                o @ Object::Service(_) => services.push(o.clone()),
-                o @ Object::EndpointSlice(_) => slices.push(o.clone()),
+            match label.split_once(' ') {
+                Some(("Service", key)) => keep_services.push(ObjectKey::parse(key)),
+                Some(("EndpointSlice", key)) => keep_slices.push(ObjectKey::parse(key)),
+                _ => {}
             }
         }
         events.push(SourceEvent::Rejected { object, message });
-    }
-    last_good.clear();
-    for o in services.iter().chain(&slices) {
-        last_good.insert(object_label(o), o.clone());
     }
     events.push(SourceEvent::Listed {
         kind: Kind::Service,
         objects: services,
         resource_version: None,
+        keep: keep_services,
     });
     events.push(SourceEvent::Listed {
         kind: Kind::EndpointSlice,
         objects: slices,
         resource_version: None,
+        keep: keep_slices,
     });
     events
 }

@@ -90,6 +90,7 @@ async fn watch_kind<K>(
                 kind,
                 objects: listing.take().unwrap_or_default(),
                 resource_version: None,
+                keep: Vec::new(),
             },
             watcher::Event::Apply(obj) => match convert(&obj) {
                 Ok(o) => SourceEvent::Applied(o),

@@ -35,6 +35,9 @@ pub enum SourceEvent {
         kind: Kind,
         objects: Vec<Object>,
         resource_version: Option<String>,
+        /// Objects missing from `objects` that must not be removed: they were rejected and
+        /// their last good version stays in effect.
+        keep: Vec<ObjectKey>,
     },
     Applied(Object),
     Deleted(Kind, ObjectKey),

@@ -32,28 +32,49 @@ struct Pending<'a> {
     endpoint: &'a Endpoint,
 }
 
-/// Returns the backends (sorted) and a decision for every endpoint considered.
+/// One endpoint of one slice as considered for a backend set, and its verdict so far.
+struct Seen<'a> {
+    slice: &'a EndpointSlice,
+    endpoint: &'a Endpoint,
+    port: Option<u16>,
+    verdict: Verdict,
+}
+
+impl Seen<'_> {
+    fn decision(self) -> EndpointDecision {
+        EndpointDecision {
+            slice: self.slice.key.name.to_string(),
+            address: self.endpoint.address,
+            port: self.port,
+            ready: self.endpoint.ready,
+            serving: self.endpoint.serving,
+            terminating: self.endpoint.terminating,
+            node_name: self.endpoint.node_name().map(str::to_string),
+            zone: self.endpoint.zone().map(str::to_string),
+            target: self.endpoint.target().map(str::to_string),
+            verdict: self.verdict,
+        }
+    }
+}
+
+/// Returns the backends (sorted) and, with `detail`, a decision for every endpoint
+/// considered (the agent does not need them; `explain` and the golden tests do).
 pub fn select(
     sel: &Selection<'_>,
     slices: &[&EndpointSlice],
+    detail: bool,
 ) -> (Vec<SocketAddr>, Vec<EndpointDecision>) {
-    let mut decisions = Vec::new();
+    let mut decisions: Vec<Seen<'_>> = Vec::new();
     let mut pending: Vec<Pending<'_>> = Vec::new();
 
     for slice in slices {
         let target = target_port(sel.port, slice);
         for endpoint in &slice.endpoints {
             let index = decisions.len();
-            decisions.push(EndpointDecision {
-                slice: slice.key.name.clone(),
-                address: endpoint.address,
+            decisions.push(Seen {
+                slice,
+                endpoint,
                 port: target,
-                ready: endpoint.ready,
-                serving: endpoint.serving,
-                terminating: endpoint.terminating,
-                node_name: endpoint.node_name.clone(),
-                zone: endpoint.zone.clone(),
-                target: endpoint.target.clone(),
                 verdict: Verdict::Candidate {
                     why: Candidacy::Ready,
                 },
@@ -86,10 +107,10 @@ pub fn select(
         let node = sel.node.name.as_deref();
         let (local, other): (Vec<_>, Vec<_>) = pending
             .into_iter()
-            .partition(|p| node.is_some() && p.endpoint.node_name.as_deref() == node);
+            .partition(|p| node.is_some() && p.endpoint.node_name() == node);
         for p in other {
             decisions[p.index].verdict = Verdict::Excluded(Exclusion::OtherNode {
-                node: p.endpoint.node_name.clone(),
+                node: p.endpoint.node_name().map(str::to_string),
             });
         }
         local
@@ -112,6 +133,11 @@ pub fn select(
 
     let mut backends: Vec<SocketAddr> = chosen.iter().map(|p| p.addr).collect();
     backends.sort_unstable();
+    let decisions = if detail {
+        decisions.into_iter().map(Seen::decision).collect()
+    } else {
+        Vec::new()
+    };
     (backends, decisions)
 }
 
@@ -127,7 +153,7 @@ fn target_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
 }
 
 /// Keeps one entry per address and port, preferring the best conditions.
-fn dedup<'a>(pending: Vec<Pending<'a>>, decisions: &mut [EndpointDecision]) -> Vec<Pending<'a>> {
+fn dedup<'a>(pending: Vec<Pending<'a>>, decisions: &mut [Seen<'_>]) -> Vec<Pending<'a>> {
     let rank = |e: &Endpoint| match (e.is_ready(), e.is_serving()) {
         (true, _) => 0,
         (false, true) => 1,
@@ -137,12 +163,16 @@ fn dedup<'a>(pending: Vec<Pending<'a>>, decisions: &mut [EndpointDecision]) -> V
     for p in pending {
         match best.get(&p.addr) {
             Some(kept) if rank(kept.endpoint) <= rank(p.endpoint) => {
-                let slice = decisions[kept.index].slice.clone();
+                let slice = decisions[kept.index].slice.key.name.to_string();
                 decisions[p.index].verdict = Verdict::Excluded(Exclusion::Duplicate { slice });
             }
             _ => {
                 if let Some(replaced) = best.insert(p.addr, p) {
-                    let slice = decisions[best[&replaced.addr].index].slice.clone();
+                    let slice = decisions[best[&replaced.addr].index]
+                        .slice
+                        .key
+                        .name
+                        .to_string();
                     decisions[replaced.index].verdict =
                         Verdict::Excluded(Exclusion::Duplicate { slice });
                 }
@@ -159,7 +189,7 @@ fn dedup<'a>(pending: Vec<Pending<'a>>, decisions: &mut [EndpointDecision]) -> V
 fn by_readiness<'p, 'a>(
     sel: &Selection<'_>,
     pending: &'p [Pending<'a>],
-    decisions: &mut [EndpointDecision],
+    decisions: &mut [Seen<'_>],
 ) -> Vec<&'p Pending<'a>> {
     let ready: Vec<&Pending<'a>> = pending.iter().filter(|p| p.endpoint.is_ready()).collect();
     let chosen = if ready.is_empty() {
@@ -199,12 +229,12 @@ fn by_readiness<'p, 'a>(
 fn by_topology<'p, 'a>(
     sel: &Selection<'_>,
     ready: Vec<&'p Pending<'a>>,
-    decisions: &mut [EndpointDecision],
+    decisions: &mut [Seen<'_>],
 ) -> Vec<&'p Pending<'a>> {
-    let hinted_for = |hints: Option<&Vec<String>>, me: Option<&str>| {
+    let hinted_for = |hints: Option<&[String]>, me: Option<&str>| {
         me.is_some_and(|me| hints.is_some_and(|h| h.iter().any(|x| x == me)))
     };
-    let all_have = |f: fn(&Endpoint) -> Option<&Vec<String>>| {
+    let all_have = |f: fn(&Endpoint) -> Option<&[String]>| {
         ready
             .iter()
             .all(|p| f(p.endpoint).is_some_and(|h| !h.is_empty()))
@@ -213,32 +243,32 @@ fn by_topology<'p, 'a>(
     let zone = sel.node.zone.as_deref();
     let prefer_node = sel.service.traffic_distribution.as_deref() == Some("PreferSameNode");
     if prefer_node
-        && all_have(|e| e.node_hints.as_ref())
+        && all_have(Endpoint::node_hints)
         && ready
             .iter()
-            .any(|p| hinted_for(p.endpoint.node_hints.as_ref(), node))
+            .any(|p| hinted_for(p.endpoint.node_hints(), node))
     {
         let (keep, drop): (Vec<_>, Vec<_>) = ready
             .into_iter()
-            .partition(|p| hinted_for(p.endpoint.node_hints.as_ref(), node));
+            .partition(|p| hinted_for(p.endpoint.node_hints(), node));
         for p in drop {
             decisions[p.index].verdict = Verdict::Excluded(Exclusion::HintedForOtherNode {
-                hints: p.endpoint.node_hints.clone().unwrap_or_default(),
+                hints: p.endpoint.node_hints().unwrap_or_default().to_vec(),
             });
         }
         return keep;
     }
-    if all_have(|e| e.zone_hints.as_ref())
+    if all_have(Endpoint::zone_hints)
         && ready
             .iter()
-            .any(|p| hinted_for(p.endpoint.zone_hints.as_ref(), zone))
+            .any(|p| hinted_for(p.endpoint.zone_hints(), zone))
     {
         let (keep, drop): (Vec<_>, Vec<_>) = ready
             .into_iter()
-            .partition(|p| hinted_for(p.endpoint.zone_hints.as_ref(), zone));
+            .partition(|p| hinted_for(p.endpoint.zone_hints(), zone));
         for p in drop {
             decisions[p.index].verdict = Verdict::Excluded(Exclusion::OtherZone {
-                hints: p.endpoint.zone_hints.clone().unwrap_or_default(),
+                hints: p.endpoint.zone_hints().unwrap_or_default().to_vec(),
             });
         }
         return keep;

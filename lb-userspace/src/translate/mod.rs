@@ -21,6 +21,7 @@ use crate::{
         EndpointSlice, LABEL_SERVICE_PROXY_NAME, Service, ServicePort, ServiceType, Store,
         TrafficPolicy,
     },
+    vec_set::VecSet,
 };
 
 /// The proxy name socklb answers to in the `service.kubernetes.io/service-proxy-name` label.
@@ -47,12 +48,30 @@ impl Default for NodeInfo {
     }
 }
 
-/// Translates every Service in the store.
+/// How much a translation records besides the desired state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detail {
+    /// The desired state only (the agent).
+    Lean,
+    /// Also every endpoint's decision and its reason (`explain`, reports, golden tests).
+    Decisions,
+}
+
+/// Translates every Service in the store, with every endpoint's decision.
 pub fn translate_all(store: &Store, node: &NodeInfo) -> (DesiredState, Vec<ServiceTranslation>) {
+    translate_all_with(store, node, Detail::Decisions)
+}
+
+/// Translates every Service in the store.
+pub fn translate_all_with(
+    store: &Store,
+    node: &NodeInfo,
+    detail: Detail,
+) -> (DesiredState, Vec<ServiceTranslation>) {
     let mut desired = DesiredState::default();
     let mut reports = Vec::with_capacity(store.service_count());
     for svc in store.services() {
-        let report = translate_service(svc, &store.slices_of(&svc.key), node);
+        let report = translate_service_with(svc, &store.slices_of(&svc.key), node, detail);
         for port in &report.ports {
             desired
                 .services
@@ -63,11 +82,21 @@ pub fn translate_all(store: &Store, node: &NodeInfo) -> (DesiredState, Vec<Servi
     (desired, reports)
 }
 
-/// Translates one Service with the slices labelled for it.
+/// Translates one Service with the slices labelled for it, with every endpoint's decision.
 pub fn translate_service(
     svc: &Service,
     slices: &[&EndpointSlice],
     node: &NodeInfo,
+) -> ServiceTranslation {
+    translate_service_with(svc, slices, node, Detail::Decisions)
+}
+
+/// Translates one Service with the slices labelled for it.
+pub fn translate_service_with(
+    svc: &Service,
+    slices: &[&EndpointSlice],
+    node: &NodeInfo,
+    detail: Detail,
 ) -> ServiceTranslation {
     let mut out = ServiceTranslation {
         service: svc.key.clone(),
@@ -93,7 +122,7 @@ pub fn translate_service(
         // leave a single-stack Service's other family alone, NodePorts included.
         for family in svc.cluster_ips.iter().map(|ip| Family::of(*ip)) {
             for scope in [Scope::Internal, Scope::External] {
-                let frontends: BTreeSet<Frontend> = frontend_addrs(svc, port, family, scope, node)
+                let frontends: VecSet<Frontend> = frontend_addrs(svc, port, family, scope, node)
                     .into_iter()
                     .map(|(ip, p)| Frontend::new(ip, p, protocol))
                     .collect();
@@ -111,7 +140,7 @@ pub fn translate_service(
                     local_only: policy == TrafficPolicy::Local,
                     node,
                 };
-                let (backends, endpoints) = select(&selection, slices);
+                let (backends, endpoints) = select(&selection, slices, detail == Detail::Decisions);
                 out.ports.push(PortTranslation {
                     key: ServicePortKey {
                         service: svc.key.clone(),

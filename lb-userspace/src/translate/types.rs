@@ -1,6 +1,6 @@
 //! The desired state: what the maps should hold, as plain tables keyed in Kubernetes terms.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeMap,
     fmt,
     net::{IpAddr, SocketAddr},
 };
@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::{
     dataplane::abi::{Family, Frontend, Protocol},
     model::ObjectKey,
+    vec_set::VecSet,
 };
 
 /// Which clients a backend set serves: pods dialling the cluster IP, or traffic to the node's
@@ -57,7 +58,7 @@ impl fmt::Display for ServicePortKey {
 pub struct DesiredService {
     /// The Service port number (kept in the maps' metadata for inspect).
     pub port: u16,
-    pub frontends: BTreeSet<Frontend>,
+    pub frontends: VecSet<Frontend>,
     /// Sorted, without duplicates. Empty means connects are refused.
     pub backends: Vec<SocketAddr>,
     /// sessionAffinity ClientIP timeout.

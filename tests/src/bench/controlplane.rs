@@ -55,11 +55,13 @@ pub fn world_events(services: usize, endpoints: usize) -> anyhow::Result<Vec<Sou
             kind: Kind::Service,
             objects: svcs,
             resource_version: None,
+            keep: Vec::new(),
         },
         SourceEvent::Listed {
             kind: Kind::EndpointSlice,
             objects: slices,
             resource_version: None,
+            keep: Vec::new(),
         },
     ])
 }

@@ -2,8 +2,8 @@
 //! reaching a service, with N other services installed.
 //!
 //! Wall-clock `connect()` latency on a VM flips between levels over milliseconds to seconds, so
-//! the cases are measured in rotation (a batch of each case in turn, many rounds), and each
-//! case is compared with the direct case round by round. A second direct case shows how much
+//! the cases are measured in rotation (a batch of each case in turn, many rounds, each round
+//! starting with the next case), and each case is compared with the direct case round by round. A second direct case shows how much
 //! two identical paths differ: the resolution of the measurement.
 use std::{fmt, net::SocketAddr, path::Path, process::Command, time::Duration};
 
@@ -119,9 +119,12 @@ pub fn measure(runners: &mut [Runner], plan: &Plan) -> anyhow::Result<Vec<CaseRe
     let mut round_medians: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut elapsed = vec![0u64; n];
     let mut failures = vec![0usize; n];
-    for _ in 0..plan.rounds {
-        for (i, r) in runners.iter_mut().enumerate() {
-            let reply = bench(r, plan.batch)?;
+    for round in 0..plan.rounds {
+        // Each round starts with another case, so no case always follows the same one (a
+        // heavy case's leftover work, like iptables at 10,000 services, spills into the next).
+        for k in 0..n {
+            let i = (round + k) % n;
+            let reply = bench(&mut runners[i], plan.batch)?;
             failures[i] += reply.failures();
             elapsed[i] += reply.elapsed_ns;
             let mut sorted = reply.latencies_ns.clone();

@@ -171,7 +171,7 @@ impl Report {
         let e = &self.environment;
         let _ = writeln!(
             m,
-            "\n## Data path\n\nShort TCP transactions (connect, one request and response, close) from a client pod to a\nservice with 3 backend pods, with N other services installed. The cases run in rotation:\n{} rounds of {} transactions each, so drifts of the VM affect all alike. `p50 ratio` is the\nmedian over rounds of the case's round median divided by direct's: `direct (control)` is a\nsecond, identical direct path and shows the resolution.\n",
+            "\n## Data path\n\nShort TCP transactions (connect, one request and response, close) from a client pod to a\nservice with 3 backend pods, with N other services installed. The cases run in rotation:\n{} rounds of {} transactions each, each round starting with the next case, so drifts of the VM\nand one case's leftover work affect all alike. `p50 ratio` is the\nmedian over rounds of the case's round median divided by direct's: `direct (control)` is a\nsecond, identical direct path and shows the resolution.\n",
             e.rounds, e.batch
         );
         let _ = writeln!(

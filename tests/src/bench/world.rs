@@ -83,7 +83,13 @@ pub fn manifests(n: usize, endpoints: usize) -> String {
             vip_of(i)
         );
         for j in 0..endpoints {
-            let _ = writeln!(y, "- addresses: [\"{}\"]", endpoint_of(i, j));
+            // As in a real slice: every endpoint names its node (here one of 100).
+            let _ = writeln!(
+                y,
+                "- addresses: [\"{}\"]\n  nodeName: node-{}",
+                endpoint_of(i, j),
+                (i * endpoints + j) % 100
+            );
         }
     }
     y
