@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 
 use socklb::{
     dataplane::maps::InMemoryMaps,
-    explain::{Link, explain, render},
+    explain::{Link, Sources, explain, render},
     model::{ManifestObject, Store, parse_manifests},
     reconcile::Reconciler,
     translate::{NodeInfo, translate_all},
@@ -39,6 +39,21 @@ fn store(docs: &[&str]) -> (Store, BTreeMap<String, String>) {
     (store, rejected)
 }
 
+fn sources<'a>(
+    store: &'a Store,
+    rejected: &'a BTreeMap<String, String>,
+    node: &'a NodeInfo,
+    maps: Option<&'a socklb::dataplane::maps::MapSnapshot>,
+) -> Sources<'a> {
+    Sources {
+        store,
+        rejected,
+        node,
+        maps,
+        agent: None,
+    }
+}
+
 /// Explains `default/web` with the maps holding what the agent would write (or nothing).
 fn link(docs: &[&str], synced: bool) -> (Link, String) {
     let (store, rejected) = store(docs);
@@ -47,7 +62,10 @@ fn link(docs: &[&str], synced: bool) -> (Link, String) {
     if synced {
         r.sync_all(&translate_all(&store, &node).0);
     }
-    let e = explain(&store, &rejected, &node, "default/web", Some(r.snapshot()));
+    let e = explain(
+        &sources(&store, &rejected, &node, Some(r.snapshot())),
+        "default/web",
+    );
     let text = render(&e);
     assert!(text.contains("verdict:"), "{text}");
     (e.broken, e.verdict)
@@ -102,11 +120,8 @@ fn a_frontend_address_finds_its_service_and_digests_agree_when_in_step() {
     let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
     r.sync_all(&translate_all(&store, &node).0);
     let e = explain(
-        &store,
-        &rejected,
-        &node,
+        &sources(&store, &rejected, &node, Some(r.snapshot())),
         "10.96.0.10:80/tcp",
-        Some(r.snapshot()),
     );
     assert_eq!(
         e.service.as_ref().map(ToString::to_string).as_deref(),
@@ -115,12 +130,10 @@ fn a_frontend_address_finds_its_service_and_digests_agree_when_in_step() {
     assert_eq!(e.broken, Link::None);
     assert_eq!(e.desired_digest, e.maps_digest);
     assert_eq!(e.desired_digest.len(), 64);
+    let empty = socklb::dataplane::maps::MapSnapshot::default();
     let stale = explain(
-        &store,
-        &rejected,
-        &node,
+        &sources(&store, &rejected, &node, Some(&empty)),
         "default/web",
-        Some(&socklb::dataplane::maps::MapSnapshot::default()),
     );
     assert_ne!(stale.desired_digest, stale.maps_digest);
 }

@@ -10,6 +10,7 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/status", get(status))
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
         tracing::error!(error = %e, "HTTP server stopped");
@@ -25,6 +26,18 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
             "waiting for the first complete sync\n",
         )
     }
+}
+
+async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static str); 1], String) {
+    let status = shared
+        .status
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    (
+        [("content-type", "application/json")],
+        serde_json::to_string_pretty(&status).unwrap_or_default(),
+    )
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static str); 1], String) {

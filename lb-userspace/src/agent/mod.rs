@@ -4,6 +4,7 @@ mod engine;
 mod http;
 mod memory;
 mod metrics;
+mod security;
 
 pub use engine::{Engine, Pass};
 pub use memory::limit_arenas;
@@ -60,16 +61,39 @@ pub struct AgentConfig {
 pub struct Shared {
     pub ready: AtomicBool,
     pub metrics: Metrics,
+    /// What /status reports: service ports not in the maps as asked, and rejected objects.
+    pub status: std::sync::Mutex<Status>,
 }
 
-pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
-    let mut dataplane = Dataplane::load(&config.load).context("loading the data path")?;
+/// The agent's own account of what it could not do, served as JSON on /status (and read by
+/// `socklb explain`).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Status {
+    pub ready: bool,
+    /// Service port (`namespace/name:port/PROTO family scope`) → why it is not as desired.
+    pub problems: std::collections::BTreeMap<String, String>,
+    /// Object (`Kind namespace/name`) → why it was rejected.
+    pub rejected: std::collections::BTreeMap<String, String>,
+}
+
+/// Loads and attaches the programs, then drops the capabilities the agent no longer needs.
+/// Runs before the async runtime starts any thread (capabilities are per thread).
+pub fn prepare(config: &AgentConfig) -> anyhow::Result<Dataplane> {
+    let dataplane = Dataplane::load(&config.load).context("loading the data path")?;
     tracing::info!(
         cgroup = %config.load.cgroup.display(),
         pins = %dataplane.pins.root.display(),
         programs = dataplane.program_ids.len(),
         "programs attached"
     );
+    match security::drop_capabilities() {
+        Ok(kept) => tracing::info!(?kept, "dropped the other capabilities"),
+        Err(e) => tracing::warn!(error = %e, "could not drop capabilities; running with all"),
+    }
+    Ok(dataplane)
+}
+
+pub async fn run(config: AgentConfig, mut dataplane: Dataplane) -> anyhow::Result<()> {
     spawn_ebpf_logger(&mut dataplane, config.load.log_level);
 
     let maps = dataplane
@@ -87,6 +111,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let shared = Arc::new(Shared {
         ready: AtomicBool::new(false),
         metrics: Metrics::new(Some(dataplane.pins.maps())),
+        status: std::sync::Mutex::new(Status::default()),
     });
     if let Some(listen) = config.listen {
         let listener = tokio::net::TcpListener::bind(listen)
@@ -196,6 +221,19 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
         &r.stats().errors,
         engine.rejected_total(),
     );
+    let status = Status {
+        ready: shared.ready.load(Ordering::Relaxed),
+        problems: r
+            .problems()
+            .iter()
+            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .collect(),
+        rejected: engine.rejected().clone(),
+    };
+    *shared
+        .status
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = status;
 }
 
 fn log_pass(pass: &Pass) {

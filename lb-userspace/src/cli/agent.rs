@@ -130,10 +130,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
     };
     crate::agent::limit_arenas();
+    let dataplane = crate::agent::prepare(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(crate::agent::run(config))?;
+    runtime.block_on(crate::agent::run(config, dataplane))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -5,8 +5,9 @@ use anyhow::Context as _;
 
 use super::{Output, PinArgs};
 use crate::{
+    agent::Status,
     dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
-    explain::{Link, explain, render},
+    explain::{Link, Sources, explain, render},
     model::Store,
     source::{Object, files::read_folder},
     translate::{DEFAULT_PROXY_NAME, NodeInfo},
@@ -36,6 +37,9 @@ pub struct ExplainArgs {
     /// The proxy name the agent answers to (service-proxy-name label).
     #[arg(long, default_value = DEFAULT_PROXY_NAME)]
     pub proxy_name: String,
+    /// The agent's address, to ask it (GET /status) what it could not apply.
+    #[arg(long, default_value = "127.0.0.1:10256")]
+    pub agent: String,
     /// Output format: readable text (table) or JSON.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
@@ -62,7 +66,17 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let explanation = explain(&store, &rejected, &node, &args.target, snapshot.as_ref());
+    let agent = agent_status(&args.agent);
+    let explanation = explain(
+        &Sources {
+            store: &store,
+            rejected: &rejected,
+            node: &node,
+            maps: snapshot.as_ref(),
+            agent: agent.as_ref(),
+        },
+        &args.target,
+    );
     match args.output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
         Output::Table => print!("{}", render(&explanation)),
@@ -156,4 +170,19 @@ async fn from_api(
         }
     }
     Ok((load(objects), rejected))
+}
+
+/// The agent's /status, if it answers within a second.
+fn agent_status(addr: &str) -> Option<Status> {
+    use std::io::{Read as _, Write as _};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let timeout = std::time::Duration::from_secs(1);
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: socklb\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let (_, body) = response.split_once("\r\n\r\n")?;
+    serde_json::from_str(body).ok()
 }

@@ -11,6 +11,7 @@ mod render;
 pub use render::render;
 
 use crate::{
+    agent::Status,
     dataplane::{abi::Frontend, dump, maps::MapSnapshot},
     model::{EndpointSlice, ObjectKey, Service, Store},
     translate::{
@@ -63,6 +64,9 @@ pub struct Explanation {
     pub maps: Vec<MapCheck>,
     /// Whether pinned maps were readable at all.
     pub maps_available: bool,
+    /// Whether the agent answered, and what it reports for this Service's ports.
+    pub agent_reachable: bool,
+    pub agent_problems: Vec<String>,
     pub desired_digest: String,
     pub maps_digest: String,
     /// `kind name` → resourceVersion of every object the desired state came from.
@@ -89,13 +93,28 @@ pub fn resolve(store: &Store, node: &NodeInfo, target: &str) -> Option<ObjectKey
 }
 
 /// Walks the chain for `service`. `snapshot` is `None` when no maps are pinned.
-pub fn explain(
-    store: &Store,
-    rejected: &BTreeMap<String, String>,
-    node: &NodeInfo,
-    target: &str,
-    snapshot: Option<&MapSnapshot>,
-) -> Explanation {
+/// Where `explain` looks: the objects (as the agent's source has them), this node, the pinned
+/// maps, and the agent's own account (its /status), each when available.
+pub struct Sources<'a> {
+    pub store: &'a Store,
+    /// Objects rejected by validation (`Kind namespace/name` → why).
+    pub rejected: &'a BTreeMap<String, String>,
+    pub node: &'a NodeInfo,
+    /// `None` when no maps are pinned.
+    pub maps: Option<&'a MapSnapshot>,
+    /// `None` when the agent could not be asked.
+    pub agent: Option<&'a Status>,
+}
+
+/// Walks the chain for `target` (a Service or one of its frontends).
+pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
+    let Sources {
+        store,
+        rejected,
+        node,
+        maps: snapshot,
+        agent,
+    } = *sources;
     let service = resolve(store, node, target);
     let mut e = Explanation {
         target: target.to_string(),
@@ -106,6 +125,8 @@ pub fn explain(
         slices: Vec::new(),
         maps: Vec::new(),
         maps_available: snapshot.is_some(),
+        agent_reachable: agent.is_some(),
+        agent_problems: Vec::new(),
         desired_digest: String::new(),
         maps_digest: String::new(),
         resource_versions: BTreeMap::new(),
@@ -129,6 +150,13 @@ pub fn explain(
         .insert(format!("Service {key}"), svc.resource_version.clone());
     e.summarize_slices(&slices);
     let translation = translate_service(svc, &slices, node);
+    if let Some(status) = agent {
+        for port in &translation.ports {
+            if let Some(problem) = status.problems.get(&port.key.to_string()) {
+                e.agent_problems.push(format!("{}: {problem}", port.key));
+            }
+        }
+    }
     e.check_maps(&translation, snapshot);
     e.translation = Some(translation.clone());
 
@@ -205,8 +233,15 @@ fn first_broken_link(
             .maps_backends
             .as_ref()
             .map_or_else(|| "nothing".to_string(), |b| format!("{b:?}"));
+        let why = match (e.agent_problems.first(), e.agent_reachable) {
+            (Some(problem), _) => format!("the agent reports {problem}"),
+            (None, true) => "the agent reports no problem: it may be catching up".to_string(),
+            (None, false) => {
+                "agent lagging, failing, or stopped: see its log and /metrics".to_string()
+            }
+        };
         let verdict = format!(
-            "this node's maps hold {held} for {}, the Service asks for {:?} (agent lagging, failing, or stopped: see its log and /metrics)",
+            "this node's maps hold {held} for {}, the Service asks for {:?} ({why})",
             bad.frontend, bad.desired_backends
         );
         return (Link::Maps, verdict);

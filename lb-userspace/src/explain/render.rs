@@ -119,6 +119,16 @@ fn maps(out: &mut String, e: &Explanation) {
         let verdict = if m.matches { "matches" } else { "DIFFERS" };
         let _ = writeln!(out, "   {} -> {held} [{verdict}]", m.frontend);
     }
+    if e.agent_reachable {
+        if e.agent_problems.is_empty() {
+            let _ = writeln!(out, "   the agent reports no problem with this Service");
+        }
+        for p in &e.agent_problems {
+            let _ = writeln!(out, "   the agent reports {p}");
+        }
+    } else {
+        let _ = writeln!(out, "   (the agent's /status was not reachable)");
+    }
     let _ = writeln!(out, "\n   desired sha256 {}", e.desired_digest);
     let _ = writeln!(out, "   maps    sha256 {}", e.maps_digest);
     let rvs: Vec<String> = e
