@@ -44,14 +44,16 @@ impl AgentProcess {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let log = sandbox.workdir.join(format!("agent-{}.log", listen.port()));
         let mut command: Vec<String> = vec!["agent".into()];
-        match &options.kubeconfig {
-            Some(k) => command.extend(["--kubeconfig".into(), k.display().to_string()]),
-            None => command.extend([
+        if let Some(k) = &options.kubeconfig {
+            command.extend(["--kubeconfig".into(), k.display().to_string()]);
+        } else {
+            command.extend([
                 "--manifests".into(),
                 sandbox.manifests().display().to_string(),
-                "--poll-ms".into(),
-                "50".into(),
-            ]),
+            ]);
+            if !options.args.iter().any(|a| a == "--poll-ms") {
+                command.extend(["--poll-ms".into(), "50".into()]);
+            }
         }
         command.extend([
             "--cgroup".into(),

@@ -55,6 +55,16 @@ pub enum Command {
         target: SocketAddr,
         bytes: u64,
     },
+    /// Connects again and again (connect, read the greeting, close), writing one line per
+    /// connect to `out`: `start_ns end_ns backend` or `start_ns end_ns !errno` (wall clock),
+    /// until at least `min_count` connects were made and `stop` exists, or `max_seconds` pass.
+    Record {
+        target: SocketAddr,
+        out: std::path::PathBuf,
+        stop: std::path::PathBuf,
+        min_count: usize,
+        max_seconds: u64,
+    },
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -168,6 +178,13 @@ impl ClientState {
             Command::Exchange { id, msg } => self.exchange(id, &msg),
             Command::Bench { target, count } => bench(target, count),
             Command::Bulk { target, bytes } => bulk(target, bytes),
+            Command::Record {
+                target,
+                out,
+                stop,
+                min_count,
+                max_seconds,
+            } => record(target, &out, &stop, min_count, max_seconds),
             Command::Close { id } => {
                 self.conns.remove(&id);
                 Reply {
@@ -413,6 +430,59 @@ fn bulk(target: SocketAddr, bytes: u64) -> Reply {
             reply.count_error(&e);
         }
     }
+    reply.elapsed_ns = nanos(start.elapsed());
+    reply
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, nanos)
+}
+
+fn record(
+    target: SocketAddr,
+    out: &std::path::Path,
+    stop: &std::path::Path,
+    min_count: usize,
+    max_seconds: u64,
+) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    let file = match std::fs::File::create(out) {
+        Ok(f) => f,
+        Err(e) => return Reply::error(format!("{}: {e}", out.display())),
+    };
+    let mut w = std::io::BufWriter::new(file);
+    let start = std::time::Instant::now();
+    let mut n = 0usize;
+    while (n < min_count || !stop.exists()) && start.elapsed().as_secs() < max_seconds {
+        n += 1;
+        let t0 = wall_ns();
+        let result = tcp_connect(target).and_then(|s| read_line(&mut BufReader::new(s)));
+        let t1 = wall_ns();
+        let line = match result {
+            Ok(answer) => {
+                reply.count_answer(&answer);
+                let backend = answer
+                    .split_whitespace()
+                    .find_map(|f| f.strip_prefix("backend="))
+                    .unwrap_or("?")
+                    .to_string();
+                format!("{t0} {t1} {backend}")
+            }
+            Err(e) => {
+                reply.count_error(&e);
+                format!("{t0} {t1} !{}", errno_name(&e))
+            }
+        };
+        if writeln!(w, "{line}").is_err() {
+            return Reply::error("writing the record");
+        }
+    }
+    let _ = w.flush();
     reply.elapsed_ns = nanos(start.elapsed());
     reply
 }

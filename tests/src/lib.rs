@@ -5,6 +5,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod bench;
 pub mod bins;
+pub mod churn;
 pub mod client;
 pub mod manifests;
 pub mod privileges;

@@ -300,8 +300,25 @@ impl Sandbox {
     /// Runs `socklb explain TARGET -o json` against this sandbox's manifests and pins;
     /// returns the parsed explanation and whether the command reported no broken link.
     pub fn explain(&self, target: &str) -> anyhow::Result<(serde_json::Value, bool)> {
+        self.explain_asking(target, "127.0.0.1:1")
+    }
+
+    /// `explain` that also asks the agent at `agent` (its listen address) for its /status.
+    pub fn explain_asking(
+        &self,
+        target: &str,
+        agent: &str,
+    ) -> anyhow::Result<(serde_json::Value, bool)> {
         let out = Process::new(bins::socklb()?)
-            .args(["explain", target, "-o", "json", "--manifests"])
+            .args([
+                "explain",
+                target,
+                "-o",
+                "json",
+                "--agent",
+                agent,
+                "--manifests",
+            ])
             .arg(self.manifests())
             .arg("--bpffs")
             .arg(self.pin_folder())

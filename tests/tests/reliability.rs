@@ -1,0 +1,494 @@
+//! Reliability under stress: endpoints rolling under load, kill -9 restarts under load, full
+//! maps, hostile input, and what the agent keeps once loaded. The short versions run in
+//! `cargo xtask test`; the long ones (`#[ignore]`) in `cargo xtask stress`, which collects the
+//! `FIGURE` lines they print into a report.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    net::SocketAddr,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use socklb::dataplane::abi::{Frontend, Protocol};
+use socklb_tests::{
+    Sandbox,
+    agent::{AgentOptions, AgentProcess},
+    churn::{Rng, Roller, check},
+    client::Command,
+    manifests::{Ep, service, slice},
+    privileged,
+};
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name}: {value}");
+}
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+/// A client in the sandbox that connects to `target` in a loop on its own thread, recording
+/// every connect, until at least `min` were made and it is told to stop.
+struct Load {
+    thread: std::thread::JoinHandle<anyhow::Result<socklb_tests::client::Reply>>,
+    out: PathBuf,
+    stop: PathBuf,
+}
+
+impl Load {
+    fn start(sandbox: &Sandbox, target: SocketAddr, min: usize) -> anyhow::Result<Self> {
+        let out = sandbox
+            .workdir
+            .join(format!("record-{}.txt", target.port()));
+        let stop = sandbox.workdir.join(format!("stop-{}", target.port()));
+        let mut client = sandbox.client()?;
+        let (o, s) = (out.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            client.run(&Command::Record {
+                target,
+                out: o,
+                stop: s,
+                min_count: min,
+                max_seconds: 900,
+            })
+        });
+        Ok(Self { thread, out, stop })
+    }
+
+    fn finish(self) -> anyhow::Result<PathBuf> {
+        std::fs::write(&self.stop, "")?;
+        let reply = self
+            .thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
+        anyhow::ensure!(reply.ok, "the load client failed: {reply:?}");
+        Ok(self.out)
+    }
+}
+
+/// A rolling update replaces every backend of a service, `updates` times, always keeping
+/// ready endpoints, while a client connects in a loop: no connect fails, and every connect lands
+/// on an endpoint that was a candidate when it was made.
+fn churn(updates: usize, min_connects: usize) -> anyhow::Result<()> {
+    let sandbox = Sandbox::new()?;
+    let pool: Vec<SocketAddr> = (1..=6)
+        .map(|i| SocketAddr::from(([10, 244, 5, i], 8080)))
+        .collect();
+    for b in &pool {
+        sandbox.add_backend(*b, false)?;
+    }
+    let vip: SocketAddr = "10.96.0.80:80".parse()?;
+    sandbox.write_manifest(
+        "rolling.yaml",
+        &service("rolling", "10.96.0.80", "http", "TCP", 80, "8080", &[]),
+    )?;
+    sandbox.write_manifest(
+        "rolling-slice.yaml",
+        &slice(
+            "rolling-1",
+            "rolling",
+            "http",
+            "TCP",
+            8080,
+            &[Ep::ready("10.244.5.1")],
+        ),
+    )?;
+    let _agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--poll-ms".into(), "10".into()],
+        ..AgentOptions::default()
+    })?;
+    let frontend = Frontend::new(vip.ip(), vip.port(), Protocol::Tcp);
+    let mut roller = Roller::new(&sandbox, "rolling", frontend, pool, vec![0, 1, 2])?;
+    let load = Load::start(&sandbox, vip, min_connects)?;
+    let start = Instant::now();
+    for _ in 0..updates {
+        roller.rolling_update()?;
+    }
+    let churn_time = start.elapsed();
+    let record = load.finish()?;
+    let verdict = check(&record, &roller.timeline)?;
+    figure("churn rolling updates", updates);
+    figure("churn endpoint-set changes", roller.timeline.len());
+    figure(
+        "churn duration",
+        format!("{:.1} s", churn_time.as_secs_f64()),
+    );
+    figure("churn connects", verdict.connects);
+    figure(
+        "churn connects made while endpoints changed",
+        verdict.during_changes,
+    );
+    figure(
+        "churn failed connects",
+        verdict.failures.values().sum::<usize>(),
+    );
+    figure("churn connects to a non-candidate", verdict.misrouted);
+    figure("churn backends reached", verdict.backends.len());
+    assert!(
+        verdict.connects >= min_connects,
+        "only {} connects",
+        verdict.connects
+    );
+    assert!(
+        verdict.during_changes >= min_connects / 10,
+        "only {} connects overlapped the changes",
+        verdict.during_changes
+    );
+    assert!(
+        verdict.failures.is_empty(),
+        "failed connects: {:?}",
+        verdict.failures
+    );
+    assert_eq!(
+        verdict.misrouted, 0,
+        "connects to non-candidates: {:?}",
+        verdict.examples
+    );
+    assert_eq!(
+        verdict.backends.len(),
+        6,
+        "every pod served: {:?}",
+        verdict.backends
+    );
+    Ok(())
+}
+
+#[test]
+fn rolling_updates_under_load_lose_and_misroute_nothing() -> anyhow::Result<()> {
+    if !privileged("rolling_updates_under_load_lose_and_misroute_nothing") {
+        return Ok(());
+    }
+    churn(10, 10_000)
+}
+
+#[test]
+#[ignore = "long: cargo xtask stress"]
+fn stress_rolling_updates() -> anyhow::Result<()> {
+    churn(100, 100_000)
+}
+
+/// Counts and ids that must survive restarts unchanged.
+fn state(sandbox: &Sandbox) -> anyhow::Result<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
+    let services = sandbox.inspect(&["services"])?;
+    let ids = services
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| {
+            Some((
+                format!("{}/{}", s["service"].as_str()?, s["scope"].as_str()?),
+                s["id"].as_u64()?,
+            ))
+        })
+        .collect();
+    let stats = sandbox.inspect(&["stats"])?;
+    let counts = stats["maps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m[0] != "SOCK_STATE" && m[0] != "AFFINITY")
+        .filter_map(|m| Some((m[0].as_str()?.to_string(), m[1].as_u64()?)))
+        .collect();
+    Ok((ids, counts))
+}
+
+/// kill -9 at random moments while a client connects in a loop: no connect fails, and after
+/// each restart the maps converge to the desired digest with no leaked ids or entries.
+fn restarts(rounds: usize, min_connects: usize) -> anyhow::Result<()> {
+    let sandbox = Sandbox::new()?;
+    for b in ["10.244.1.21:8080", "10.244.2.34:8080", "10.244.3.47:8080"] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    sandbox.copy_manifests(&examples().join("scenarios/session-affinity"))?;
+    sandbox.copy_manifests(&examples().join("scenarios/003-selector-typo"))?;
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    let before = state(&sandbox)?;
+    let load = Load::start(&sandbox, "10.96.0.10:80".parse()?, min_connects)?;
+    let mut rng = Rng::from_time();
+    let mut slowest = Duration::ZERO;
+    for round in 0..rounds {
+        std::thread::sleep(rng.millis(50, 400));
+        agent.kill9();
+        std::thread::sleep(rng.millis(0, 200));
+        let start = Instant::now();
+        agent.restart(true)?;
+        slowest = slowest.max(start.elapsed());
+        converged(&sandbox, &agent)?;
+        assert_eq!(
+            state(&sandbox)?,
+            before,
+            "restart {round}: ids or entry counts changed"
+        );
+    }
+    let record = load.finish()?;
+    let text = std::fs::read_to_string(&record)?;
+    let connects = text.lines().count();
+    let failed: Vec<&str> = text.lines().filter(|l| l.contains('!')).collect();
+    figure("restarts (kill -9)", rounds);
+    figure("restart connects", connects);
+    figure("restart failed connects", failed.len());
+    figure(
+        "restart slowest time to ready",
+        format!("{:.0} ms", slowest.as_secs_f64() * 1e3),
+    );
+    assert!(connects >= min_connects);
+    assert!(
+        failed.is_empty(),
+        "failed connects: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+    Ok(())
+}
+
+/// The maps hold exactly the desired entries of every Service (digests equal).
+fn converged(sandbox: &Sandbox, agent: &AgentProcess) -> anyhow::Result<()> {
+    for svc in ["default/web", "default/sticky", "default/shop"] {
+        let (e, _) = sandbox.explain_asking(svc, &agent.listen.to_string())?;
+        assert_eq!(
+            e["desired_digest"], e["maps_digest"],
+            "{svc} did not converge: {e}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn kill_9_at_random_moments_loses_nothing() -> anyhow::Result<()> {
+    if !privileged("kill_9_at_random_moments_loses_nothing") {
+        return Ok(());
+    }
+    restarts(3, 5_000)
+}
+
+#[test]
+#[ignore = "long: cargo xtask stress"]
+fn stress_restarts() -> anyhow::Result<()> {
+    restarts(20, 50_000)
+}
+
+#[test]
+fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Result<()> {
+    if !privileged("a_service_that_does_not_fit_is_reported_and_the_others_work") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for b in ["10.244.1.21:8080", "10.244.2.34:8080", "10.244.3.47:8080"] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    let eps = |ips: &[&str]| ips.iter().map(|ip| Ep::ready(ip)).collect::<Vec<_>>();
+    for (name, vip, ips) in [
+        ("a", "10.96.0.91", vec!["10.244.1.21", "10.244.2.34"]),
+        ("b", "10.96.0.92", vec!["10.244.3.47"]),
+        (
+            "c",
+            "10.96.0.93",
+            vec!["10.244.9.1", "10.244.9.2", "10.244.9.3"],
+        ),
+    ] {
+        sandbox.write_manifest(
+            &format!("{name}.yaml"),
+            &format!(
+                "{}---\n{}",
+                service(name, vip, "http", "TCP", 80, "8080", &[]),
+                slice(&format!("{name}-1"), name, "http", "TCP", 8080, &eps(&ips))
+            ),
+        )?;
+    }
+    // Room for 5 backends: a (2) and b (1) fit, c (3 more) does not.
+    let agent = sandbox.start_agent(&AgentOptions {
+        args: [
+            "--max-backends",
+            "5",
+            "--max-slots",
+            "8",
+            "--max-frontends",
+            "4",
+            "--max-services",
+            "4",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..AgentOptions::default()
+    })?;
+    let mut client = sandbox.client()?;
+    assert_eq!(client.connect("10.96.0.91:80".parse()?, 10)?.answers(), 10);
+    assert_eq!(client.connect("10.96.0.92:80".parse()?, 10)?.answers(), 10);
+    assert_eq!(
+        sandbox.candidates("10.96.0.93:80")?,
+        None,
+        "c is not half-written"
+    );
+    let stats = sandbox.inspect(&["stats"])?;
+    let maps: BTreeMap<String, (u64, u64)> = stats["maps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| Some((m[0].as_str()?.to_string(), (m[1].as_u64()?, m[2].as_u64()?))))
+        .collect();
+    assert_eq!(maps["BACKENDS"], (3, 5), "only a's and b's backends, of 5");
+    assert_eq!(maps["SLOTS"].0, 3);
+    assert_eq!(maps["FRONTENDS"].0, 2);
+    assert_eq!(maps["SERVICE_META"].0, 2);
+    assert!(agent.metric("socklb_errors_total{kind=\"map_full\"}")? >= Some(1.0));
+    assert_eq!(agent.metric("socklb_failing_service_ports")?, Some(1.0));
+    assert_eq!(
+        agent.metric("socklb_map_capacity{map=\"BACKENDS\"}")?,
+        Some(5.0)
+    );
+    assert!(
+        agent.log_tail(100).contains("map BACKENDS is full"),
+        "{}",
+        agent.log_tail(20)
+    );
+    let (e, ok) = sandbox.explain_asking("default/c", &agent.listen.to_string())?;
+    assert!(!ok);
+    assert_eq!(e["broken"], "maps", "{e}");
+    let verdict = e["verdict"].as_str().unwrap_or_default();
+    assert!(verdict.contains("map BACKENDS is full"), "{verdict}");
+
+    // b goes away: c fits now, and the agent's retry writes it.
+    sandbox.remove_manifest("b.yaml")?;
+    sandbox.wait_candidates(
+        "10.96.0.93:80",
+        &["10.244.9.1:8080", "10.244.9.2:8080", "10.244.9.3:8080"],
+    )?;
+    assert_eq!(client.connect("10.96.0.91:80".parse()?, 10)?.answers(), 10);
+    Ok(())
+}
+
+#[test]
+fn hostile_manifests_are_rejected_one_by_one_and_the_rest_works() -> anyhow::Result<()> {
+    if !privileged("hostile_manifests_are_rejected_one_by_one_and_the_rest_works") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let svc = |name: &str, ip: &str, port: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {ip}\n  ports: [{{name: http, port: {port}}}]\n"
+        )
+    };
+    let big = (0..10_000).fold(String::new(), |mut big, i| {
+        let _ = writeln!(
+            big,
+            "- addresses: [\"10.{}.{}.{}\"]",
+            120 + i / 65536,
+            (i / 256) % 256,
+            i % 256
+        );
+        big
+    });
+    let bad: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("non-utf8.yaml", b"apiVersion: v1\nkind: Service\nmetadata: {name: \xff\xfe}\n".to_vec(), "not UTF-8"),
+        ("truncated.yaml", b"apiVersion: v1\nkind: Service\nmetadata: {name: cut, namespace: default}\nspec: {clusterIP: 10.96.1.1, ports: [{port: 8".to_vec(), "invalid YAML"),
+        ("huge-name.yaml", svc(&"x".repeat(300), "10.96.1.2", "80").into_bytes(), "metadata.name"),
+        ("bad-ip.yaml", svc("bad-ip", "10.96.1.300", "80").into_bytes(), "spec.clusterIP"),
+        ("port-zero.yaml", svc("port-zero", "10.96.1.4", "0").into_bytes(), "spec.ports[0].port"),
+        ("port-big.yaml", svc("port-big", "10.96.1.5", "65536").into_bytes(), "spec.ports[0].port"),
+        ("wrong-family.yaml", slice("web-v6", "web", "http", "TCP", 8080, &[Ep::ready("10.244.1.21")]).replace("10.244.1.21", "fd00::21").replace("IPv6", "IPv4").into_bytes(), "endpoints[0].addresses[0]"),
+        ("big-slice.yaml", format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{big}").into_bytes(), "at most 1000"),
+        ("duplicate.yaml", std::fs::read(examples().join("seed/service.yaml"))?, "also defined in"),
+    ];
+    for (name, bytes, _) in &bad {
+        std::fs::write(sandbox.manifests().join(name), bytes)?;
+    }
+    // A conflicting slice (A not ready here, ready in the seed's) is no error: the endpoint
+    // counts once, with its best conditions.
+    sandbox.write_manifest(
+        "conflicting.yaml",
+        &slice(
+            "web-other",
+            "web",
+            "http",
+            "TCP",
+            8080,
+            &[Ep::terminating("10.244.1.21", false)],
+        ),
+    )?;
+    // 10,000 endpoints in one service, in ten slices of a thousand: fine.
+    for s in 0..10 {
+        let eps: Vec<Ep> = (0..1000)
+            .map(|i| Ep::ready(&format!("10.{}.{}.{}", 130 + s, i / 256, i % 256)))
+            .collect();
+        sandbox.write_manifest(
+            &format!("many-{s}.yaml"),
+            &slice(&format!("many-{s}"), "many", "http", "TCP", 8080, &eps),
+        )?;
+    }
+    sandbox.write_manifest(
+        "many.yaml",
+        &service("many", "10.96.1.10", "http", "TCP", 80, "8080", &[]),
+    )?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.10:80", &["10.244.1.21:8080", "10.244.2.34:8080"])?;
+    assert_eq!(
+        sandbox.candidates("10.96.1.10:80")?.map(|c| c.len()),
+        Some(10_000)
+    );
+    assert_eq!(
+        sandbox
+            .client()?
+            .connect("10.96.0.10:80".parse()?, 20)?
+            .answers(),
+        20
+    );
+    let log = agent.log_tail(400);
+    for (name, _, field) in &bad {
+        assert!(
+            log.lines().any(|l| l.contains(name) && l.contains(field)),
+            "{name}: no rejection naming {field:?} in the log:\n{log}"
+        );
+    }
+    assert!(agent.metric("socklb_rejected_objects_total")? >= Some(bad.len() as f64));
+    let (_, body) = agent.get("/status")?;
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    assert!(
+        status["rejected"].as_object().is_some_and(|r| r.len() >= 6),
+        "{status}"
+    );
+    assert_eq!(agent.get("/healthz")?.0, 200);
+    figure("hostile manifest files rejected", bad.len());
+    Ok(())
+}
+
+fn cap_bits(status: &str, field: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap_or(u64::MAX)
+}
+
+#[test]
+fn the_agent_keeps_only_the_capabilities_it_uses() -> anyhow::Result<()> {
+    if !privileged("the_agent_keeps_only_the_capabilities_it_uses") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend("10.244.1.21:8080".parse()?, false)?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid().unwrap_or(0)))?;
+    // CAP_NET_BIND_SERVICE 10, CAP_NET_ADMIN 12, CAP_SYS_PTRACE 19, CAP_SYS_ADMIN 21, CAP_BPF 39.
+    let kept: u64 = (1 << 10) | (1 << 12) | (1 << 19) | (1 << 21) | (1 << 39);
+    for field in ["CapEff:", "CapPrm:", "CapBnd:"] {
+        assert_eq!(cap_bits(&status, field), kept, "{field} {status}");
+    }
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("NoNewPrivs:") && l.ends_with('1'))
+    );
+    // And it still does its job: a change is written to the maps.
+    sandbox.write_manifest(
+        "endpointslice.yaml",
+        &std::fs::read_to_string(examples().join("scenarios/000-after/endpointslice.yaml"))?,
+    )?;
+    sandbox.wait_candidates("10.96.0.10:80", &["10.244.2.34:8080"])?;
+    Ok(())
+}
