@@ -11,6 +11,7 @@ pub mod agent;
 pub mod cli;
 pub mod dataplane;
 pub mod explain;
+pub mod fuzzing;
 pub mod model;
 pub mod reconcile;
 pub mod source;

@@ -3,6 +3,7 @@
 mod setup;
 
 use std::{
+    fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
     time::Instant,
@@ -34,6 +35,9 @@ enum Task {
     },
     /// Everything CI checks: fmt, clippy (userspace and eBPF), unit, golden and privileged tests.
     Test,
+    /// The long reliability runs: rolling updates and kill -9s under load, a long fuzz run and
+    /// many property-test cases; prints the figures and writes target/stress/figures.md.
+    Stress,
     /// Benchmarks: the data path beside kube-proxy's iptables and nftables layouts, and the
     /// control plane; writes target/bench/report.md.
     Bench {
@@ -63,6 +67,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         Task::Demo { non_interactive } => demo(*non_interactive),
         Task::Test => test(),
         Task::Bench { quick } => bench(*quick),
+        Task::Stress => stress(),
     }
 }
 
@@ -140,6 +145,7 @@ fn test() -> anyhow::Result<()> {
         "tests (unit, golden, property, privileged end-to-end)",
         || cmd("cargo", &["test", "--workspace"]),
     )?;
+    step("fuzz manifests (20 s)", || fuzz(20).map(|_| ()))?;
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
     step(
         "cargo xtask bench --quick (runs, writes its report)",
@@ -149,6 +155,110 @@ fn test() -> anyhow::Result<()> {
         "\nall checks passed in {:.0}s",
         start.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Runs the cargo-fuzz target for `seconds`; returns libFuzzer's summary line.
+fn fuzz(seconds: u64) -> anyhow::Result<String> {
+    let root = workspace_root();
+    let corpus = root.join("target/fuzz-corpus");
+    std::fs::create_dir_all(&corpus)?;
+    let out = Command::new(setup::cargo_fuzz_bin())
+        .args([
+            "fuzz",
+            "run",
+            "--fuzz-dir",
+            "lb-userspace/fuzz",
+            "--sanitizer",
+            "none",
+            "manifests",
+        ])
+        .arg(&corpus)
+        .args([
+            "examples/seed",
+            "examples/scenarios/003-selector-typo",
+            "lb-userspace/tests/golden/rejected-objects",
+        ])
+        .arg("--")
+        .arg(format!("-max_total_time={seconds}"))
+        .env("RUSTC_BOOTSTRAP", "1")
+        .current_dir(&root)
+        .stdout(std::process::Stdio::inherit())
+        .stderr(std::process::Stdio::piped())
+        .output()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        eprintln!("{log}");
+        bail!("the fuzzer found a problem (see lb-userspace/fuzz/artifacts)");
+    }
+    let done = log
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("Done "))
+        .unwrap_or("Done: no summary")
+        .to_string();
+    eprintln!("{done}");
+    Ok(done)
+}
+
+/// The long runs; prints and writes the figures.
+fn stress() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let mut figures = Vec::new();
+    let out = Command::new("cargo")
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "socklb-tests",
+            "--test",
+            "reliability",
+            "--",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .current_dir(&root)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    figures.extend(
+        stdout
+            .lines()
+            .filter_map(|l| l.split_once("FIGURE ").map(|(_, f)| f.to_string())),
+    );
+    if !out.status.success() {
+        eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!("a long reliability run failed");
+    }
+    let cases = "20000";
+    step("property tests, 20,000 cases each", || {
+        let status = Command::new("cargo")
+            .args([
+                "test",
+                "--release",
+                "-p",
+                "lb-userspace",
+                "--test",
+                "properties",
+            ])
+            .env("PROPTEST_CASES", cases)
+            .current_dir(&root)
+            .status()?;
+        if !status.success() {
+            bail!("a property failed");
+        }
+        Ok(())
+    })?;
+    figures.push(format!("property-test cases per property: {cases}"));
+    let done = fuzz(300)?;
+    figures.push(format!("fuzz (5 minutes): {done}"));
+    let text = figures.iter().fold(String::new(), |mut text, figure| {
+        let _ = writeln!(text, "- {figure}");
+        text
+    });
+    std::fs::create_dir_all(root.join("target/stress"))?;
+    std::fs::write(root.join("target/stress/figures.md"), &text)?;
+    println!("\n{text}");
     Ok(())
 }
 

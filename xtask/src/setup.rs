@@ -30,6 +30,7 @@ pub fn run(build_only: bool) -> anyhow::Result<()> {
     if !build_only {
         debian_packages()?;
         python_packages()?;
+        cargo_fuzz()?;
     }
     eprintln!(
         "setup: ready in {:.1}s (bpf-linker: {})",
@@ -226,6 +227,28 @@ fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result
         .status()?;
     if !status.success() {
         bail!("{program} {} failed", args.join(" "));
+    }
+    Ok(())
+}
+
+/// Where `cargo fuzz` is installed (`target/tools/cargo-fuzz/bin/cargo-fuzz`).
+pub fn cargo_fuzz_bin() -> PathBuf {
+    target_dir().join("tools/cargo-fuzz/bin/cargo-fuzz")
+}
+
+/// cargo-fuzz runs the fuzz target over manifest parsing and translation.
+fn cargo_fuzz() -> anyhow::Result<()> {
+    if cargo_fuzz_bin().exists() {
+        return Ok(());
+    }
+    eprintln!("setup: installing cargo-fuzz (about half a minute, once)");
+    let status = Command::new("cargo")
+        .args(["install", "cargo-fuzz@0.13.2", "--locked", "--root"])
+        .arg(target_dir().join("tools/cargo-fuzz"))
+        .env_remove("RUSTC_BOOTSTRAP")
+        .status()?;
+    if !status.success() {
+        bail!("installing cargo-fuzz failed (it needs crates.io)");
     }
     Ok(())
 }

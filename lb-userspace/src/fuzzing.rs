@@ -1,0 +1,53 @@
+//! The checks the fuzz target (lb-userspace/fuzz) runs on arbitrary bytes: parse them as
+//! manifests, translate what validates, reconcile it into in-memory maps, and assert that the
+//! maps' invariants hold after every write. Any panic is a finding.
+use crate::{
+    dataplane::maps::{InMemoryMaps, ServiceMaps as _},
+    model::{ManifestObject, Store, parse_manifests},
+    reconcile::{Reconciler, invariants},
+    translate::{NodeInfo, translate_all},
+};
+
+/// Panics if the bytes make any layer misbehave.
+pub fn manifests(data: &[u8]) {
+    let parsed = parse_manifests("fuzz", data);
+    for e in &parsed.errors {
+        // Every rejection names where it came from.
+        assert!(e.location.starts_with("fuzz"), "{e}");
+    }
+    let mut store = Store::new();
+    for object in parsed.objects {
+        match object {
+            ManifestObject::Service(s) => {
+                store.upsert_service(*s);
+            }
+            ManifestObject::EndpointSlice(s) => {
+                store.upsert_slice(*s);
+            }
+            ManifestObject::Node(_) => {}
+        }
+    }
+    let node = NodeInfo {
+        name: Some("node-a".into()),
+        zone: Some("zone-a".into()),
+        addresses: vec![
+            "192.0.2.1".parse().expect("literal"),
+            "2001:db8::1".parse().expect("literal"),
+        ],
+        ..NodeInfo::default()
+    };
+    let (desired, _) = translate_all(&store, &node);
+    let mut maps = InMemoryMaps::new();
+    maps.observe(|snap, write| {
+        let broken = invariants::violations(snap);
+        assert!(broken.is_empty(), "after {write}: {broken:?}");
+    });
+    let mut reconciler = Reconciler::new(maps).expect("empty maps");
+    reconciler.sync_all(&desired);
+    let snap = reconciler.maps().read_all().expect("in-memory read");
+    assert_eq!(
+        &snap,
+        reconciler.snapshot(),
+        "the reconciler's mirror matches the maps"
+    );
+}
