@@ -47,7 +47,8 @@ pub enum Command {
     /// `count` request/response transactions (connect, one line each way, close), timed:
     /// the reply's `latencies_ns` holds each `connect()`'s duration, `elapsed_ns` the total.
     Bench {
-        target: SocketAddr,
+        /// Each connect goes to one of these, picked at random (as a load balancer would).
+        targets: Vec<SocketAddr>,
         count: usize,
     },
     /// One connection that sends `bytes` to a sink backend and waits for its count.
@@ -176,7 +177,7 @@ impl ClientState {
             Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
-            Command::Bench { target, count } => bench(target, count),
+            Command::Bench { targets, count } => bench(&targets, count),
             Command::Bulk { target, bytes } => bulk(target, bytes),
             Command::Record {
                 target,
@@ -373,14 +374,22 @@ fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-fn bench(target: SocketAddr, count: usize) -> Reply {
+fn bench(targets: &[SocketAddr], count: usize) -> Reply {
     let mut reply = Reply {
         ok: true,
         ..Reply::default()
     };
+    if targets.is_empty() {
+        return Reply::error("bench: no targets");
+    }
     reply.latencies_ns.reserve(count);
     let start = std::time::Instant::now();
+    let mut random = u64::from(start.elapsed().subsec_nanos()) | 1;
     for _ in 0..count {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        let target = targets[usize::try_from(random % targets.len() as u64).unwrap_or(0)];
         let t0 = std::time::Instant::now();
         let result = TcpStream::connect_timeout(&target, IO_TIMEOUT).and_then(|mut s| {
             let connected = t0.elapsed();
