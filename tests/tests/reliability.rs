@@ -206,11 +206,57 @@ fn restarts(rounds: usize, min_connects: usize) -> anyhow::Result<()> {
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
     let before = state(&sandbox)?;
     let load = Load::start(&sandbox, "10.96.0.10:80".parse()?, min_connects)?;
+    let extra = (0..200)
+        .flat_map(|i| {
+            let endpoints: Vec<String> = (1..=20).map(|j| format!("10.245.{i}.{j}")).collect();
+            let endpoints: Vec<Ep> = endpoints.iter().map(|e| Ep::ready(e)).collect();
+            [
+                service(
+                    &format!("extra-{i}"),
+                    &format!("10.96.7.{i}"),
+                    "http",
+                    "TCP",
+                    80,
+                    "8080",
+                    &[],
+                ),
+                slice(
+                    &format!("extra-{i}-1"),
+                    &format!("extra-{i}"),
+                    "http",
+                    "TCP",
+                    8080,
+                    &endpoints,
+                ),
+            ]
+        })
+        .collect::<Vec<_>>()
+        .join("\n---\n");
     let mut rng = Rng::from_time();
     let mut slowest = Duration::ZERO;
+    let (mut early, mut left) = (0, [0; 3]);
     for round in 0..rounds {
         std::thread::sleep(rng.millis(50, 400));
         agent.kill9();
+        if round % 2 == 1 {
+            // Also kill a starting agent (mid-load, mid-attach with pins being moved, or
+            // mid-sync) that has 200 new services to write; they are gone again when the next
+            // agent starts, which must remove whatever was half-written.
+            sandbox.write_manifest("extra.yaml", &extra)?;
+            std::thread::sleep(rng.millis(0, 100));
+            agent.restart(false)?;
+            std::thread::sleep(rng.millis(10, 70));
+            agent.kill9();
+            sandbox.remove_manifest("extra.yaml")?;
+            early += 1;
+            // What the killed agent left for the next one: nothing, part of, or all of the
+            // 200 new service ports.
+            match state(&sandbox)?.0.len().saturating_sub(before.0.len()) {
+                0 => left[0] += 1,
+                200 => left[2] += 1,
+                _ => left[1] += 1,
+            }
+        }
         std::thread::sleep(rng.millis(0, 200));
         let start = Instant::now();
         agent.restart(true)?;
@@ -226,7 +272,18 @@ fn restarts(rounds: usize, min_connects: usize) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&record)?;
     let connects = text.lines().count();
     let failed: Vec<&str> = text.lines().filter(|l| l.contains('!')).collect();
-    figure("restarts (kill -9)", rounds);
+    figure("restarts (kill -9)", rounds + early);
+    figure(
+        "of which killed while starting (loading, attaching or syncing)",
+        early,
+    );
+    figure(
+        "what those kills left in the maps for the next agent to remove",
+        format!(
+            "none of 200 new service ports {} times, some {} times, all {} times",
+            left[0], left[1], left[2]
+        ),
+    );
     figure("restart connects", connects);
     figure("restart failed connects", failed.len());
     figure(
@@ -265,7 +322,7 @@ fn kill_9_at_random_moments_loses_nothing() -> anyhow::Result<()> {
 #[test]
 #[ignore = "long: cargo xtask stress"]
 fn stress_restarts() -> anyhow::Result<()> {
-    restarts(20, 50_000)
+    restarts(20, 100_000)
 }
 
 #[test]

@@ -230,8 +230,8 @@ fn stress() -> anyhow::Result<()> {
         eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
         bail!("a long reliability run failed");
     }
-    let cases = "20000";
-    step("property tests, 20,000 cases each", || {
+    let cases = "200000";
+    step("property tests, 200,000 cases each", || {
         let status = Command::new("cargo")
             .args([
                 "test",

@@ -51,7 +51,7 @@ pub struct AgentConfig {
     pub source: SourceConfig,
     pub load: LoadConfig,
     pub node: NodeInfo,
-    /// Where /healthz, /readyz and /metrics are served; `None` turns the server off.
+    /// Where /healthz, /readyz, /status and /metrics are served; `None` turns the server off.
     pub listen: Option<SocketAddr>,
     /// How often failed service ports are retried.
     pub retry_interval: Duration,

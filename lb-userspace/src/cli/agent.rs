@@ -49,7 +49,7 @@ pub struct AgentArgs {
     /// Serve only Services without a service-proxy-name label, or labelled with this name.
     #[arg(long, default_value = DEFAULT_PROXY_NAME)]
     pub proxy_name: String,
-    /// Address for /healthz, /readyz and /metrics ("off" to disable).
+    /// Address for /healthz, /readyz, /status and /metrics ("off" to disable).
     #[arg(long, default_value = "127.0.0.1:10256")]
     pub listen: String,
     /// Log format (json for log collectors). `SOCKLB_LOG` sets the filter (default info).
