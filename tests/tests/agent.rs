@@ -411,3 +411,58 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Deletes a key that is not in the map through `fd`: ENOENT if the descriptor may write,
+/// EPERM if it may not.
+fn delete_missing_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Error {
+    use std::os::fd::AsRawFd as _;
+    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+    // FRONTENDS' key: an address no frontend has (the all-ones IPv6 address, port 0).
+    let key = [0xffu8; size_of::<lb_common::FrontendKey>()];
+    // union bpf_attr, map element variant: map_fd, pad, key, value, flags.
+    let mut attr = [0u64; 4];
+    attr[0] = u64::try_from(fd.as_raw_fd()).unwrap_or(0);
+    attr[1] = key.as_ptr() as u64;
+    // SAFETY: a valid bpf_attr for BPF_MAP_DELETE_ELEM; key outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_DELETE_ELEM,
+            attr.as_ptr(),
+            size_of_val(&attr),
+        )
+    };
+    assert_eq!(rc, -1, "deleting a key that is not there");
+    std::io::Error::last_os_error()
+}
+
+#[test]
+fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
+    use socklb::dataplane::bpf::open_pinned_map;
+    use std::os::fd::AsFd as _;
+    if !privileged("inspect_opens_the_maps_read_only") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    let path = sandbox.pin_folder().join("maps/FRONTENDS");
+    let writable = open_pinned_map(&path, "FRONTENDS", false)?;
+    let read_only = open_pinned_map(&path, "FRONTENDS", true)?;
+    assert_eq!(
+        delete_missing_key(writable.fd().as_fd()).raw_os_error(),
+        Some(libc::ENOENT),
+        "the agent's kind of descriptor reaches the map"
+    );
+    assert_eq!(
+        delete_missing_key(read_only.fd().as_fd()).raw_os_error(),
+        Some(libc::EPERM),
+        "inspect's descriptor cannot write"
+    );
+    // And inspect itself still reads through it.
+    assert_eq!(
+        sandbox.inspect(&["services"])?.as_array().map(Vec::len),
+        Some(1)
+    );
+    Ok(())
+}

@@ -322,6 +322,17 @@ fn validate_ports(
                 format!("duplicate port {port}/{protocol_name}"),
             ));
         }
+        if let Some(n) = node_port
+            && out
+                .iter()
+                .any(|o| o.node_port == Some(n) && o.protocol_name == protocol_name)
+        {
+            // As the API server's validation: one node port serves one service port.
+            return Err(c.error(
+                field("nodePort"),
+                format!("duplicate node port {n}/{protocol_name}"),
+            ));
+        }
         out.push(ServicePort {
             name,
             protocol,
