@@ -8,7 +8,7 @@ use socklb::{
         abi::{Family, Frontend, Protocol},
         maps::InMemoryMaps,
     },
-    model::{ManifestObject, ObjectKey, Store, parse_manifests},
+    model::{ObjectKey, Store, parse_manifests},
     reconcile::Reconciler,
     translate::{DesiredService, NodeInfo, Scope, ServicePortKey, translate_service},
 };
@@ -32,24 +32,13 @@ fn slice(endpoints: usize) -> String {
 }
 
 fn store(endpoints: usize) -> Store {
-    let mut store = Store::new();
-    for o in parse_manifests(
+    parse_manifests(
         "bench",
         format!("{SERVICE}---\n{}", slice(endpoints)).as_bytes(),
     )
     .objects
-    {
-        match o {
-            ManifestObject::Service(s) => {
-                store.upsert_service(*s);
-            }
-            ManifestObject::EndpointSlice(s) => {
-                store.upsert_slice(*s);
-            }
-            ManifestObject::Node(_) => {}
-        }
-    }
-    store
+    .into_iter()
+    .collect()
 }
 
 fn translation(c: &mut Criterion) {

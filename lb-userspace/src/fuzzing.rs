@@ -3,7 +3,7 @@
 //! maps' invariants hold after every write. Any panic is a finding.
 use crate::{
     dataplane::maps::{InMemoryMaps, ServiceMaps as _},
-    model::{ManifestObject, Store, parse_manifests},
+    model::{Store, parse_manifests},
     reconcile::{Reconciler, invariants},
     translate::{NodeInfo, translate_all},
 };
@@ -15,18 +15,7 @@ pub fn manifests(data: &[u8]) {
         // Every rejection names where it came from.
         assert!(e.location.starts_with("fuzz"), "{e}");
     }
-    let mut store = Store::new();
-    for object in parsed.objects {
-        match object {
-            ManifestObject::Service(s) => {
-                store.upsert_service(*s);
-            }
-            ManifestObject::EndpointSlice(s) => {
-                store.upsert_slice(*s);
-            }
-            ManifestObject::Node(_) => {}
-        }
-    }
+    let store: Store = parsed.objects.into_iter().collect();
     let node = NodeInfo {
         name: Some("node-a".into()),
         zone: Some("zone-a".into()),

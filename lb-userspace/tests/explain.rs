@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use socklb::{
     dataplane::maps::InMemoryMaps,
     explain::{Link, Sources, explain, render},
-    model::{ManifestObject, Store, parse_manifests},
+    model::{Store, parse_manifests},
     reconcile::Reconciler,
     translate::{NodeInfo, translate_all},
 };
@@ -24,18 +24,7 @@ fn store(docs: &[&str]) -> (Store, BTreeMap<String, String>) {
         .iter()
         .filter_map(|e| Some((e.object.clone()?, e.to_string())))
         .collect();
-    let mut store = Store::new();
-    for o in parsed.objects {
-        match o {
-            ManifestObject::Service(s) => {
-                store.upsert_service(*s);
-            }
-            ManifestObject::EndpointSlice(s) => {
-                store.upsert_slice(*s);
-            }
-            ManifestObject::Node(_) => {}
-        }
-    }
+    let store: Store = parsed.objects.into_iter().collect();
     (store, rejected)
 }
 

@@ -1,14 +1,13 @@
 //! `socklb agent` arguments → `AgentConfig`.
-use std::{net::IpAddr, path::PathBuf, process::ExitCode, time::Duration};
+use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::ValueEnum;
 
-use super::{LogFormat, PinArgs, init_logging};
+use super::{DEFAULT_AGENT_ADDRESS, LogFormat, NodeArgs, PinArgs, init_logging};
 use crate::{
     agent::{AgentConfig, SourceConfig},
     dataplane::{loader::LoadConfig, maps::Capacities, sysfs},
-    translate::{DEFAULT_PROXY_NAME, NodeInfo},
 };
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -36,21 +35,10 @@ pub struct AgentArgs {
     pub cgroup: Option<PathBuf>,
     #[command(flatten)]
     pub pins: PinArgs,
-    /// This node's name, for traffic policy Local and topology hints.
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
-    /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
-    #[arg(long)]
-    pub zone: Option<String>,
-    /// An address of this node on which NodePorts are served (repeatable; default: the Node's
-    /// InternalIP/ExternalIP addresses).
-    #[arg(long = "node-address")]
-    pub node_addresses: Vec<IpAddr>,
-    /// Serve only Services without a service-proxy-name label, or labelled with this name.
-    #[arg(long, default_value = DEFAULT_PROXY_NAME)]
-    pub proxy_name: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Address for /healthz, /readyz, /status and /metrics ("off" to disable).
-    #[arg(long, default_value = "127.0.0.1:10256")]
+    #[arg(long, default_value = DEFAULT_AGENT_ADDRESS)]
     pub listen: String,
     /// Log format (json for log collectors). `SOCKLB_LOG` sets the filter (default info).
     #[arg(long, value_enum, default_value_t)]
@@ -120,12 +108,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             sock_state_capacity: args.max_sockets,
             log_level: args.bpf_log_level as u8,
         },
-        node: NodeInfo {
-            name: args.node_name,
-            zone: args.zone,
-            addresses: args.node_addresses,
-            proxy_name: args.proxy_name,
-        },
+        node: args.node.node_info(),
         listen,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
     };

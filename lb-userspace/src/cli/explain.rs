@@ -1,16 +1,16 @@
 //! `socklb explain`: reads the objects from the agent's sources and the maps from the pins.
-use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, process::ExitCode};
+use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 
-use super::{Output, PinArgs};
+use super::{DEFAULT_AGENT_ADDRESS, NodeArgs, Output, PinArgs};
 use crate::{
     agent::Status,
     dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
     explain::{Link, Sources, explain, render},
     model::Store,
     source::{Object, files::read_folder},
-    translate::{DEFAULT_PROXY_NAME, NodeInfo},
+    translate::NodeInfo,
 };
 
 #[derive(clap::Args, Debug)]
@@ -25,20 +25,10 @@ pub struct ExplainArgs {
     pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
     pub pins: PinArgs,
-    /// This node's name (traffic policy Local, topology hints).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
-    /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
-    #[arg(long)]
-    pub zone: Option<String>,
-    /// An address of this node on which NodePorts are served (repeatable).
-    #[arg(long = "node-address")]
-    pub node_addresses: Vec<IpAddr>,
-    /// The proxy name the agent answers to (service-proxy-name label).
-    #[arg(long, default_value = DEFAULT_PROXY_NAME)]
-    pub proxy_name: String,
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// The agent's address, to ask it (GET /status) what it could not apply.
-    #[arg(long, default_value = "127.0.0.1:10256")]
+    #[arg(long, default_value = DEFAULT_AGENT_ADDRESS)]
     pub agent: String,
     /// Output format: readable text (table) or JSON.
     #[arg(short, long, value_enum, default_value_t)]
@@ -47,12 +37,7 @@ pub struct ExplainArgs {
 
 /// Exit status 0 when nothing is broken on socklb's side, 1 when a link is.
 pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let mut node = NodeInfo {
-        name: args.node_name.clone(),
-        zone: args.zone.clone(),
-        addresses: args.node_addresses.clone(),
-        proxy_name: args.proxy_name.clone(),
-    };
+    let mut node = args.node.node_info();
     let (store, rejected) = match &args.manifests {
         Some(dir) => from_manifests(dir, &mut node)?,
         None => tokio::runtime::Builder::new_current_thread()

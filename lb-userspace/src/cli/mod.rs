@@ -5,11 +5,15 @@ mod inspect;
 mod reset;
 mod table;
 
-use std::path::PathBuf;
+use std::{net::IpAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::translate::{DEFAULT_PROXY_NAME, NodeInfo};
+
 pub const DEFAULT_PIN_FOLDER: &str = "/sys/fs/bpf/socklb";
+/// Where the agent serves /healthz, /readyz, /status and /metrics, and where explain asks it.
+pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:10256";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -56,6 +60,35 @@ pub struct PinArgs {
     /// Folder on a bpf filesystem holding socklb's pinned maps and links.
     #[arg(long = "bpffs", default_value = DEFAULT_PIN_FOLDER, env = "SOCKLB_BPFFS", global = true)]
     pub pin_folder: PathBuf,
+}
+
+/// Who this node is, as the agent and explain both need it.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// This node's name, for traffic policy Local and topology hints.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
+    #[arg(long)]
+    pub zone: Option<String>,
+    /// An address of this node on which NodePorts are served (repeatable; default: the Node's
+    /// InternalIP/ExternalIP addresses).
+    #[arg(long = "node-address")]
+    pub node_addresses: Vec<IpAddr>,
+    /// Serve only Services without a service-proxy-name label, or labelled with this name.
+    #[arg(long, default_value = DEFAULT_PROXY_NAME)]
+    pub proxy_name: String,
+}
+
+impl NodeArgs {
+    pub fn node_info(&self) -> NodeInfo {
+        NodeInfo {
+            name: self.node_name.clone(),
+            zone: self.zone.clone(),
+            addresses: self.node_addresses.clone(),
+            proxy_name: self.proxy_name.clone(),
+        }
+    }
 }
 
 pub fn init_logging(format: LogFormat) {

@@ -5,7 +5,7 @@ use std::{
     sync::Arc,
 };
 
-use super::{EndpointSlice, ObjectKey, Service};
+use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
 use crate::vec_set::VecSet;
 
 #[derive(Clone, Debug, Default)]
@@ -152,5 +152,24 @@ impl Store {
 
     pub fn slice_count(&self) -> usize {
         self.slices.len()
+    }
+}
+
+/// The Services and EndpointSlices of parsed manifests (Nodes are not the store's business).
+impl FromIterator<ManifestObject> for Store {
+    fn from_iter<I: IntoIterator<Item = ManifestObject>>(objects: I) -> Self {
+        let mut store = Self::new();
+        for object in objects {
+            match object {
+                ManifestObject::Service(s) => {
+                    store.upsert_service(*s);
+                }
+                ManifestObject::EndpointSlice(s) => {
+                    store.upsert_slice(*s);
+                }
+                ManifestObject::Node(_) => {}
+            }
+        }
+        store
     }
 }
