@@ -2,8 +2,9 @@
 //! each step checks first and does nothing when its tool is already there.
 use std::{
     fmt::Write as _,
+    os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::Command,
+    process::{Command, Stdio},
     time::Instant,
 };
 
@@ -16,12 +17,14 @@ use crate::{cmd, workspace_root};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages the tests and benchmarks use, by the command each provides.
-const PACKAGES: [(&str, &str); 4] = [
+const PACKAGES: [(&str, &str); 3] = [
     ("ip", "iproute2"),
-    ("bpftool", "bpftool"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
 ];
+
+/// Where promtool goes when setup extracts it from Debian's `prometheus` package.
+const PROMTOOL: &str = "/usr/local/bin/promtool";
 
 pub fn run(build_only: bool) -> anyhow::Result<()> {
     let start = Instant::now();
@@ -153,24 +156,46 @@ fn have(command: &str) -> bool {
         || Path::new("/sbin").join(command).is_file()
 }
 
+fn require_root(what: &str) -> anyhow::Result<()> {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("{what}; run `cargo xtask setup` as root");
+    }
+    Ok(())
+}
+
 fn debian_packages() -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES
         .iter()
         .filter(|(c, _)| !have(c))
         .map(|(_, p)| *p)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    // SAFETY: plain syscall.
-    if unsafe { libc::geteuid() } != 0 {
-        bail!(
-            "missing Debian packages {missing:?}; run `cargo xtask setup` as root, or `apt-get install {}`",
+    if !missing.is_empty() {
+        require_root(&format!(
+            "missing Debian packages {missing:?} (`apt-get install --no-install-recommends {}`)",
             missing.join(" ")
-        );
+        ))?;
+        eprintln!("setup: installing Debian packages {}", missing.join(" "));
+        apt_install(&missing)?;
     }
-    eprintln!("setup: installing Debian packages {}", missing.join(" "));
-    let install = |update: bool| -> anyhow::Result<bool> {
+    promtool()
+}
+
+/// Installs `packages` without their recommendations, and only if that upgrades and removes
+/// nothing already installed. `--no-upgrade` only covers the packages named; a dependency
+/// that needs a newer version of an installed library would still be upgraded, so the
+/// transaction is simulated first and refused if it would touch an installed package.
+fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
+    let mut args = vec![
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        "--no-upgrade",
+    ];
+    args.extend(packages);
+    // Missing or stale package lists (a 404 for a superseded version): update once, retry.
+    for update in [false, true] {
         if update {
             cmd_env(
                 "apt-get",
@@ -178,18 +203,126 @@ fn debian_packages() -> anyhow::Result<()> {
                 &[("DEBIAN_FRONTEND", "noninteractive")],
             )?;
         }
-        let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
-        args.extend(&missing);
-        Ok(Command::new("apt-get")
+        let simulation = Command::new("apt-get")
+            .args(&args)
+            .arg("--simulate")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .output()?;
+        if !simulation.status.success() {
+            continue;
+        }
+        let touched = touches_installed(&String::from_utf8_lossy(&simulation.stdout));
+        if !touched.is_empty() {
+            bail!(
+                "installing {} would also upgrade or remove installed packages ({}); setup \
+                 changes nothing already installed: install them yourself if that is fine",
+                packages.join(" "),
+                touched.join(", ")
+            );
+        }
+        let installed = Command::new("apt-get")
             .args(&args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()?
+            .success();
+        if installed {
+            return Ok(());
+        }
+    }
+    bail!("apt-get install {} failed", packages.join(" "))
+}
+
+/// The installed packages an `apt-get --simulate` transcript upgrades (`Inst NAME [OLD] (NEW
+/// ...)`; a new package has no `[OLD]`) or removes (`Remv NAME ...`).
+fn touches_installed(simulation: &str) -> Vec<String> {
+    simulation
+        .lines()
+        .filter_map(|line| {
+            if let Some(rest) = line.strip_prefix("Inst ") {
+                let mut words = rest.split_whitespace();
+                let name = words.next()?;
+                words
+                    .next()
+                    .is_some_and(|w| w.starts_with('['))
+                    .then(|| format!("{name} (upgrade)"))
+            } else {
+                let name = line.strip_prefix("Remv ")?.split_whitespace().next()?;
+                Some(format!("{name} (removal)"))
+            }
+        })
+        .collect()
+}
+
+/// promtool, Prometheus' own linter, for the tests' `promtool check metrics`. Debian ships it
+/// only inside the `prometheus` package, which would also bring the Prometheus server, a
+/// system user, an init script that starts the server where no policy-rc.d forbids it, and a
+/// dozen JavaScript packages for its web UI. Setup downloads that package (verified by apt
+/// against the signed lists) and extracts promtool alone to /usr/local/bin.
+fn promtool() -> anyhow::Result<()> {
+    if have("promtool") {
+        return Ok(());
+    }
+    require_root("promtool is missing")?;
+    eprintln!("setup: extracting promtool from Debian's prometheus package to {PROMTOOL}");
+    let dir = target_dir().join("tmp/prometheus-deb");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let download = |update: bool| -> anyhow::Result<bool> {
+        if update {
+            cmd_env(
+                "apt-get",
+                &["update", "-q"],
+                &[("DEBIAN_FRONTEND", "noninteractive")],
+            )?;
+        }
+        // apt's sandbox user (_apt) cannot write into target/: download as root, as apt
+        // would anyway, after a warning.
+        Ok(Command::new("apt-get")
+            .args([
+                "download",
+                "-q",
+                "-o",
+                "APT::Sandbox::User=root",
+                "prometheus",
+            ])
+            .current_dir(&dir)
+            .status()?
             .success())
     };
-    // Stale package lists give 404s: update once and retry.
-    if !install(false)? && !install(true)? {
-        bail!("apt-get install {} failed", missing.join(" "));
+    if !download(false)? && !download(true)? {
+        bail!("apt-get download prometheus failed (needed for promtool)");
     }
+    let deb = std::fs::read_dir(&dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download prometheus left no .deb")?;
+    let mut contents = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(&deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running dpkg-deb")?;
+    let stdout = contents.stdout.take().context("dpkg-deb has no stdout")?;
+    let extracted = Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(&dir)
+        .arg("./usr/bin/promtool")
+        .stdin(stdout)
+        .status()?;
+    if !contents.wait()?.success() || !extracted.success() {
+        bail!("could not extract usr/bin/promtool from {}", deb.display());
+    }
+    let staged = PathBuf::from(format!("{PROMTOOL}.tmp"));
+    std::fs::copy(dir.join("usr/bin/promtool"), &staged)?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&staged, PROMTOOL)?;
+    std::fs::remove_dir_all(&dir)?;
+    let version = output(PROMTOOL, &["--version"])?;
+    eprintln!(
+        "setup: {}",
+        version.lines().next().unwrap_or("promtool installed")
+    );
     Ok(())
 }
 
@@ -251,4 +384,30 @@ fn cargo_fuzz() -> anyhow::Result<()> {
         bail!("installing cargo-fuzz failed (it needs crates.io)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::touches_installed;
+
+    #[test]
+    fn simulation_upgrades_and_removals_are_found_new_packages_are_not() {
+        // Shapes from `apt-get install --simulate --no-upgrade apt-utils` on Debian 12.
+        let simulation = "\
+NOTE: This is only a simulation!
+Inst libapt-pkg6.0 [2.6.1] (2.6.2 Debian-Security:12/oldstable-security [amd64])
+Conf libapt-pkg6.0 (2.6.2 Debian-Security:12/oldstable-security [amd64])
+Inst apt-utils (2.6.2 Debian-Security:12/oldstable-security [amd64])
+Remv iptables-legacy [1.8.9-2]
+Conf apt-utils (2.6.2 Debian-Security:12/oldstable-security [amd64])
+";
+        assert_eq!(
+            touches_installed(simulation),
+            ["libapt-pkg6.0 (upgrade)", "iptables-legacy (removal)"]
+        );
+        assert!(
+            touches_installed("Inst nftables (1.0.6-2+deb12u2 Debian:12.11/stable [amd64])")
+                .is_empty()
+        );
+    }
 }
