@@ -304,15 +304,47 @@ fn bench(quick: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Validates deploy/*.yaml offline against the Kubernetes API schemas.
+/// Validates deploy/ offline: its Kubernetes objects (deploy/*.yaml, deploy/uninstall/*.yaml)
+/// against the API schemas; each kustomization.yaml, not a Kubernetes object, by checking that
+/// the files it lists exist and that it lists every manifest beside it.
 fn validate_deploy() -> anyhow::Result<()> {
-    let mut files: Vec<String> = std::fs::read_dir(workspace_root().join("deploy"))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .map(|p| p.display().to_string())
-        .collect();
-    files.sort();
+    const CHECK_KUSTOMIZATIONS: &str = r#"
+import os, sys, yaml
+problems = []
+for path in sys.argv[1:]:
+    folder = os.path.dirname(path)
+    with open(path) as f:
+        listed = (yaml.safe_load(f) or {}).get("resources") or []
+    for entry in listed:
+        if not os.path.exists(os.path.join(folder, entry)):
+            problems.append(f"{path}: lists {entry}, which does not exist")
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".yaml") and name != "kustomization.yaml" and name not in listed:
+            problems.append(f"{path}: does not list {name}")
+for problem in problems:
+    print(problem, file=sys.stderr)
+sys.exit(1 if problems else 0)
+"#;
+    let deploy = workspace_root().join("deploy");
+    let mut manifests = Vec::new();
+    let mut kustomizations = Vec::new();
+    for folder in [deploy.clone(), deploy.join("uninstall")] {
+        let entries =
+            std::fs::read_dir(&folder).with_context(|| format!("reading {}", folder.display()))?;
+        for path in entries.filter_map(Result::ok).map(|e| e.path()) {
+            if path.extension().is_none_or(|e| e != "yaml") {
+                continue;
+            }
+            let path_text = path.display().to_string();
+            if path.file_name().is_some_and(|n| n == "kustomization.yaml") {
+                kustomizations.push(path_text);
+            } else {
+                manifests.push(path_text);
+            }
+        }
+    }
+    manifests.sort();
+    kustomizations.sort();
     let mut args = vec![
         "-m",
         "kubernetes_validate",
@@ -321,7 +353,10 @@ fn validate_deploy() -> anyhow::Result<()> {
         "-k",
         "1.34.0",
     ];
-    args.extend(files.iter().map(String::as_str));
+    args.extend(manifests.iter().map(String::as_str));
+    cmd("python3", &args)?;
+    let mut args = vec!["-c", CHECK_KUSTOMIZATIONS];
+    args.extend(kustomizations.iter().map(String::as_str));
     cmd("python3", &args)
 }
 
