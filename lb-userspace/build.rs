@@ -46,6 +46,15 @@ fn main() -> anyhow::Result<()> {
         env::set_var("CARGO_TERM_QUIET", "true");
     }
 
+    println!(
+        "cargo:rustc-env=SOCKLB_GIT_COMMIT={}",
+        git_commit(workspace)
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        workspace.join(".git/HEAD").display()
+    );
+
     let ebpf_dir = workspace.join("lb-ebpf");
     let ebpf = Package {
         name: "lb-ebpf",
@@ -53,6 +62,31 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     aya_build::build_ebpf([ebpf], Toolchain::Custom("stable"))
+}
+
+/// The checkout's commit (with `+dirty` when files differ), or `unknown` outside a checkout.
+fn git_commit(workspace: &Path) -> String {
+    let run = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(workspace)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match run(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(commit) if !commit.is_empty() => {
+            let dirty = run(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{commit}+dirty")
+            } else {
+                commit
+            }
+        }
+        _ => "unknown".into(),
+    }
 }
 
 /// `target/tools/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to.

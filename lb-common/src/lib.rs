@@ -1,4 +1,5 @@
-//! The map ABI shared by socklb's eBPF programs (`lb-ebpf`) and its agent (`lb-userspace`).
+//! The map ABI shared by socklb's eBPF programs (`lb-ebpf`) and its agent (`lb-userspace`): the
+//! map types, the one table that describes every map, the counters and the program names.
 //!
 //! Every type here is `#[repr(C)]`, has no implicit padding (padding is spelled out as `_pad`
 //! fields that are always zero), and holds no `bool`/`Option`: the verifier and the map syscalls
@@ -21,75 +22,369 @@ pub const FAMILY_IPV6: u8 = 6;
 pub const PROTOCOL_TCP: u8 = 6;
 pub const PROTOCOL_UDP: u8 = 17;
 
-/// Names of the maps in the eBPF object; also the file names under the pin folder.
-pub mod map_name {
-    pub const FRONTENDS: &str = "FRONTENDS";
-    pub const SLOTS: &str = "SLOTS";
-    pub const BACKENDS: &str = "BACKENDS";
-    pub const SOCK_STATE: &str = "SOCK_STATE";
-    pub const AFFINITY: &str = "AFFINITY";
-    pub const COUNTERS: &str = "COUNTERS";
-    /// Created by the agent (the programs never read it): service names for `inspect` and for
-    /// recovering service ids after a restart.
-    pub const SERVICE_META: &str = "SERVICE_META";
-}
-
-/// Default capacities; the agent can override each one at load time.
-pub mod capacity {
-    pub const FRONTENDS: u32 = 65_536;
-    pub const SLOTS: u32 = 262_144;
-    pub const BACKENDS: u32 = 131_072;
-    pub const AFFINITY: u32 = 65_536;
-    /// Live translated sockets (their reverse-translation state).
-    pub const SOCK_STATE: u32 = 131_072;
-    pub const SERVICE_META: u32 = 65_536;
-}
-
-/// Indexes into the per-CPU `COUNTERS` array. Every connect or sendmsg addressed to a
-/// frontend ends in exactly one of `TRANSLATIONS`, `NO_BACKEND` or `ERRORS`, so their sum is
-/// the number of service lookups (not counted separately: one update less on the hot path).
-pub mod counter {
-    /// A destination was rewritten to a backend.
-    pub const TRANSLATIONS: u32 = 0;
-    /// A connect or sendmsg was refused because the service had no active backend.
-    pub const NO_BACKEND: u32 = 1;
-    /// A session-affinity entry chose the backend.
-    pub const AFFINITY_HITS: u32 = 2;
-    /// getpeername or recvmsg reported the service address instead of the backend's.
-    pub const REVERSE_TRANSLATIONS: u32 = 3;
-    /// An unconnected UDP socket kept the backend it used before.
-    pub const STICKY_HITS: u32 = 4;
-    /// A frontend pointed at a missing slot or backend (should never happen; the reconciler's
-    /// write order prevents it).
-    pub const ERRORS: u32 = 5;
-    /// `SOCK_STATE` was full: the socket was translated, but getpeername/recvmsg will show the
-    /// backend's address and UDP stickiness is lost for it.
-    pub const SOCK_STATE_FULL: u32 = 6;
-    /// Number of counters (the array's size).
-    pub const COUNT: u32 = 8;
-    /// Names, by index, as exported in metrics and `socklb inspect stats`.
-    pub const NAMES: [&str; 7] = [
-        "translations",
-        "no_backend",
-        "affinity_hits",
-        "reverse_translations",
-        "sticky_hits",
-        "errors",
-        "sock_state_full",
+/// The programs in the eBPF object, by function name (also the names of their link pins).
+pub mod program {
+    pub const CONNECT4: &str = "socklb_connect4";
+    pub const CONNECT6: &str = "socklb_connect6";
+    pub const SENDMSG4: &str = "socklb_sendmsg4";
+    pub const SENDMSG6: &str = "socklb_sendmsg6";
+    pub const RECVMSG4: &str = "socklb_recvmsg4";
+    pub const RECVMSG6: &str = "socklb_recvmsg6";
+    pub const GETPEERNAME4: &str = "socklb_getpeername4";
+    pub const GETPEERNAME6: &str = "socklb_getpeername6";
+    /// The iterator over `SOCKETS` (every translated socket's cookie and record), pinned as
+    /// `SOCKETS_ITER` in the map directory; not attached to the cgroup.
+    pub const SOCKETS_ITER: &str = "socklb_sockets";
+    /// Every cgroup program, in attach order.
+    pub const ALL: [&str; 8] = [
+        CONNECT4,
+        CONNECT6,
+        SENDMSG4,
+        SENDMSG6,
+        RECVMSG4,
+        RECVMSG6,
+        GETPEERNAME4,
+        GETPEERNAME6,
     ];
+}
+
+/// The kind of a map, as the kernel knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MapKind {
+    Hash,
+    Array,
+    PerCpuArray,
+    LruHash,
+    SkStorage,
+}
+
+/// Every map socklb has. `MapId::descriptor()` tells everything else about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MapId {
+    Frontends4,
+    Frontends6,
+    Backends,
+    Ports,
+    Sockets,
+    Affinity,
+    AffinityEmpty,
+    ServiceMeta,
+    Counters,
+}
+
+/// One map: its pin and object name, kind, key and value layout, default size and the agent flag
+/// that resizes it. Loading, pinning, checking pinned layouts, inspecting, metrics and the agent's
+/// flags all read this table; nothing else lists the maps.
+#[derive(Clone, Copy, Debug)]
+pub struct MapDescriptor {
+    pub id: MapId,
+    /// The map's name in the eBPF object and its file name under the pin folder.
+    pub name: &'static str,
+    pub kind: MapKind,
+    pub key_type: &'static str,
+    pub key_size: u32,
+    pub value_type: &'static str,
+    pub value_size: u32,
+    /// Entries when the agent does not say otherwise (0: not sized by entries).
+    pub default_capacity: u32,
+    /// The `socklb agent` flag that sets the capacity, if it can be set.
+    pub capacity_flag: Option<&'static str>,
+    /// Whether the kernel allocates every entry when the map is created (`false`: on insert).
+    pub preallocated: bool,
+    /// What it holds, for humans (inspect, metrics help, the README).
+    pub help: &'static str,
+}
+
+/// `BPF_F_NO_PREALLOC`: the maps only the agent writes allocate entries as they are inserted.
+pub const MAP_F_NO_PREALLOC: u32 = 1;
+
+impl MapId {
+    /// Every map, in the order the descriptor table lists them.
+    pub const ALL: [Self; 9] = [
+        Self::Frontends4,
+        Self::Frontends6,
+        Self::Backends,
+        Self::Ports,
+        Self::Sockets,
+        Self::Affinity,
+        Self::AffinityEmpty,
+        Self::ServiceMeta,
+        Self::Counters,
+    ];
+
+    pub const fn descriptor(self) -> &'static MapDescriptor {
+        &MAPS[self as usize]
+    }
+
+    pub const fn name(self) -> &'static str {
+        self.descriptor().name
+    }
+
+    pub const fn default_capacity(self) -> u32 {
+        self.descriptor().default_capacity
+    }
+
+    /// Finds a map by its name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        MAPS.iter()
+            .find(|d| d.name.as_bytes() == name.as_bytes())
+            .map(|d| d.id)
+    }
+}
+
+/// The maps, indexed by `MapId`.
+pub const MAPS: [MapDescriptor; 9] = [
+    MapDescriptor {
+        id: MapId::Frontends4,
+        name: "FRONTENDS4",
+        kind: MapKind::Hash,
+        key_type: "Frontend4Key",
+        key_size: size_of::<Frontend4Key>() as u32,
+        value_type: "Frontend",
+        value_size: size_of::<Frontend>() as u32,
+        default_capacity: 65_536,
+        capacity_flag: Some("max-frontends"),
+        preallocated: false,
+        help: "IPv4 service addresses (address, port, protocol) and the backend range they use",
+    },
+    MapDescriptor {
+        id: MapId::Frontends6,
+        name: "FRONTENDS6",
+        kind: MapKind::Hash,
+        key_type: "FrontendKey",
+        key_size: size_of::<FrontendKey>() as u32,
+        value_type: "Frontend",
+        value_size: size_of::<Frontend>() as u32,
+        default_capacity: 65_536,
+        capacity_flag: Some("max-frontends"),
+        preallocated: false,
+        help: "IPv6 service addresses and the backend range they use",
+    },
+    MapDescriptor {
+        id: MapId::Backends,
+        name: "BACKENDS",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "Backend",
+        value_size: size_of::<Backend>() as u32,
+        default_capacity: 262_144,
+        capacity_flag: Some("max-backends"),
+        preallocated: true,
+        help: "backend addresses; each backend set owns a contiguous range",
+    },
+    MapDescriptor {
+        id: MapId::Ports,
+        name: "PORTS",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "u64",
+        value_size: 8,
+        default_capacity: ports::WORDS,
+        capacity_flag: None,
+        preallocated: true,
+        help: "bitmaps of the ports services and backends use (the connect and reverse prefilters)",
+    },
+    MapDescriptor {
+        id: MapId::Sockets,
+        name: "SOCKETS",
+        kind: MapKind::SkStorage,
+        key_type: "i32",
+        key_size: 4,
+        value_type: "SockRecord",
+        value_size: size_of::<SockRecord>() as u32,
+        default_capacity: 0,
+        capacity_flag: None,
+        preallocated: false,
+        help: "per-socket translation records, stored with the socket and freed with it",
+    },
+    MapDescriptor {
+        id: MapId::Affinity,
+        name: "AFFINITY",
+        kind: MapKind::LruHash,
+        key_type: "u64",
+        key_size: 8,
+        value_type: "AffinityTable",
+        value_size: size_of::<AffinityTable>() as u32,
+        default_capacity: 4_096,
+        capacity_flag: Some("max-affinity-clients"),
+        preallocated: true,
+        help: "sessionAffinity ClientIP choices: one fixed-size table per client cgroup",
+    },
+    MapDescriptor {
+        id: MapId::AffinityEmpty,
+        name: "AFFINITY_EMPTY",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "AffinityTable",
+        value_size: size_of::<AffinityTable>() as u32,
+        default_capacity: 1,
+        capacity_flag: None,
+        preallocated: true,
+        help: "one empty affinity table, copied for a new client (a table is larger than the BPF stack)",
+    },
+    MapDescriptor {
+        id: MapId::ServiceMeta,
+        name: "SERVICE_META",
+        kind: MapKind::Hash,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "ServiceMeta",
+        value_size: size_of::<ServiceMeta>() as u32,
+        default_capacity: 65_536,
+        capacity_flag: Some("max-services"),
+        preallocated: false,
+        help: "which Kubernetes service port each backend set is (read by the agent and inspect only)",
+    },
+    MapDescriptor {
+        id: MapId::Counters,
+        name: "COUNTERS",
+        kind: MapKind::PerCpuArray,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "u64",
+        value_size: 8,
+        default_capacity: Counter::ALL.len() as u32,
+        capacity_flag: None,
+        preallocated: true,
+        help: "the data path's event counters, per CPU",
+    },
+];
+
+/// The data path's counters: indexes into the per-CPU `COUNTERS` array. Every connect or sendmsg
+/// addressed to a frontend ends in exactly one of `Translations`, `NoBackend`, `NoLocalBackend`,
+/// `RecordFailed` or `Faults`, so their sum is the number of service lookups.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Counter {
+    /// A destination was rewritten to a backend.
+    Translations = 0,
+    /// A connect or sendmsg was refused: the service has no usable endpoint.
+    NoBackend = 1,
+    /// Refused: internalTrafficPolicy Local and no usable endpoint on this node.
+    NoLocalBackend = 2,
+    /// A session-affinity entry chose the backend.
+    AffinityHits = 3,
+    /// A client cgroup's affinity table was full: its own oldest entry was replaced.
+    AffinityEvictions = 4,
+    /// getpeername or recvmsg reported the service address instead of the backend's.
+    ReverseTranslations = 5,
+    /// An unconnected UDP socket kept the backend it used before.
+    StickyHits = 6,
+    /// The socket's record could not be stored (socket memory exhausted): the call was refused
+    /// with ENOBUFS rather than let replies come back from an address the application never
+    /// dialled.
+    RecordFailed = 7,
+    /// A frontend pointed outside the backend array (should never happen).
+    Faults = 8,
+}
+
+impl Counter {
+    pub const ALL: [Self; 9] = [
+        Self::Translations,
+        Self::NoBackend,
+        Self::NoLocalBackend,
+        Self::AffinityHits,
+        Self::AffinityEvictions,
+        Self::ReverseTranslations,
+        Self::StickyHits,
+        Self::RecordFailed,
+        Self::Faults,
+    ];
+
+    /// The name in metrics (`socklb_datapath_<name>_total`) and `socklb inspect stats`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Translations => "translations",
+            Self::NoBackend => "no_backend",
+            Self::NoLocalBackend => "no_local_backend",
+            Self::AffinityHits => "affinity_hits",
+            Self::AffinityEvictions => "affinity_evictions",
+            Self::ReverseTranslations => "reverse_translations",
+            Self::StickyHits => "sticky_hits",
+            Self::RecordFailed => "record_failed",
+            Self::Faults => "faults",
+        }
+    }
+
+    /// One line for metric HELP texts.
+    pub const fn help(self) -> &'static str {
+        match self {
+            Self::Translations => {
+                "Connects and datagrams to a service address rewritten to a backend"
+            }
+            Self::NoBackend => {
+                "Connects and datagrams refused because the service has no usable endpoint"
+            }
+            Self::NoLocalBackend => {
+                "Connects refused because internalTrafficPolicy is Local and this node has no usable endpoint"
+            }
+            Self::AffinityHits => "Backends chosen by a sessionAffinity ClientIP entry",
+            Self::AffinityEvictions => {
+                "Affinity entries replaced because their client's own table was full"
+            }
+            Self::ReverseTranslations => {
+                "getpeername and recvmsg calls that reported the service address"
+            }
+            Self::StickyHits => "Datagrams of unconnected UDP sockets that kept their backend",
+            Self::RecordFailed => {
+                "Calls refused with ENOBUFS because the socket's translation record could not be stored"
+            }
+            Self::Faults => "Frontends pointing outside the backend array (never expected)",
+        }
+    }
 }
 
 /// `Frontend::flags`: the service has `sessionAffinity: ClientIP`.
 pub const FRONTEND_FLAG_AFFINITY: u16 = 1;
-/// `Frontend::flags`: the frontend is reached from outside the cluster's service network
-/// (NodePort, externalIP, load-balancer ingress), so externalTrafficPolicy applies.
-pub const FRONTEND_FLAG_EXTERNAL: u16 = 2;
+/// `Frontend::flags`: `count` is 0 because internalTrafficPolicy is Local and no usable endpoint
+/// is on this node (endpoints exist elsewhere): refused, but counted apart.
+pub const FRONTEND_FLAG_NO_LOCAL: u16 = 2;
 
-/// `ServiceMeta::scope` values.
-pub const SCOPE_INTERNAL: u8 = 0;
-pub const SCOPE_EXTERNAL: u8 = 1;
+/// Layout of the `PORTS` bitmaps: one bit per port, 1024 words per (use, protocol).
+#[allow(
+    clippy::inline_always,
+    reason = "used on the programs' hot path, where a bpf-to-bpf call would cost more"
+)]
+pub mod ports {
+    /// Words in the `PORTS` array.
+    pub const WORDS: u32 = 4096;
+    /// Ports that some frontend uses (the connect/sendmsg prefilter).
+    pub const FRONTEND: u32 = 0;
+    /// Ports that some backend uses (the getpeername/recvmsg prefilter).
+    pub const BACKEND: u32 = 2048;
+    /// Offset of the UDP half of each bitmap (TCP is at 0).
+    pub const UDP: u32 = 1024;
 
-/// A service address as a client dials it: `FRONTENDS` key.
+    /// The word holding `port`'s bit, for `bitmap` (`FRONTEND` or `BACKEND`) and a protocol.
+    #[inline(always)]
+    pub const fn word(bitmap: u32, udp: bool, port: u16) -> u32 {
+        bitmap + if udp { UDP } else { 0 } + (port as u32 >> 6)
+    }
+
+    /// The bit of `port` within its word.
+    #[inline(always)]
+    pub const fn bit(port: u16) -> u64 {
+        1 << (port & 63)
+    }
+}
+
+/// An IPv4 service address as a client dials it: `FRONTENDS4` key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frontend4Key {
+    /// Network byte order.
+    pub addr: u32,
+    /// Network byte order.
+    pub port_be: u16,
+    pub protocol: u8,
+    pub _pad: u8,
+}
+
+/// A service address of either family: `FRONTENDS6` key (family 6), and the frontend a socket's
+/// record names.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FrontendKey {
@@ -101,30 +396,34 @@ pub struct FrontendKey {
     pub family: u8,
 }
 
-/// `FRONTENDS` value. The programs choose among slots `1..=count` of `service_id`.
+impl FrontendKey {
+    /// The `FRONTENDS4` key of an IPv4 frontend.
+    pub const fn v4(&self) -> Frontend4Key {
+        Frontend4Key {
+            addr: self.addr[0],
+            port_be: self.port_be,
+            protocol: self.protocol,
+            _pad: 0,
+        }
+    }
+}
+
+/// `FRONTENDS4`/`FRONTENDS6` value. The programs choose among `BACKENDS[base .. base + count]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Frontend {
-    /// Identifies the backend set (one service port, one family, one traffic scope).
+    /// Identifies the backend set (one service port, one family, one endpoint scope).
     pub service_id: u32,
-    /// Active backends; 0 means the service rejects connects with ECONNREFUSED.
+    /// First index of the backend set's range in `BACKENDS`.
+    pub base: u32,
+    /// Usable backends; 0 means the service rejects connects with ECONNREFUSED.
     pub count: u16,
     pub flags: u16,
     /// sessionAffinity ClientIP timeout, seconds (0 when affinity is off).
     pub affinity_timeout_s: u32,
-    pub _pad: u32,
 }
 
-/// `SLOTS` key; the value is a backend id.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SlotKey {
-    pub service_id: u32,
-    /// 1-based.
-    pub slot: u32,
-}
-
-/// `BACKENDS` value, keyed by backend id (u32).
+/// `BACKENDS` value: where a connect goes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Backend {
@@ -136,50 +435,69 @@ pub struct Backend {
     pub _pad: u8,
 }
 
-/// Per-socket state (`SOCK_STATE`, keyed by socket cookie): what a socket was translated to, so
-/// getpeername and recvmsg can report the service address, and an unconnected UDP socket keeps
-/// its backend. The `sock_release` program deletes it when the socket goes, so it cannot leak.
+/// `SOCKETS` value (socket-local storage): what a socket was translated to, so getpeername and
+/// recvmsg can report the service address, an unconnected UDP socket keeps its backend, and the
+/// agent can find the connected UDP sockets whose backend left. It lives with the socket and is
+/// freed with it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SockState {
+pub struct SockRecord {
     /// The service address the socket dialled.
     pub frontend: FrontendKey,
     /// Where it was sent instead.
     pub backend: Backend,
     pub service_id: u32,
-    pub backend_id: u32,
+    /// Index of `backend` within its backend set (not an absolute `BACKENDS` index).
+    pub slot: u32,
+}
+
+/// What the `SOCKETS` iterator writes for each translated socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketEntry {
+    /// The socket's cookie (as `sock_diag` reports it).
+    pub cookie: u64,
+    pub record: SockRecord,
+}
+
+/// Entries in one client's affinity table.
+pub const AFFINITY_WAYS: usize = 16;
+
+/// One remembered choice: a pod (network namespace) of one service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityEntry {
+    pub netns_cookie: u64,
+    /// `bpf_ktime_get_ns()` of the last connect that used this entry.
+    pub last_used_ns: u64,
+    pub backend: Backend,
+    /// 0: the entry is free.
+    pub service_id: u32,
+    /// Index within the backend set.
     pub slot: u32,
     pub _pad: u32,
 }
 
-/// `AFFINITY` key: one client (a pod: its network namespace, plus its source address when the
-/// socket was bound to one) of one service.
+/// `AFFINITY` value, keyed by the client's cgroup id: a fixed number of entries per client, so
+/// one pod can only ever replace its own choices.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct AffinityKey {
-    pub netns_cookie: u64,
-    /// Network byte order; zero when the socket had no bound source address.
-    pub client: [u32; 4],
-    pub service_id: u32,
-    pub family: u8,
-    pub _pad: [u8; 3],
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AffinityTable {
+    pub entries: [AffinityEntry; AFFINITY_WAYS],
 }
 
-/// `AFFINITY` value. Valid while `slot` still holds `backend_id` within the frontend's count and
-/// the entry was used less than the timeout ago.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AffinityValue {
-    /// `bpf_ktime_get_ns()` of the last connect that used this entry.
-    pub last_used_ns: u64,
-    pub backend_id: u32,
-    pub slot: u32,
+impl Default for AffinityTable {
+    fn default() -> Self {
+        Self {
+            entries: [AffinityEntry::default(); AFFINITY_WAYS],
+        }
+    }
 }
 
 /// Longest `namespace/name` kept in `ServiceMeta` (Kubernetes allows 63 + 1 + 63).
 pub const SERVICE_NAME_LEN: usize = 128;
-/// Longest service port name (Kubernetes allows 15).
-pub const PORT_NAME_LEN: usize = 16;
+/// Longest service port name kept (a DNS-1123 label: 63 characters, plus a terminating zero).
+pub const PORT_NAME_LEN: usize = 64;
 
 /// `SERVICE_META` value, keyed by service id: which Kubernetes service port a backend set is.
 #[repr(C)]
@@ -187,16 +505,21 @@ pub const PORT_NAME_LEN: usize = 16;
 pub struct ServiceMeta {
     /// `namespace/name`, UTF-8, zero padded.
     pub name: [u8; SERVICE_NAME_LEN],
-    /// The service port's name, UTF-8, zero padded (empty for a single unnamed port).
+    /// The service port's name, UTF-8, zero padded (the port number for a single unnamed port).
     pub port_name: [u8; PORT_NAME_LEN],
     /// The service port (host byte order).
     pub port: u16,
     pub protocol: u8,
     pub family: u8,
-    /// `SCOPE_INTERNAL` or `SCOPE_EXTERNAL`.
+    /// `SCOPE_CLUSTER` or `SCOPE_LOCAL`.
     pub scope: u8,
     pub _pad: [u8; 3],
 }
+
+/// `ServiceMeta::scope`: the backend set holds the cluster-wide endpoints.
+pub const SCOPE_CLUSTER: u8 = 0;
+/// `ServiceMeta::scope`: the backend set holds this node's endpoints (internalTrafficPolicy Local).
+pub const SCOPE_LOCAL: u8 = 1;
 
 impl Default for ServiceMeta {
     fn default() -> Self {
@@ -214,41 +537,59 @@ impl Default for ServiceMeta {
 
 // The ABI, checked at compile time: sizes, and the offsets of fields that follow a narrower one.
 const _: () = {
+    assert!(size_of::<Frontend4Key>() == 8);
+    assert!(offset_of!(Frontend4Key, port_be) == 4);
+    assert!(offset_of!(Frontend4Key, protocol) == 6);
     assert!(size_of::<FrontendKey>() == 20);
     assert!(offset_of!(FrontendKey, port_be) == 16);
     assert!(offset_of!(FrontendKey, protocol) == 18);
     assert!(offset_of!(FrontendKey, family) == 19);
     assert!(size_of::<Frontend>() == 16);
-    assert!(offset_of!(Frontend, count) == 4);
-    assert!(offset_of!(Frontend, flags) == 6);
-    assert!(offset_of!(Frontend, affinity_timeout_s) == 8);
-    assert!(size_of::<SlotKey>() == 8);
+    assert!(offset_of!(Frontend, base) == 4);
+    assert!(offset_of!(Frontend, count) == 8);
+    assert!(offset_of!(Frontend, flags) == 10);
+    assert!(offset_of!(Frontend, affinity_timeout_s) == 12);
     assert!(size_of::<Backend>() == 20);
     assert!(offset_of!(Backend, port_be) == 16);
     assert!(offset_of!(Backend, family) == 18);
-    assert!(size_of::<SockState>() == 56);
-    assert!(offset_of!(SockState, backend) == 20);
-    assert!(offset_of!(SockState, service_id) == 40);
-    assert!(size_of::<AffinityKey>() == 32);
-    assert!(offset_of!(AffinityKey, client) == 8);
-    assert!(offset_of!(AffinityKey, service_id) == 24);
-    assert!(offset_of!(AffinityKey, family) == 28);
-    assert!(size_of::<AffinityValue>() == 16);
-    assert!(size_of::<ServiceMeta>() == 152);
-    assert!(offset_of!(ServiceMeta, port) == 144);
-    assert!(offset_of!(ServiceMeta, scope) == 148);
+    assert!(size_of::<SockRecord>() == 48);
+    assert!(offset_of!(SockRecord, backend) == 20);
+    assert!(offset_of!(SockRecord, service_id) == 40);
+    assert!(offset_of!(SockRecord, slot) == 44);
+    assert!(size_of::<SocketEntry>() == 56);
+    assert!(size_of::<AffinityEntry>() == 48);
+    assert!(offset_of!(AffinityEntry, backend) == 16);
+    assert!(offset_of!(AffinityEntry, service_id) == 36);
+    assert!(offset_of!(AffinityEntry, slot) == 40);
+    assert!(size_of::<AffinityTable>() == 48 * AFFINITY_WAYS);
+    assert!(AFFINITY_WAYS.is_power_of_two());
+    assert!(size_of::<ServiceMeta>() == 200);
+    assert!(offset_of!(ServiceMeta, port) == 192);
+    assert!(offset_of!(ServiceMeta, scope) == 196);
+    // The descriptor table is indexed by `MapId`, and the counters by `Counter`.
+    let mut i = 0;
+    while i < MAPS.len() {
+        assert!(MAPS[i].id as usize == i);
+        assert!(MapId::ALL[i] as usize == i);
+        i += 1;
+    }
+    let mut c = 0;
+    while c < Counter::ALL.len() {
+        assert!(Counter::ALL[c] as usize == c);
+        c += 1;
+    }
 };
 
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: all of these are repr(C), contain only integers and integer arrays, and have no
     // implicit padding (asserted above), so every byte pattern is a valid value.
+    unsafe impl aya::Pod for super::Frontend4Key {}
     unsafe impl aya::Pod for super::FrontendKey {}
     unsafe impl aya::Pod for super::Frontend {}
-    unsafe impl aya::Pod for super::SlotKey {}
     unsafe impl aya::Pod for super::Backend {}
-    unsafe impl aya::Pod for super::SockState {}
-    unsafe impl aya::Pod for super::AffinityKey {}
-    unsafe impl aya::Pod for super::AffinityValue {}
+    unsafe impl aya::Pod for super::SockRecord {}
+    unsafe impl aya::Pod for super::AffinityEntry {}
+    unsafe impl aya::Pod for super::AffinityTable {}
     unsafe impl aya::Pod for super::ServiceMeta {}
 }

@@ -1,50 +1,75 @@
-//! The maps, as BTF-defined maps. Types and default sizes come from `lb-common`; the agent can
-//! resize each one at load time and pins them so state survives its restarts.
+//! The maps, as BTF-defined maps. Their names, types and default sizes are `lb_common`'s map
+//! table; the agent resizes them at load time and pins them so state survives its restarts.
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     macros::btf_map,
 };
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, SockState,
-    capacity, counter,
+    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, MAP_F_NO_PREALLOC, MapId,
+    ServiceMeta, SockRecord,
 };
 
-/// Service address → backend set and active count.
-#[btf_map]
-pub static FRONTENDS: HashMap<FrontendKey, Frontend, { capacity::FRONTENDS as usize }> =
-    HashMap::new();
+const fn size(id: MapId) -> usize {
+    id.default_capacity() as usize
+}
 
-/// (service id, slot 1..=count) → backend id.
+/// IPv4 service address → backend range. Written only by the agent, so entries are allocated on
+/// insert (no preallocation) and an empty map costs nothing.
 #[btf_map]
-pub static SLOTS: HashMap<SlotKey, u32, { capacity::SLOTS as usize }> = HashMap::new();
+pub static FRONTENDS4: HashMap<
+    Frontend4Key,
+    Frontend,
+    { size(MapId::Frontends4) },
+    { MAP_F_NO_PREALLOC as usize },
+> = HashMap::new();
 
-/// Backend id → address.
+/// IPv6 service address → backend range.
 #[btf_map]
-pub static BACKENDS: HashMap<u32, Backend, { capacity::BACKENDS as usize }> = HashMap::new();
+pub static FRONTENDS6: HashMap<
+    FrontendKey,
+    Frontend,
+    { size(MapId::Frontends6) },
+    { MAP_F_NO_PREALLOC as usize },
+> = HashMap::new();
 
-/// Per-socket translation record, by socket cookie. Preallocated (an insert allocates nothing
-/// on the connect path); the `sock_release` program deletes the entry with the socket.
+/// Backend sets, each a contiguous range that the agent never rewrites while a frontend uses it.
 #[btf_map]
-pub static SOCK_STATE: HashMap<u64, SockState, { capacity::SOCK_STATE as usize }> = HashMap::new();
+pub static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
 
-/// sessionAffinity ClientIP: client of a service → backend, with last use.
+/// Port bitmaps (`lb_common::ports`): the connect and reverse prefilters.
 #[btf_map]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { capacity::AFFINITY as usize }> =
-    LruHashMap::new();
+pub static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 
-/// Service id → which Kubernetes service port it is. Only the agent and `socklb inspect` read it;
-/// it is declared here so it is created, sized and pinned together with the others.
+/// Each translated socket's record, in the socket's own storage: created at connect (or the
+/// first sendmsg), freed by the kernel with the socket. No shared capacity to exhaust.
 #[btf_map]
-pub static SERVICE_META: HashMap<u32, ServiceMeta, { capacity::SERVICE_META as usize }> =
-    HashMap::new();
+pub static SOCKETS: SkStorage<SockRecord> = SkStorage::new();
 
-/// Per-CPU event counters, indexed by `lb_common::counter`.
+/// sessionAffinity ClientIP: one fixed table per client cgroup.
 #[btf_map]
-pub static COUNTERS: PerCpuArray<u64, { counter::COUNT as usize }> = PerCpuArray::new();
+pub static AFFINITY: LruHashMap<u64, AffinityTable, { size(MapId::Affinity) }> = LruHashMap::new();
+
+/// One all-zero table that a new client's table is copied from (it does not fit on the stack).
+#[btf_map]
+pub static AFFINITY_EMPTY: Array<AffinityTable, { size(MapId::AffinityEmpty) }> = Array::new();
+
+/// Service id → which Kubernetes service port it is. Only the agent and `socklb inspect` read
+/// it; declared here so it is created, sized and pinned with the others.
+#[btf_map]
+pub static SERVICE_META: HashMap<
+    u32,
+    ServiceMeta,
+    { size(MapId::ServiceMeta) },
+    { MAP_F_NO_PREALLOC as usize },
+> = HashMap::new();
+
+/// Per-CPU event counters, indexed by `lb_common::Counter`.
+#[btf_map]
+pub static COUNTERS: PerCpuArray<u64, { size(MapId::Counters) }> = PerCpuArray::new();
 
 #[inline(always)]
-pub fn count(index: u32) {
-    if let Some(value) = COUNTERS.get_ptr_mut(index) {
+pub fn count(counter: Counter) {
+    if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU value, only this CPU's program invocation touches it.
         unsafe { *value += 1 };
     }

@@ -3,18 +3,13 @@
     clippy::needless_pass_by_value,
     reason = "aya's entry-point macro hands the context over by value"
 )]
-use aya_ebpf::{
-    macros::{cgroup_sock, cgroup_sock_addr},
-    programs::{SockAddrContext, SockContext},
-};
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::translate::{
-    Hook, SocketFamily, fault_verdict, try_release, try_reverse, try_translate,
-};
+use crate::translate::{Hook, SocketFamily, fault_verdict, try_reverse, try_translate};
 
 #[inline(always)]
 fn translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> i32 {
-    try_translate(ctx, hook, family).unwrap_or_else(|fault| fault_verdict(ctx, &fault))
+    try_translate(ctx, hook, family).unwrap_or_else(|fault| fault_verdict(&fault))
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -57,8 +52,51 @@ pub fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
     try_reverse(&ctx, SocketFamily::V6)
 }
 
-#[cgroup_sock(sock_release)]
-pub fn socklb_sock_release(ctx: SockContext) -> i32 {
-    try_release(&ctx);
-    1
+/// `bpf_iter__bpf_sk_storage_map`, the context of an iterator over a socket-storage map.
+#[repr(C)]
+pub struct SkStorageIterCtx {
+    meta: *mut IterMeta,
+    map: *mut core::ffi::c_void,
+    sk: *mut core::ffi::c_void,
+    value: *mut lb_common::SockRecord,
+}
+
+impl SkStorageIterCtx {
+    #[inline(always)]
+    pub fn sk_ptr(&self) -> *mut core::ffi::c_void {
+        self.sk
+    }
+
+    #[inline(always)]
+    pub fn value_ptr(&self) -> *mut lb_common::SockRecord {
+        self.value
+    }
+
+    /// The `seq_file` to write to.
+    ///
+    /// # Safety
+    /// `meta` must be the kernel's pointer (it always is in an iterator run).
+    #[inline(always)]
+    pub unsafe fn seq(&self) -> *mut core::ffi::c_void {
+        let _ = self.map;
+        // SAFETY: the caller's promise; the verifier types this load from the context's BTF.
+        unsafe { (*self.meta).seq }
+    }
+}
+
+/// `struct bpf_iter_meta`: the `seq_file` the iterator writes to.
+#[repr(C)]
+pub struct IterMeta {
+    seq: *mut core::ffi::c_void,
+    session_id: u64,
+    seq_num: u64,
+}
+
+/// Every socket with a record: its cookie and the record, so the agent can find the connected
+/// UDP sockets socklb translated (`sock_diag` reports socket storage for TCP only) and count
+/// translated sockets per pod.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/bpf_sk_storage_map")]
+pub extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
+    crate::translate::write_socket_entry(ctx)
 }

@@ -109,25 +109,3 @@ pub fn protocol(ctx: &SockAddrContext) -> u8 {
     // SAFETY: see `port`.
     unsafe { read_volatile(addr_of!((*raw(ctx)).protocol)) as u8 }
 }
-
-/// The source address the socket is bound to, or zero: part of the session-affinity client key.
-#[inline(always)]
-pub fn bound_source(ctx: &SockAddrContext, v6: bool) -> [u32; 4] {
-    // SAFETY: `sk` is always set for sock_addr programs (the verifier types it PTR_TO_SOCKET).
-    unsafe {
-        let sk = (*raw(ctx)).__bindgen_anon_1.sk;
-        if sk.is_null() {
-            return [0; 4];
-        }
-        if v6 {
-            [
-                read_volatile(addr_of!((*sk).src_ip6[0])),
-                read_volatile(addr_of!((*sk).src_ip6[1])),
-                read_volatile(addr_of!((*sk).src_ip6[2])),
-                read_volatile(addr_of!((*sk).src_ip6[3])),
-            ]
-        } else {
-            [read_volatile(addr_of!((*sk).src_ip4)), 0, 0, 0]
-        }
-    }
-}

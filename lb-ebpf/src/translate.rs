@@ -1,20 +1,23 @@
-//! The translation logic behind every hook. Each `try_*` returns the hook's verdict or a `Fault`
-//! that the entry point counts and turns into a verdict.
+//! The translation logic behind every hook. `try_translate` returns the hook's verdict or a
+//! `Fault` that the entry point counts and turns into a verdict.
+//!
+//! The miss path (a destination that is no service) is one array lookup: the port bitmap. Only a
+//! port some frontend uses costs a hash lookup.
 use aya_ebpf::{
     helpers::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-        generated::bpf_set_retval,
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns,
+        generated::{bpf_get_current_cgroup_id, bpf_set_retval},
     },
-    programs::{SockAddrContext, SockContext},
+    programs::SockAddrContext,
 };
 use aya_log_ebpf::debug;
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, FRONTEND_FLAG_AFFINITY, Frontend, FrontendKey,
-    PROTOCOL_TCP, PROTOCOL_UDP, SlotKey, SockState, counter,
+    AFFINITY_WAYS, AffinityEntry, Backend, Counter, FAMILY_IPV4, FRONTEND_FLAG_AFFINITY,
+    FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SockRecord, ports,
 };
 
 use crate::{
-    maps::{AFFINITY, BACKENDS, FRONTENDS, SLOTS, SOCK_STATE, count},
+    maps::{AFFINITY, AFFINITY_EMPTY, BACKENDS, FRONTENDS4, FRONTENDS6, PORTS, SOCKETS, count},
     sockaddr::{self, SockAddr},
 };
 
@@ -22,14 +25,25 @@ use crate::{
 pub const ALLOW: i32 = 1;
 pub const REJECT: i32 = 0;
 
+/// Map update flag: only create.
+const BPF_NOEXIST: u64 = 1;
 const ECONNREFUSED: i32 = 111;
 const EHOSTUNREACH: i32 = 113;
+const ENOBUFS: i32 = 105;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
+/// The API's longest affinity timeout (one day): older entries are dead whatever their service.
+/// Masks table indexes so the verifier sees them bounded.
+const WAY_MASK: usize = AFFINITY_WAYS - 1;
+const MAX_AFFINITY_NS: u64 = 86_400 * NANOS_PER_SECOND;
 
-/// Something the maps should never hold: a frontend whose slot or backend is missing.
+/// Whether TCP sockets get a record (so getpeername reports the service address). Set by the
+/// agent at load time (`--tcp-peer-name`); UDP sockets always get one.
+#[unsafe(no_mangle)]
+static RECORD_TCP: u8 = 1;
+
+/// Something the maps should never hold: a frontend whose range lies outside `BACKENDS`.
 pub enum Fault {
-    SlotMissing,
-    BackendMissing,
+    BackendOutOfRange,
 }
 
 /// Which hook translates: `connect()` picks a backend afresh (or by affinity); `sendmsg()` on an
@@ -48,8 +62,9 @@ pub enum SocketFamily {
 }
 
 struct Choice {
+    /// Index within the backend set.
     slot: u32,
-    backend_id: u32,
+    backend: Backend,
     /// The socket's record already says so (a UDP socket reusing its backend).
     recorded: bool,
 }
@@ -63,7 +78,12 @@ pub fn try_translate(
 ) -> Result<i32, Fault> {
     let dest = load(ctx, family);
     let protocol = sockaddr::protocol(ctx);
-    if protocol != PROTOCOL_TCP && protocol != PROTOCOL_UDP {
+    let udp = match protocol {
+        PROTOCOL_TCP => false,
+        PROTOCOL_UDP => true,
+        _ => return Ok(ALLOW),
+    };
+    if !port_in_use(ports::FRONTEND, udp, dest.port_be) {
         return Ok(ALLOW);
     }
     let key = FrontendKey {
@@ -73,31 +93,55 @@ pub fn try_translate(
         family: dest.family,
     };
     // SAFETY: the value is copied out at once; the agent replaces frontends whole.
-    let Some(frontend) = (unsafe { FRONTENDS.get(key) }).copied() else {
+    let frontend = unsafe {
+        if dest.family == FAMILY_IPV4 {
+            FRONTENDS4.get(key.v4()).copied()
+        } else {
+            FRONTENDS6.get(key).copied()
+        }
+    };
+    let Some(frontend) = frontend else {
         return Ok(ALLOW);
     };
 
     if frontend.count == 0 {
-        count(counter::NO_BACKEND);
-        debug!(
-            ctx,
-            "service {} has no backend: refused", frontend.service_id
-        );
+        if frontend.flags & FRONTEND_FLAG_NO_LOCAL != 0 {
+            count(Counter::NoLocalBackend);
+        } else {
+            count(Counter::NoBackend);
+        }
+        debug!(ctx, "service {} has no usable backend", frontend.service_id);
         return Ok(refuse(ECONNREFUSED));
     }
-    let choice = choose(ctx, hook, family, &key, &frontend)?;
-    // SAFETY: copied at once, as above.
-    let backend = (unsafe { BACKENDS.get(choice.backend_id) })
-        .copied()
-        .ok_or(Fault::BackendMissing)?;
-    store(ctx, family, &backend.addr, backend.port_be, backend.family);
-    if !choice.recorded {
-        remember(ctx, &key, &backend, frontend.service_id, &choice);
+    let wants_record = udp || read_flag(&RECORD_TCP);
+    let mut record = core::ptr::null_mut::<SockRecord>();
+    if wants_record {
+        // SAFETY: the socket is the hook's own; the helper returns its storage or null.
+        record = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
+        if record.is_null() {
+            count(Counter::RecordFailed);
+            return Ok(refuse(ENOBUFS));
+        }
     }
-    count(counter::TRANSLATIONS);
+    let choice = choose(ctx, hook, &key, &frontend, record)?;
+    if wants_record && !choice.recorded {
+        // SAFETY: checked non-null above; the storage belongs to this socket, which cannot be
+        // released while this hook runs.
+        unsafe {
+            *record = SockRecord {
+                frontend: key,
+                backend: choice.backend,
+                service_id: frontend.service_id,
+                slot: choice.slot,
+            };
+        }
+    }
+    let b = &choice.backend;
+    store(ctx, family, &b.addr, b.port_be, b.family);
+    count(Counter::Translations);
     debug!(
         ctx,
-        "service {} slot {} -> backend {}", frontend.service_id, choice.slot, choice.backend_id
+        "service {} slot {} -> backend", frontend.service_id, choice.slot
     );
     Ok(ALLOW)
 }
@@ -106,16 +150,23 @@ pub fn try_translate(
 /// its peer, as it would behind a NAT-based proxy.
 #[inline(always)]
 pub fn try_reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
-    // SAFETY: copied at once; the entry may be deleted concurrently only when the socket is
-    // released, which cannot happen while it runs this hook.
-    let Some(state) = (unsafe { SOCK_STATE.get(socket_cookie(ctx)) }).copied() else {
-        return ALLOW;
-    };
     let peer = load(ctx, family);
-    let backend = &state.backend;
+    let udp = sockaddr::protocol(ctx) == PROTOCOL_UDP;
+    if !port_in_use(ports::BACKEND, udp, peer.port_be) {
+        return ALLOW;
+    }
+    // SAFETY: this socket's own storage, or null.
+    let record = unsafe { SOCKETS.get_ptr_mut(ctx) };
+    if record.is_null() {
+        return ALLOW;
+    }
+    // SAFETY: non-null; only hooks of this socket write it, and not concurrently with this one
+    // for the fields compared (a torn read only fails the comparison).
+    let record = unsafe { *record };
+    let backend = &record.backend;
     if backend.family == peer.family && backend.port_be == peer.port_be && backend.addr == peer.addr
     {
-        let frontend = &state.frontend;
+        let frontend = &record.frontend;
         store(
             ctx,
             family,
@@ -123,9 +174,26 @@ pub fn try_reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
             frontend.port_be,
             frontend.family,
         );
-        count(counter::REVERSE_TRANSLATIONS);
+        count(Counter::ReverseTranslations);
     }
     ALLOW
+}
+
+#[inline(always)]
+fn read_flag(flag: &u8) -> bool {
+    // SAFETY: a .rodata global the loader may override; read it as the verifier sees it.
+    unsafe { core::ptr::read_volatile(flag) != 0 }
+}
+
+/// Whether some frontend (or backend) uses `port_be` with this protocol.
+#[inline(always)]
+fn port_in_use(bitmap: u32, udp: bool, port_be: u16) -> bool {
+    let port = u16::from_be(port_be);
+    match PORTS.get(ports::word(bitmap, udp, port)) {
+        Some(word) => *word & ports::bit(port) != 0,
+        // The array has every word; a missing one would be a bug: do not skip the lookup.
+        None => true,
+    }
 }
 
 #[inline(always)]
@@ -161,36 +229,51 @@ fn refuse(errno: i32) -> i32 {
 /// Turns a fault into the hook's verdict: count it and refuse with EHOSTUNREACH, so the client
 /// fails fast and no packet goes to the virtual address.
 #[inline(always)]
-pub fn fault_verdict(ctx: &SockAddrContext, fault: &Fault) -> i32 {
-    count(counter::ERRORS);
+pub fn fault_verdict(fault: &Fault) -> i32 {
+    count(Counter::Faults);
     match fault {
-        Fault::SlotMissing => debug!(ctx, "frontend points at a missing slot"),
-        Fault::BackendMissing => debug!(ctx, "slot points at a missing backend"),
+        Fault::BackendOutOfRange => refuse(EHOSTUNREACH),
     }
-    refuse(EHOSTUNREACH)
+}
+
+/// The backend at `slot` of the frontend's set.
+#[inline(always)]
+fn backend_at(frontend: &Frontend, slot: u32) -> Result<Backend, Fault> {
+    BACKENDS
+        .get(frontend.base.wrapping_add(slot))
+        .copied()
+        .ok_or(Fault::BackendOutOfRange)
+}
+
+/// True while `slot` is within the frontend's count and still holds `backend`.
+#[inline(always)]
+fn slot_holds(frontend: &Frontend, slot: u32, backend: &Backend) -> bool {
+    slot < u32::from(frontend.count)
+        && matches!(BACKENDS.get(frontend.base.wrapping_add(slot)), Some(b) if b == backend)
 }
 
 #[inline(always)]
 fn choose(
     ctx: &SockAddrContext,
     hook: Hook,
-    family: SocketFamily,
     key: &FrontendKey,
     frontend: &Frontend,
+    record: *mut SockRecord,
 ) -> Result<Choice, Fault> {
     if frontend.flags & FRONTEND_FLAG_AFFINITY != 0 {
-        return choose_with_affinity(ctx, family, key, frontend);
+        return choose_with_affinity(ctx, frontend);
     }
-    if hook == Hook::SendMsg {
-        // SAFETY: this socket's own entry, copied at once.
-        if let Some(state) = (unsafe { SOCK_STATE.get(socket_cookie(ctx)) }).copied()
-            && state.frontend == *key
-            && slot_holds(frontend, state.slot, state.backend_id)
+    if hook == Hook::SendMsg && !record.is_null() {
+        // SAFETY: this socket's own record (non-null), copied at once.
+        let previous = unsafe { *record };
+        if previous.frontend == *key
+            && previous.service_id == frontend.service_id
+            && slot_holds(frontend, previous.slot, &previous.backend)
         {
-            count(counter::STICKY_HITS);
+            count(Counter::StickyHits);
             return Ok(Choice {
-                slot: state.slot,
-                backend_id: state.backend_id,
+                slot: previous.slot,
+                backend: previous.backend,
                 recorded: true,
             });
         }
@@ -202,115 +285,124 @@ fn choose(
 fn choose_random(frontend: &Frontend) -> Result<Choice, Fault> {
     // SAFETY: plain helper call.
     let random = unsafe { bpf_get_prandom_u32() };
-    let slot = random % u32::from(frontend.count) + 1;
-    let key = SlotKey {
-        service_id: frontend.service_id,
-        slot,
-    };
-    // SAFETY: copied at once.
-    let backend_id = (unsafe { SLOTS.get(key) })
-        .copied()
-        .ok_or(Fault::SlotMissing)?;
+    // Multiply-shift: uniform in 0..count without a division.
+    let slot = ((u64::from(random) * u64::from(frontend.count)) >> 32) as u32;
     Ok(Choice {
         slot,
-        backend_id,
+        backend: backend_at(frontend, slot)?,
         recorded: false,
     })
 }
 
-/// True while `slot` is active in the frontend and still holds `backend_id`.
+/// sessionAffinity ClientIP: the client (pod network namespace) of this backend set keeps its
+/// backend while it stays and was used less than the timeout ago. The choices live in a table of
+/// fixed size per client cgroup, so a client that uses many services only replaces its own.
 #[inline(always)]
-fn slot_holds(frontend: &Frontend, slot: u32, backend_id: u32) -> bool {
-    if slot == 0 || slot > u32::from(frontend.count) {
-        return false;
-    }
-    let key = SlotKey {
-        service_id: frontend.service_id,
-        slot,
+fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Choice, Fault> {
+    // SAFETY: helpers available to cgroup sock_addr programs.
+    let (cgroup, netns, now) = unsafe {
+        (
+            bpf_get_current_cgroup_id(),
+            bpf_get_netns_cookie(ctx.sock_addr.cast()),
+            bpf_ktime_get_ns(),
+        )
     };
-    // SAFETY: read once.
-    matches!(unsafe { SLOTS.get(key) }, Some(id) if *id == backend_id)
-}
-
-#[inline(always)]
-fn choose_with_affinity(
-    ctx: &SockAddrContext,
-    family: SocketFamily,
-    key: &FrontendKey,
-    frontend: &Frontend,
-) -> Result<Choice, Fault> {
-    let client = AffinityKey {
-        // SAFETY: helper available to sock_addr programs (5.7+).
-        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.sock_addr.cast()) },
-        client: sockaddr::bound_source(ctx, family == SocketFamily::V6),
-        service_id: frontend.service_id,
-        family: key.family,
-        _pad: [0; 3],
+    let table = if let Some(t) = AFFINITY.get_ptr_mut(cgroup) {
+        t
+    } else {
+        // A new client: an empty table (the LRU drops the least recently used client's table
+        // only when there are more clients than the map holds).
+        let Some(empty) = AFFINITY_EMPTY.get(0) else {
+            return choose_random(frontend);
+        };
+        let _ = AFFINITY.insert(cgroup, empty, BPF_NOEXIST);
+        let Some(t) = AFFINITY.get_ptr_mut(cgroup) else {
+            return choose_random(frontend);
+        };
+        t
     };
-    // SAFETY: plain helper call.
-    let now = unsafe { bpf_ktime_get_ns() };
     let timeout = u64::from(frontend.affinity_timeout_s) * NANOS_PER_SECOND;
-    if let Some(entry) = AFFINITY.get_ptr_mut(client) {
-        // SAFETY: the LRU entry may be evicted concurrently, but the memory stays valid for the
-        // program run (RCU); a torn read only costs a fresh choice.
-        let entry = unsafe { &mut *entry };
+    let mut found = AFFINITY_WAYS;
+    // Where a new choice goes: a free or dead entry first, else the client's least recently
+    // used one (an eviction, counted).
+    let mut victim = 0usize;
+    let mut victim_age = 0u64;
+    let mut victim_live = true;
+    for i in 0..AFFINITY_WAYS {
+        // SAFETY: `i` < AFFINITY_WAYS, inside the table the map lookup returned; concurrent
+        // writers from the same client only make a choice fail validation.
+        let entry = unsafe { &*core::ptr::addr_of!((*table).entries[i & WAY_MASK]) };
+        if entry.service_id == frontend.service_id && entry.netns_cookie == netns {
+            found = i;
+            break;
+        }
+        let age = now.saturating_sub(entry.last_used_ns);
+        if entry.service_id == 0 || age > MAX_AFFINITY_NS {
+            if victim_live {
+                victim = i;
+                victim_live = false;
+            }
+        } else if victim_live && age >= victim_age {
+            victim = i;
+            victim_age = age;
+        }
+    }
+    if found < AFFINITY_WAYS {
+        // SAFETY: as above, `found` < AFFINITY_WAYS.
+        let entry = unsafe { &mut *core::ptr::addr_of_mut!((*table).entries[found & WAY_MASK]) };
         if now.saturating_sub(entry.last_used_ns) <= timeout
-            && slot_holds(frontend, entry.slot, entry.backend_id)
+            && slot_holds(frontend, entry.slot, &entry.backend)
         {
             entry.last_used_ns = now;
-            count(counter::AFFINITY_HITS);
+            count(Counter::AffinityHits);
             return Ok(Choice {
                 slot: entry.slot,
-                backend_id: entry.backend_id,
+                backend: entry.backend,
                 recorded: false,
             });
         }
+        victim = found;
+        victim_live = false;
     }
     let choice = choose_random(frontend)?;
-    let value = AffinityValue {
-        last_used_ns: now,
-        backend_id: choice.backend_id,
-        slot: choice.slot,
-    };
-    // A full LRU evicts the oldest client; an insert failure only loses stickiness.
-    let _ = AFFINITY.insert(client, value, 0);
+    if victim_live {
+        count(Counter::AffinityEvictions);
+    }
+    // SAFETY: `victim` < AFFINITY_WAYS.
+    unsafe {
+        *core::ptr::addr_of_mut!((*table).entries[victim & WAY_MASK]) = AffinityEntry {
+            netns_cookie: netns,
+            last_used_ns: now,
+            backend: choice.backend,
+            service_id: frontend.service_id,
+            slot: choice.slot,
+            _pad: 0,
+        };
+    }
     Ok(choice)
 }
 
-/// The socket's cookie: unique for the boot, the key of its `SOCK_STATE` entry.
+/// The `SOCKETS` iterator's step: writes (cookie, record) for one socket.
 #[inline(always)]
-fn socket_cookie(ctx: &SockAddrContext) -> u64 {
-    // SAFETY: helper available to sock_addr programs.
-    unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) }
-}
-
-/// Records the translation for getpeername, recvmsg and UDP stickiness. When `SOCK_STATE` is
-/// full the connection still works; only its reverse translation is lost, and counted.
-#[inline(always)]
-fn remember(
-    ctx: &SockAddrContext,
-    key: &FrontendKey,
-    backend: &Backend,
-    service_id: u32,
-    choice: &Choice,
-) {
-    let state = SockState {
-        frontend: *key,
-        backend: *backend,
-        service_id,
-        backend_id: choice.backend_id,
-        slot: choice.slot,
-        _pad: 0,
-    };
-    if SOCK_STATE.insert(socket_cookie(ctx), state, 0).is_err() {
-        count(counter::SOCK_STATE_FULL);
+pub fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) -> i32 {
+    use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};
+    // SAFETY: the kernel hands the iterator a valid context; the pointers in it may be null
+    // (the end of the walk), which is checked before use.
+    unsafe {
+        let ctx = &*ctx;
+        let (sk, value) = (ctx.sk_ptr(), ctx.value_ptr());
+        if sk.is_null() || value.is_null() {
+            return 0;
+        }
+        let entry = lb_common::SocketEntry {
+            cookie: bpf_get_socket_cookie(sk),
+            record: *value,
+        };
+        bpf_seq_write(
+            ctx.seq().cast(),
+            core::ptr::from_ref(&entry).cast_mut().cast(),
+            size_of::<lb_common::SocketEntry>() as u32,
+        );
     }
-}
-
-/// `sock_release`: the socket is going away; so does its translation record.
-#[inline(always)]
-pub fn try_release(ctx: &SockContext) {
-    // SAFETY: helper available to cgroup sock programs (5.9+).
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock.cast()) };
-    let _ = SOCK_STATE.remove(cookie);
+    0
 }

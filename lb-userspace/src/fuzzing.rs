@@ -28,7 +28,7 @@ pub fn manifests(data: &[u8]) {
     let (desired, _) = translate_all(&store, &node);
     let mut maps = InMemoryMaps::new();
     maps.observe(|snap, write| {
-        let broken = invariants::violations(snap);
+        let broken = invariants::violations(snap, lb_common::MapId::Backends.default_capacity());
         assert!(broken.is_empty(), "after {write}: {broken:?}");
     });
     let mut reconciler = Reconciler::new(maps).expect("empty maps");

@@ -1,12 +1,19 @@
 //! socklb's userspace: Kubernetes objects → desired state → map writes, and the tools to look
 //! at the result.
 //!
+//! - `vocab`: the typed identities every layer shares (objects, service addresses, backend
+//!   sets, error kinds); depends on nothing else here.
 //! - `model`: Services and EndpointSlices, validated into plain types (from the API or YAML).
 //! - `translate`: pure functions from those objects to the desired tables.
 //! - `reconcile`: writes the difference into the maps, in a safe order.
 //! - `dataplane`: the map ABI, the real and in-memory maps, loading and pinning.
 //! - `source`: the Kubernetes API and manifest folders as event streams.
+//! - `status`: what the agent reports it could not do (read back by `explain`).
+//! - `explain`: the chain from a Service to the maps, and the first broken link.
 //! - `agent`: the long-running process; `cli`: the `socklb` command line.
+//!
+//! Modules import only downward: vocab ← model ← translate ← reconcile; dataplane depends on
+//! vocab only; explain and status on translate and dataplane; agent and cli on everything.
 pub mod agent;
 pub mod cli;
 pub mod dataplane;
@@ -15,5 +22,7 @@ pub mod fuzzing;
 pub mod model;
 pub mod reconcile;
 pub mod source;
+pub mod status;
 pub mod translate;
 pub mod vec_set;
+pub mod vocab;

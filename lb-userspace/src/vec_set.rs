@@ -1,7 +1,7 @@
 //! A set kept as a sorted `Vec`: for the many small sets the agent holds per Service (its
 //! slices, its service ports, a service id's frontends). A `BTreeSet` allocates a whole node
 //! (room for 11) even for one element; at 10,000 Services that costs megabytes.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct VecSet<T>(Vec<T>);
 

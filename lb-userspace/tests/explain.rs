@@ -7,6 +7,7 @@ use socklb::{
     model::{Store, parse_manifests},
     reconcile::Reconciler,
     translate::{NodeInfo, translate_all},
+    vocab::ObjectRef,
 };
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  selector: {app: web}\n  ports: [{name: http, port: 80, targetPort: 8080}]\n";
@@ -17,7 +18,7 @@ fn slice(port_name: &str, endpoints: &str) -> String {
     )
 }
 
-fn store(docs: &[&str]) -> (Store, BTreeMap<String, String>) {
+fn store(docs: &[&str]) -> (Store, BTreeMap<ObjectRef, String>) {
     let parsed = parse_manifests("test.yaml", docs.join("---\n").as_bytes());
     let rejected = parsed
         .errors
@@ -30,7 +31,7 @@ fn store(docs: &[&str]) -> (Store, BTreeMap<String, String>) {
 
 fn sources<'a>(
     store: &'a Store,
-    rejected: &'a BTreeMap<String, String>,
+    rejected: &'a BTreeMap<ObjectRef, String>,
     node: &'a NodeInfo,
     maps: Option<&'a socklb::dataplane::maps::MapSnapshot>,
 ) -> Sources<'a> {
@@ -40,6 +41,7 @@ fn sources<'a>(
         node,
         maps,
         agent: None,
+        ownership: None,
     }
 }
 
@@ -125,4 +127,93 @@ fn a_frontend_address_finds_its_service_and_digests_agree_when_in_step() {
         "default/web",
     );
     assert_ne!(stale.desired_digest, stale.maps_digest);
+}
+
+/// The maps' side and the desired side are compared as addresses, whatever their text order:
+/// `.9` sorts after `.10` as text but before it as a number.
+#[test]
+fn backends_that_sort_differently_as_text_still_match() {
+    for (family, addrs) in [
+        (
+            "IPv4",
+            ["10.244.1.9", "10.244.1.10", "10.244.1.100", "10.244.1.2"],
+        ),
+        ("IPv6", ["fd00::9", "fd00::10", "fd00::a", "fd00::100"]),
+    ] {
+        let endpoints = addrs
+            .iter()
+            .map(|a| format!("{{addresses: [\"{a}\"]}}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let service = if family == "IPv6" {
+            SERVICE.replace("clusterIP: 10.96.0.10", "clusterIP: fd00:96::10")
+        } else {
+            SERVICE.to_string()
+        };
+        let slice = slice("http", &format!("[{endpoints}]"))
+            .replace("addressType: IPv4", &format!("addressType: {family}"));
+        let (store, rejected) = store(&[&service, &slice]);
+        let node = NodeInfo::default();
+        let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
+        r.sync_all(&translate_all(&store, &node).0);
+        let e = explain(
+            &sources(&store, &rejected, &node, Some(r.snapshot())),
+            "default/web",
+        );
+        assert_eq!(e.broken, Link::None, "{family}: {}", e.verdict);
+        assert_eq!(e.desired_digest, e.maps_digest, "{family}");
+        assert!(e.maps.iter().all(|m| m.matches), "{family}: {:?}", e.maps);
+    }
+}
+
+/// A Service naming another's ClusterIP as an externalIP gets no frontend there, and explain
+/// says who owns the address.
+#[test]
+fn an_address_owned_by_another_service_is_named() {
+    let thief = "apiVersion: v1\nkind: Service\nmetadata: {name: aaa, namespace: aaa, uid: u1, creationTimestamp: \"2020-01-01T00:00:00Z\"}\nspec:\n  clusterIP: 10.96.0.99\n  externalIPs: [10.96.0.10]\n  ports: [{name: http, port: 80}]\n";
+    let thief_slice = slice("http", r#"[{addresses: ["10.244.9.9"]}]"#)
+        .replace(
+            "name: web-1, namespace: default",
+            "name: aaa-1, namespace: aaa",
+        )
+        .replace(
+            "kubernetes.io/service-name: web",
+            "kubernetes.io/service-name: aaa",
+        );
+    let (store, rejected) = store(&[
+        SERVICE,
+        &slice("http", r#"[{addresses: ["10.244.1.1"]}]"#),
+        thief,
+        &thief_slice,
+    ]);
+    let node = NodeInfo::default();
+    let (desired, _) = translate_all(&store, &node);
+    let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
+    r.sync_all(&desired);
+    let mut ownership = socklb::translate::Ownership::default();
+    for svc in store.services() {
+        for p in socklb::translate::translate_service(svc, &store.slices_of(&svc.key), &node).ports
+        {
+            ownership.claim(&p.key, &p.desired);
+        }
+    }
+    let web = explain(
+        &sources(&store, &rejected, &node, Some(r.snapshot())),
+        "default/web",
+    );
+    assert_eq!(
+        web.broken,
+        Link::None,
+        "the ClusterIP stays its own: {}",
+        web.verdict
+    );
+    let e = explain(
+        &Sources {
+            ownership: Some(&ownership),
+            ..sources(&store, &rejected, &node, Some(r.snapshot()))
+        },
+        "aaa/aaa",
+    );
+    assert_eq!(e.broken, Link::Ownership, "{}", e.verdict);
+    assert!(e.verdict.contains("default/web"), "{}", e.verdict);
 }

@@ -5,24 +5,32 @@
 //! in-memory maps, so a case shows both the result and what each change wrote. The first
 //! file's first line may name the node: `# node: name=node-a zone=zone-a addresses=192.0.2.10`.
 //! The output is compared with `expected.txt`; `UPDATE_GOLDEN=1 cargo test` rewrites it.
-//! After every single map write the maps' invariants are checked.
+//! After every single map write the maps' invariants are checked. Each case is a test of its
+//! own: a failing case is named, and the others still run.
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
 };
 
+use lb_common::MapId;
+use libtest_mimic::{Arguments, Failed, Trial};
 use socklb::{
     agent::Engine,
     dataplane::{dump, maps::InMemoryMaps},
     model::{ManifestObject, parse_manifests},
     reconcile::{Reconciler, invariants},
-    source::{Kind, Object, SourceEvent},
-    translate::{NodeInfo, report, translate_all},
+    source::{Object, SourceEvent},
+    translate::{DEFAULT_PROXY_NAME, NodeFlags, report, translate_all},
+    vocab::Kind,
 };
 
-fn node_from_header(text: &str) -> NodeInfo {
-    let mut node = NodeInfo::default();
+fn node_from_header(text: &str) -> NodeFlags {
+    let mut node = NodeFlags {
+        proxy_name: DEFAULT_PROXY_NAME.into(),
+        external_ips: true,
+        ..NodeFlags::default()
+    };
     let Some(header) = text.lines().next().and_then(|l| l.strip_prefix("# node:")) else {
         return node;
     };
@@ -37,6 +45,7 @@ fn node_from_header(text: &str) -> NodeInfo {
                     .collect();
             }
             Some(("proxy", v)) => node.proxy_name = v.into(),
+            Some(("external-ips", "ignore")) => node.external_ips = false,
             _ => panic!("bad node header entry {kv:?}"),
         }
     }
@@ -53,7 +62,7 @@ fn steps(case: &Path) -> Vec<PathBuf> {
     steps
 }
 
-fn run_case(case: &Path) -> String {
+fn run_case(case: &Path) -> Result<String, String> {
     let steps = steps(case);
     let first = std::fs::read_to_string(&steps[0]).expect("first step");
     let node = node_from_header(&first);
@@ -63,13 +72,14 @@ fn run_case(case: &Path) -> String {
     let (sink, log) = (broken.clone(), written.clone());
     maps.observe(move |snap, write| {
         log.lock().expect("lock").push(write.to_string());
-        for v in invariants::violations(snap) {
+        for v in invariants::violations(snap, MapId::Backends.default_capacity()) {
             sink.lock()
                 .expect("lock")
                 .push(format!("after `{write}`: {v}"));
         }
     });
-    let mut engine = Engine::new(Reconciler::new(maps).expect("empty maps"), node);
+    let reconciler = Reconciler::with_grace(maps, std::time::Duration::ZERO).expect("empty maps");
+    let mut engine = Engine::new(reconciler, node);
     let mut out = String::new();
     for step in &steps {
         let name = step
@@ -94,17 +104,25 @@ fn run_case(case: &Path) -> String {
             engine.handle(SourceEvent::Listed {
                 kind,
                 objects,
-                resource_version: None,
                 keep: Vec::new(),
             });
         }
-        let pass = engine.reconcile().expect("both kinds listed");
+        let Some(pass) = engine.reconcile() else {
+            return Err(format!(
+                "{name}: nothing to do after both kinds were listed"
+            ));
+        };
         let _ = writeln!(out, "map writes: {}", pass.report.writes);
         for w in written.lock().expect("lock").drain(..) {
             let _ = writeln!(out, "  {w}");
         }
-        for (key, problem) in &pass.report.problems {
-            let _ = writeln!(out, "problem: {key}: {problem}");
+        for (key, problem) in &pass.report.failed {
+            let _ = writeln!(out, "failed: {key}: {problem}");
+        }
+        for (key, conflicts) in engine.conflicts() {
+            for c in conflicts {
+                let _ = writeln!(out, "not served: {key}: {c}");
+            }
         }
         let (_, reports) = translate_all(engine.store(), engine.node());
         out.push_str("--- translation\n");
@@ -113,19 +131,39 @@ fn run_case(case: &Path) -> String {
         out.push_str(&dump::render(engine.reconciler().snapshot()));
     }
     let broken = broken.lock().expect("lock");
-    assert!(
-        broken.is_empty(),
-        "{}: invariants broken:\n{}",
-        case.display(),
-        broken.join("\n")
-    );
-    out
+    if !broken.is_empty() {
+        return Err(format!("invariants broken:\n{}", broken.join("\n")));
+    }
+    Ok(out)
 }
 
-#[test]
-fn golden_cases() {
+fn check(case: &Path) -> Result<(), Failed> {
+    let actual = run_case(case)?;
+    let expected_path = case.join("expected.txt");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&expected_path, &actual).map_err(|e| e.to_string())?;
+        return Ok(());
+    }
+    let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
+    if expected == actual {
+        return Ok(());
+    }
+    let line = expected
+        .lines()
+        .zip(actual.lines())
+        .position(|(e, a)| e != a)
+        .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
+    Err(format!(
+        "first difference at line {} (UPDATE_GOLDEN=1 cargo test -p lb-userspace --test golden rewrites expected.txt after review):\n  expected: {:?}\n  actual:   {:?}",
+        line + 1,
+        expected.lines().nth(line).unwrap_or("<end>"),
+        actual.lines().nth(line).unwrap_or("<end>"),
+    )
+    .into())
+}
+
+fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
         .expect("tests/golden")
         .map(|e| e.expect("entry").path())
@@ -133,33 +171,16 @@ fn golden_cases() {
         .collect();
     cases.sort();
     assert!(!cases.is_empty(), "no golden cases");
-    let mut mismatches = Vec::new();
-    for case in &cases {
-        let actual = run_case(case);
-        let expected_path = case.join("expected.txt");
-        if update {
-            std::fs::write(&expected_path, &actual).expect("write expected.txt");
-            continue;
-        }
-        let expected = std::fs::read_to_string(&expected_path).unwrap_or_default();
-        if expected != actual {
-            let line = expected
-                .lines()
-                .zip(actual.lines())
-                .position(|(e, a)| e != a)
-                .unwrap_or_else(|| expected.lines().count().min(actual.lines().count()));
-            mismatches.push(format!(
-                "{}: first difference at line {}:\n  expected: {:?}\n  actual:   {:?}",
-                case.file_name().expect("name").to_string_lossy(),
-                line + 1,
-                expected.lines().nth(line).unwrap_or("<end>"),
-                actual.lines().nth(line).unwrap_or("<end>"),
-            ));
-        }
-    }
-    assert!(
-        mismatches.is_empty(),
-        "golden mismatches (UPDATE_GOLDEN=1 cargo test -p lb-userspace --test golden rewrites them after review):\n{}",
-        mismatches.join("\n")
-    );
+    let trials = cases
+        .into_iter()
+        .map(|case| {
+            let name = case
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            Trial::test(name, move || check(&case))
+        })
+        .collect();
+    libtest_mimic::run(&Arguments::from_args(), trials).exit();
 }

@@ -1,30 +1,38 @@
 //! Property tests over arbitrary (also nonsensical) Services and EndpointSlices:
 //! - validation and translation never panic;
-//! - after every single map write, each frontend's active slots name existing backends of its
-//!   family, and only backends the service had before or should have after the change;
+//! - after every single map write, each frontend's range holds backends of its family, and only
+//!   backends it had before or should have after the change; no write touches a range a
+//!   frontend uses;
 //! - reconciling a change incrementally gives the same maps as reconciling from scratch;
-//! - with injected write failures, a failed service is left exactly as it was, the others
-//!   reach their desired state, and a retry without failures converges.
+//! - with injected write failures (on any write, removals included), a failed backend set is
+//!   left exactly as it was, the others reach their desired state, and a retry without failures
+//!   converges.
+//!
+//! The expected view is computed here, independently of the reconciler: each address goes to
+//! the claim the ownership rule picks (ClusterIP first, then the oldest Service, then the
+//! smallest uid), written out again in `expected_view`.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     sync::{Arc, Mutex},
 };
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::{
     api::{core::v1 as core, discovery::v1 as discovery},
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
-use lb_common::SlotKey;
+use lb_common::MapId;
 use proptest::prelude::*;
 use socklb::{
     dataplane::{
-        abi::{Frontend, backend_from_abi},
-        maps::{InMemoryMaps, MapSnapshot},
+        abi::service_addr,
+        maps::{InMemoryMaps, MapSnapshot, MapWrite},
     },
     model::{Store, service_from_api, slice_from_api},
-    reconcile::{Reconciler, ServiceProblem, invariants},
-    translate::{DesiredState, NodeInfo, ServicePortKey, translate_all},
+    reconcile::{Reconciler, invariants},
+    translate::{ClaimKind, DesiredState, NodeInfo, translate_all},
+    vocab::{ServiceAddr, ServicePortKey},
 };
 
 fn pick<T: Clone + std::fmt::Debug + 'static>(items: &'static [T]) -> impl Strategy<Value = T> {
@@ -103,15 +111,31 @@ fn service() -> impl Strategy<Value = core::Service> {
             pick(&[None, Some("Local"), Some("Cluster"), Some("Wrong")]),
             pick(&[None, Some("Local"), Some("Cluster")]),
         ),
-        opt_bool(),
+        (opt_bool(), pick(&["u1", "u2", "u3"]), 0..3i64),
         proptest::collection::vec(pick(IPS), 0..2),
     )
         .prop_map(
-            |(name, ns, ip, ips, type_, ports, (affinity, timeout), (itp, etp), pnra, external)| {
+            |(
+                name,
+                ns,
+                ip,
+                ips,
+                type_,
+                ports,
+                (affinity, timeout),
+                (itp, etp),
+                (pnra, uid, age),
+                external,
+            )| {
                 core::Service {
                     metadata: ObjectMeta {
                         name: Some(name.into()),
                         namespace: Some(ns.into()),
+                        uid: Some(uid.into()),
+                        creation_timestamp: Some(Time(
+                            k8s_openapi::jiff::Timestamp::from_second(1_600_000_000 + age)
+                                .expect("valid"),
+                        )),
                         ..Default::default()
                     },
                     spec: Some(core::ServiceSpec {
@@ -227,8 +251,9 @@ fn node() -> NodeInfo {
     }
 }
 
-/// Validates (dropping rejected objects, like the agent) and translates a world.
-fn desired(world: &World) -> DesiredState {
+/// Validates (dropping rejected objects, like the agent) and translates a world, every claim
+/// kept: `translate_all`'s own ownership step is what `expected_view` checks.
+fn desired(world: &World) -> (DesiredState, DesiredState) {
     let mut store = Store::new();
     let mut seen = BTreeSet::new();
     for s in world.0.iter().filter_map(|s| service_from_api(s).ok()) {
@@ -239,54 +264,79 @@ fn desired(world: &World) -> DesiredState {
     for s in world.1.iter().filter_map(|s| slice_from_api(s).ok()) {
         store.upsert_slice(s);
     }
-    translate_all(&store, &node()).0
+    let mut claimed = DesiredState::default();
+    for svc in store.services() {
+        let t = socklb::translate::translate_service(svc, &store.slices_of(&svc.key), &node());
+        for p in t.ports {
+            claimed.services.insert(p.key, p.desired);
+        }
+    }
+    (translate_all(&store, &node()).0, claimed)
 }
 
-/// What a client would see: frontend → the backends it spreads over.
-fn view(snap: &MapSnapshot) -> BTreeMap<Frontend, BTreeSet<SocketAddr>> {
+type View = BTreeMap<ServiceAddr, BTreeSet<SocketAddr>>;
+
+/// What a client would see: service address → the backends it spreads over.
+fn view(snap: &MapSnapshot) -> View {
     snap.frontends
         .iter()
         .map(|(k, fe)| {
-            let backends = (1..=u32::from(fe.count))
-                .filter_map(|slot| {
-                    let id = snap.slots.get(&SlotKey {
-                        service_id: fe.service_id,
-                        slot,
-                    })?;
-                    backend_from_abi(snap.backends.get(id)?)
-                })
-                .collect();
-            (Frontend::from_key(k).expect("valid key"), backends)
+            let backends = snap.range(fe).into_iter().flatten().collect();
+            (service_addr(k).expect("valid key"), backends)
         })
         .collect()
 }
 
-/// The view the desired state asks for (frontends owned by the first claimant only).
-fn desired_view(
-    d: &DesiredState,
-    problems: &BTreeMap<ServicePortKey, ServiceProblem>,
-) -> BTreeMap<Frontend, BTreeSet<SocketAddr>> {
-    let mut out = BTreeMap::new();
-    for (key, svc) in &d.services {
-        for fe in &svc.frontends {
-            let conflicted = matches!(problems.get(key), Some(ServiceProblem::FrontendConflict { frontend, .. }) if *frontend == fe.to_string());
-            if !conflicted {
-                out.insert(*fe, svc.backends.iter().copied().collect());
+/// Who wins an address: (not a ClusterIP, creation time, uid, backend set), smallest first.
+type Rank = (bool, i64, String, ServicePortKey);
+
+/// The view the claims ask for, ownership decided here: per address, the claim with the
+/// smallest (not a ClusterIP, creation time, uid, backend set).
+fn expected_view(claims: &DesiredState) -> View {
+    let mut best: BTreeMap<ServiceAddr, (Rank, BTreeSet<SocketAddr>)> = BTreeMap::new();
+    for (key, svc) in &claims.services {
+        for c in &svc.frontends {
+            let rank = (
+                c.kind != ClaimKind::ClusterIp,
+                svc.seniority.created.unwrap_or(i64::MAX),
+                svc.seniority.uid.to_string(),
+                key.clone(),
+            );
+            let entry = (rank, svc.backends.iter().copied().collect());
+            match best.get(&c.addr) {
+                Some((r, _)) if *r <= entry.0 => {}
+                _ => {
+                    best.insert(c.addr, entry);
+                }
             }
         }
     }
-    out
+    best.into_iter().map(|(a, (_, b))| (a, b)).collect()
 }
 
-type Allowed = Arc<Mutex<BTreeMap<Frontend, BTreeSet<SocketAddr>>>>;
+type Allowed = Arc<Mutex<View>>;
 
-/// Maps that check, after every write, the invariants and that each frontend only reaches
-/// backends it is allowed to (what it had before the change, or should have after it).
+/// Maps that check, before every write, that it touches no range a frontend uses, and after
+/// every write the invariants and that each frontend only reaches backends it is allowed to
+/// (what it had before the change, or should have after it).
 fn checked_maps(allowed: &Allowed, violations: &Arc<Mutex<Vec<String>>>) -> InMemoryMaps {
     let mut maps = InMemoryMaps::new();
+    let sink = violations.clone();
+    maps.guard(move |snap, write| {
+        if let MapWrite::PutBackends { base, backends } = write {
+            let end = base + backends.len() as u32;
+            for fe in snap.frontends.values() {
+                if fe.count > 0 && *base < fe.base + u32::from(fe.count) && fe.base < end {
+                    sink.lock()
+                        .expect("lock")
+                        .push(format!("`{write}` writes a range in use"));
+                }
+            }
+        }
+    });
     let (allowed, sink) = (allowed.clone(), violations.clone());
     maps.observe(move |snap, write| {
-        let mut found = invariants::violations(snap);
+        let mut found = invariants::violations(snap, MapId::Backends.default_capacity());
         let allowed = allowed.lock().expect("lock");
         for (fe, backends) in view(snap) {
             if let Some(ok) = allowed.get(&fe)
@@ -304,20 +354,18 @@ fn checked_maps(allowed: &Allowed, violations: &Arc<Mutex<Vec<String>>>) -> InMe
     maps
 }
 
-fn allow(
-    allowed: &Allowed,
-    before: &BTreeMap<Frontend, BTreeSet<SocketAddr>>,
-    after: &DesiredState,
-) {
+fn allow(allowed: &Allowed, before: &View, after: &View) {
     let mut a = before.clone();
-    for svc in after.services.values() {
-        for fe in &svc.frontends {
-            a.entry(*fe)
-                .or_default()
-                .extend(svc.backends.iter().copied());
-        }
+    for (fe, backends) in after {
+        a.entry(*fe).or_default().extend(backends.iter().copied());
     }
     *allowed.lock().expect("lock") = a;
+}
+
+/// A reconciler whose released ranges are reusable at once (in memory no connect can still be
+/// reading one), so capacity never depends on the clock.
+fn reconciler(maps: InMemoryMaps) -> Reconciler<InMemoryMaps> {
+    Reconciler::with_grace(maps, std::time::Duration::ZERO).unwrap()
 }
 
 proptest! {
@@ -326,23 +374,23 @@ proptest! {
 
     #[test]
     fn incremental_equals_from_scratch_and_every_write_is_safe(first in world(), second in world()) {
-        let (d1, d2) = (desired(&first), desired(&second));
+        let ((d1, c1), (d2, c2)) = (desired(&first), desired(&second));
         let allowed: Allowed = Arc::default();
         let violations = Arc::new(Mutex::new(Vec::new()));
-        let mut r = Reconciler::new(checked_maps(&allowed, &violations)).unwrap();
-        allow(&allowed, &BTreeMap::new(), &d1);
+        let mut r = reconciler(checked_maps(&allowed, &violations));
+        allow(&allowed, &View::new(), &expected_view(&c1));
         r.sync_all(&d1);
-        prop_assert_eq!(view(r.snapshot()), desired_view(&d1, r.problems()));
-        allow(&allowed, &view(r.snapshot()), &d2);
+        prop_assert_eq!(view(r.snapshot()), expected_view(&c1));
+        allow(&allowed, &view(r.snapshot()), &expected_view(&c2));
         r.sync_all(&d2);
         let incremental = view(r.snapshot());
 
-        let mut fresh = Reconciler::new(InMemoryMaps::new()).unwrap();
+        let mut fresh = reconciler(InMemoryMaps::new());
         fresh.sync_all(&d2);
         prop_assert_eq!(&incremental, &view(fresh.snapshot()));
-        prop_assert_eq!(&incremental, &desired_view(&d2, r.problems()));
-        prop_assert!(r.snapshot().backends.len() <= fresh.snapshot().backends.len(), "no leaked backends");
-        prop_assert_eq!(r.snapshot().slots.len(), fresh.snapshot().slots.len(), "no leaked slots");
+        prop_assert_eq!(&incremental, &expected_view(&c2));
+        prop_assert_eq!(r.snapshot().meta.len(), fresh.snapshot().meta.len(), "no leaked metadata");
+        prop_assert_eq!(r.ranges().free_len(), fresh.ranges().free_len(), "no leaked ranges");
         let v = violations.lock().unwrap();
         prop_assert!(v.is_empty(), "{}", v.join("\n"));
     }
@@ -352,53 +400,57 @@ proptest! {
         let allowed: Allowed = Arc::default();
         let violations = Arc::new(Mutex::new(Vec::new()));
         let mut maps = checked_maps(&allowed, &violations);
-        // Like a full map: writes that add a key fail, at pseudo-random moments.
-        maps.fail_when(move |n, _, adds_key| {
-            adds_key && (n as u64).wrapping_mul(seed | 1).rotate_left(7).is_multiple_of(every as u64)
+        // Any write may fail, removals included, at pseudo-random moments.
+        maps.fail_when(move |n, _, _| {
+            (n as u64).wrapping_mul(seed | 1).rotate_left(7).is_multiple_of(every as u64)
         });
-        let mut r = Reconciler::new(maps).unwrap();
+        let mut r = reconciler(maps);
         for w in &worlds {
-            let d = desired(w);
-            // Frontends two service ports ask for (one owns it, the other reports a conflict).
-            let mut claims: BTreeMap<_, usize> = BTreeMap::new();
-            for fe in d.services.values().flat_map(|s| &s.frontends) {
-                *claims.entry(fe).or_default() += 1;
-            }
+            let (d, c) = desired(w);
+            let want = expected_view(&c);
             let before = view(r.snapshot());
-            allow(&allowed, &before, &d);
+            allow(&allowed, &before, &want);
             r.sync_all(&d);
             let after = view(r.snapshot());
-            let want = desired_view(&d, r.problems());
-            for (key, problem) in r.problems() {
-                let ServiceProblem::WriteFailed { .. } = problem else { continue };
-                // A failed service is exactly as before: each of its frontends reaches what it
-                // reached before the change (or does not exist if it did not before).
-                // A failed removal leaves the old frontends, which `before` holds too.
-                let Some(svc) = d.services.get(key) else { continue };
-                for fe in svc.frontends.iter().filter(|fe| claims[fe] == 1) {
-                    prop_assert_eq!(after.get(fe), before.get(fe), "{} of failed {}", fe, key);
+            let failed: BTreeSet<ServicePortKey> = r.failed().keys().cloned().collect();
+            // Addresses a failed backend set claims, now or before: exactly as they were.
+            let mut untouchable = BTreeSet::new();
+            for key in &failed {
+                if let Some(svc) = c.services.get(key) {
+                    untouchable.extend(svc.frontends.iter().map(|f| f.addr));
+                }
+                // A failed removal: the set's old frontends are still in the maps.
+                let snap = r.snapshot();
+                if let Some(id) = r.service_id(key) {
+                    untouchable.extend(
+                        snap.frontends
+                            .iter()
+                            .filter(|(_, f)| f.service_id == id)
+                            .filter_map(|(k, _)| service_addr(k)),
+                    );
                 }
             }
-            for (key, svc) in &d.services {
-                if r.problems().contains_key(key) {
+            for fe in &untouchable {
+                // An address another set (that did not fail) now owns may have moved to it.
+                let contested = c.services.iter().any(|(k, s)| !failed.contains(k) && s.frontends.iter().any(|f| f.addr == *fe));
+                if !contested {
+                    prop_assert_eq!(after.get(fe), before.get(fe), "{} of a failed set", fe);
+                }
+            }
+            for (fe, backends) in &want {
+                if untouchable.contains(fe) {
                     continue;
                 }
-                for fe in &svc.frontends {
-                    prop_assert_eq!(after.get(fe), want.get(fe), "{} of {}", fe, key);
-                }
+                prop_assert_eq!(after.get(fe), Some(backends), "{}", fe);
             }
         }
         // The retry, once writes succeed again, converges.
         r.maps_mut().stop_failing();
-        let last = desired(worlds.last().unwrap());
-        allow(&allowed, &view(r.snapshot()), &last);
+        let (last, claims) = desired(worlds.last().unwrap());
+        allow(&allowed, &view(r.snapshot()), &expected_view(&claims));
         r.sync_all(&last);
-        let only_conflicts = r
-            .problems()
-            .values()
-            .all(|p| matches!(p, ServiceProblem::FrontendConflict { .. }));
-        prop_assert!(only_conflicts, "problems left: {:?}", r.problems());
-        prop_assert_eq!(view(r.snapshot()), desired_view(&last, r.problems()));
+        prop_assert!(r.failed().is_empty(), "failures left: {:?}", r.failed());
+        prop_assert_eq!(view(r.snapshot()), expected_view(&claims));
         let v = violations.lock().unwrap();
         prop_assert!(v.is_empty(), "{}", v.join("\n"));
     }

@@ -1,13 +1,19 @@
-//! The reconciler against in-memory maps: restarts, orphans, full maps.
-use lb_common::{Frontend as FrontendValue, SlotKey};
+//! The reconciler against in-memory maps: restarts, orphans, full maps, the order of writes and
+//! the rule that a range a frontend uses is never written.
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use lb_common::{Frontend, MapId, ports};
 use socklb::{
     dataplane::{
-        abi::{Family, Frontend, Protocol},
-        maps::{Capacities, InMemoryMaps, MapWrite, ServiceMaps as _},
+        abi::{frontend_key, service_meta},
+        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite},
     },
-    model::ObjectKey,
-    reconcile::{Reconciler, ServiceProblem, invariants},
-    translate::{DesiredService, DesiredState, Scope, ServicePortKey},
+    reconcile::{Reconciler, invariants},
+    translate::{ClaimKind, DesiredService, DesiredState, FrontendClaim},
+    vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey},
 };
 
 fn key(name: &str) -> ServicePortKey {
@@ -16,18 +22,25 @@ fn key(name: &str) -> ServicePortKey {
         port_name: "http".into(),
         protocol: Protocol::Tcp,
         family: Family::IPv4,
-        scope: Scope::Internal,
+        scope: Scope::Cluster,
     }
 }
 
-fn service(vip: &str, backends: &[&str]) -> DesiredService {
+fn vip(addr: &str) -> ServiceAddr {
+    ServiceAddr::new(addr.parse().unwrap(), 80, Protocol::Tcp)
+}
+
+fn service(addr: &str, backends: &[&str]) -> DesiredService {
     DesiredService {
         port: 80,
-        frontends: [Frontend::new(vip.parse().unwrap(), 80, Protocol::Tcp)]
-            .into_iter()
-            .collect(),
+        frontends: [FrontendClaim {
+            addr: vip(addr),
+            kind: ClaimKind::ClusterIp,
+        }]
+        .into_iter()
+        .collect(),
         backends: backends.iter().map(|b| b.parse().unwrap()).collect(),
-        affinity_timeout_s: None,
+        ..DesiredService::default()
     }
 }
 
@@ -35,31 +48,69 @@ fn world(services: &[(&str, &str, &[&str])]) -> DesiredState {
     DesiredState {
         services: services
             .iter()
-            .map(|(name, vip, backends)| (key(name), service(vip, backends)))
+            .map(|(name, addr, backends)| (key(name), service(addr, backends)))
             .collect(),
     }
 }
 
+/// Maps that fail the test if a write touches a range some frontend uses, and record every
+/// invariant violation seen after a write.
+fn guarded(maps: &mut InMemoryMaps) -> Arc<Mutex<Vec<String>>> {
+    let problems: Arc<Mutex<Vec<String>>> = Arc::default();
+    let p = problems.clone();
+    maps.guard(move |snap, write| {
+        if let MapWrite::PutBackends { base, backends } = write {
+            let end = base + backends.len() as u32;
+            for (k, fe) in &snap.frontends {
+                let (s, e) = (fe.base, fe.base + u32::from(fe.count));
+                if fe.count > 0 && *base < e && s < end {
+                    p.lock()
+                        .unwrap()
+                        .push(format!("`{write}` overwrites {s}..{e} which {k:?} uses"));
+                }
+            }
+        }
+    });
+    let p = problems.clone();
+    maps.observe(move |snap, write| {
+        for v in invariants::violations(snap, MapId::Backends.default_capacity()) {
+            p.lock().unwrap().push(format!("after `{write}`: {v}"));
+        }
+    });
+    problems
+}
+
+fn reached(snap: &MapSnapshot, addr: &str) -> Option<Vec<String>> {
+    snap.reach(&vip(addr)).map(|r| {
+        r.backends
+            .into_iter()
+            .map(|b| b.map_or_else(|| "<empty>".into(), |a| a.to_string()))
+            .collect()
+    })
+}
+
 #[test]
-fn a_restarted_reconciler_adopts_ids_and_writes_nothing_when_in_step() {
+fn a_restarted_reconciler_adopts_ids_and_ranges_and_writes_nothing_when_in_step() {
     let desired = world(&[
         ("a", "10.96.0.1", &["10.244.0.1:80", "10.244.0.2:80"]),
         ("b", "10.96.0.2", &["10.244.0.2:80"]),
     ]);
     let mut first = Reconciler::new(InMemoryMaps::new()).unwrap();
     first.sync_all(&desired);
-    let ids = first.service_ids().clone();
+    let ids: Vec<(ServicePortKey, u32)> =
+        first.service_ids().map(|(k, id)| (k.clone(), id)).collect();
     let content = first.maps().content.clone();
 
     // The pinned maps outlive the agent; a new one starts on them.
     let mut maps = InMemoryMaps::new();
     maps.content = content.clone();
+    let problems = guarded(&mut maps);
     let mut second = Reconciler::new(maps).unwrap();
-    assert_eq!(
-        second.service_ids(),
-        &ids,
-        "service ids recovered from the metadata"
-    );
+    let adopted: Vec<(ServicePortKey, u32)> = second
+        .service_ids()
+        .map(|(k, id)| (k.clone(), id))
+        .collect();
+    assert_eq!(adopted, ids, "service ids recovered from the metadata");
     let report = second.sync_all(&desired);
     assert_eq!(
         report.writes, 0,
@@ -67,8 +118,8 @@ fn a_restarted_reconciler_adopts_ids_and_writes_nothing_when_in_step() {
     );
     assert_eq!(second.maps().content, content);
 
-    // A change after the restart reuses the recovered ids and backend ids.
-    let report = second.sync_all(&world(&[
+    // A change after the restart keeps the ids and moves the set to a range no frontend used.
+    second.sync_all(&world(&[
         (
             "a",
             "10.96.0.1",
@@ -76,10 +127,19 @@ fn a_restarted_reconciler_adopts_ids_and_writes_nothing_when_in_step() {
         ),
         ("b", "10.96.0.2", &["10.244.0.2:80"]),
     ]));
-    assert_eq!(second.service_ids(), &ids);
+    let again: Vec<(ServicePortKey, u32)> = second
+        .service_ids()
+        .map(|(k, id)| (k.clone(), id))
+        .collect();
+    assert_eq!(again, ids);
     assert_eq!(
-        report.writes, 3,
-        "one backend, one slot, one frontend count"
+        reached(second.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80"]
+    );
+    assert!(
+        problems.lock().unwrap().is_empty(),
+        "{:?}",
+        problems.lock().unwrap()
     );
 }
 
@@ -94,151 +154,182 @@ fn the_first_full_sync_sweeps_what_the_cluster_no_longer_has() {
         ]));
         maps.content = old.maps().content.clone();
     }
-    // An orphan: a frontend and slot of a service id without metadata (a crash mid-write).
+    // An orphan: a frontend of a service id without metadata (a crash mid-write).
     maps.content.frontends.insert(
-        Frontend::new("10.96.0.77".parse().unwrap(), 80, Protocol::Tcp).to_key(),
-        FrontendValue {
+        frontend_key(vip("10.96.0.77")),
+        Frontend {
             service_id: 77,
-            count: 1,
-            ..FrontendValue::default()
+            base: 100,
+            count: 0,
+            ..Frontend::default()
         },
     );
-    maps.content.slots.insert(
-        SlotKey {
-            service_id: 77,
-            slot: 1,
-        },
-        1,
-    );
+    // And metadata of a set nothing uses.
+    maps.content
+        .meta
+        .insert(78, service_meta(&key("forgotten"), 80));
 
     let mut r = Reconciler::new(maps).unwrap();
     r.sync_all(&world(&[("kept", "10.96.0.1", &["10.244.0.1:80"])]));
     let snap = r.snapshot();
     assert_eq!(
-        snap.frontends.len(),
-        1,
+        snap.frontends
+            .keys()
+            .map(|k| socklb::dataplane::abi::service_addr(k).unwrap())
+            .collect::<Vec<_>>(),
+        [vip("10.96.0.1")],
         "only the kept service's frontend is left"
     );
-    assert_eq!(snap.slots.len(), 1);
     assert_eq!(
-        snap.backends.len(),
+        snap.meta.len(),
         1,
-        "the swept services' backends are freed"
+        "only the kept service's metadata is left"
     );
-    assert_eq!(snap.meta.len(), 1);
-    assert!(invariants::violations(snap).is_empty());
+    assert!(reached(snap, "10.96.0.9").is_none());
+    assert!(reached(snap, "10.96.0.77").is_none());
 }
 
 #[test]
 fn a_full_map_leaves_that_service_as_it_was_and_the_others_work() {
-    let mut r = Reconciler::new(InMemoryMaps::with_capacities(Capacities {
-        backends: 3,
-        ..Capacities::default()
-    }))
-    .unwrap();
-    r.sync_all(&world(&[
+    let caps = Capacities::default().with(MapId::Frontends4, 2);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::new(maps).unwrap();
+    let report = r.sync_all(&world(&[
         ("a", "10.96.0.1", &["10.244.0.1:80"]),
         ("b", "10.96.0.2", &["10.244.0.2:80"]),
+        ("c", "10.96.0.3", &["10.244.0.3:80"]),
     ]));
-    let before = r.snapshot().clone();
-
-    // "a" grows by two backends, one more than the backend map holds; "c" is new and small.
-    let report = r.sync_all(&world(&[
-        (
-            "a",
-            "10.96.0.1",
-            &["10.244.0.1:80", "10.244.0.5:80", "10.244.0.6:80"],
-        ),
-        ("b", "10.96.0.2", &["10.244.0.2:80"]),
-        ("c", "10.96.0.3", &["10.244.0.2:80"]),
-    ]));
-    match report.problems.get(&key("a")) {
-        Some(ServiceProblem::WriteFailed { kind, message }) => {
-            assert_eq!(*kind, "map_full");
-            assert!(message.contains("BACKENDS"), "names the map: {message}");
-        }
-        other => panic!("expected a write failure for a, got {other:?}"),
-    }
+    // The sets are written in key order: a and b fit, c does not.
+    assert_eq!(
+        report.failed.keys().cloned().collect::<Vec<_>>(),
+        [key("c")],
+        "the one that did not fit is named"
+    );
+    let reason = report.failed[&key("c")].to_string();
+    assert!(reason.contains("FRONTENDS4 is full"), "{reason}");
     let snap = r.snapshot();
-    let a_fe = Frontend::new("10.96.0.1".parse().unwrap(), 80, Protocol::Tcp).to_key();
-    assert_eq!(
-        snap.frontends[&a_fe], before.frontends[&a_fe],
-        "a is on its previous state"
+    assert!(
+        reached(snap, "10.96.0.3").is_none(),
+        "c was not written at all"
     );
-    assert_eq!(
-        snap.backends.len(),
-        2,
-        "the half-added backend was taken back"
-    );
-    let c_fe = Frontend::new("10.96.0.3".parse().unwrap(), 80, Protocol::Tcp).to_key();
-    assert_eq!(snap.frontends[&c_fe].count, 1, "c, which fits, is written");
-    assert_eq!(r.stats().errors.get("map_full"), Some(&1));
-    assert!(invariants::violations(snap).is_empty());
+    assert_eq!(reached(snap, "10.96.0.1").unwrap(), ["10.244.0.1:80"]);
+    assert!(snap.meta.len() == 2, "c's metadata was rolled back");
 
-    // Room is made (b goes): the retry of a succeeds.
-    r.maps_mut().capacities.backends = 4;
+    // Room appears (a goes away): the retry writes c.
     let report = r.sync_all(&world(&[
-        (
-            "a",
-            "10.96.0.1",
-            &["10.244.0.1:80", "10.244.0.5:80", "10.244.0.6:80"],
-        ),
-        ("c", "10.96.0.3", &["10.244.0.2:80"]),
+        ("b", "10.96.0.2", &["10.244.0.2:80"]),
+        ("c", "10.96.0.3", &["10.244.0.3:80"]),
     ]));
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert_eq!(r.snapshot().frontends[&a_fe].count, 3);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.3").unwrap(),
+        ["10.244.0.3:80"]
+    );
+    assert!(
+        problems.lock().unwrap().is_empty(),
+        "{:?}",
+        problems.lock().unwrap()
+    );
 }
 
 #[test]
-fn writes_are_ordered_backends_slots_then_the_frontend() {
-    let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
+fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
+    let caps = Capacities::default().with(MapId::Backends, 3);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
     r.sync_all(&world(&[(
         "a",
         "10.96.0.1",
         &["10.244.0.1:80", "10.244.0.2:80"],
     )]));
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = log.clone();
-    r.maps_mut()
-        .observe(move |_, w| sink.lock().unwrap().push(w.clone()));
-    // Grow: a new backend, a new slot, then the count.
-    r.sync_all(&world(&[(
+    // Three backends do not fit beside the two in use: the range of two is still referenced.
+    let report = r.sync_all(&world(&[(
         "a",
         "10.96.0.1",
         &["10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80"],
     )]));
+    let reason = report.failed[&key("a")].to_string();
+    assert!(reason.contains("no free range of 3"), "{reason}");
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.1:80", "10.244.0.2:80"],
+        "left as it was"
+    );
+    // One backend fits in the other two entries; the first range then waits (an hour here).
+    r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.2:80"])]));
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.2:80"]
+    );
+    assert_eq!(r.ranges().waiting_len(), 2);
+    let report = r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.3:80"])]));
+    let reason = report.failed[&key("a")].to_string();
+    assert!(
+        reason.contains("2 waiting out their grace period"),
+        "{reason}"
+    );
+    assert!(
+        problems.lock().unwrap().is_empty(),
+        "{:?}",
+        problems.lock().unwrap()
+    );
+}
+
+#[test]
+fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
+    let mut maps = InMemoryMaps::new();
+    let log: Arc<Mutex<Vec<MapWrite>>> = Arc::default();
+    let l = log.clone();
+    maps.observe(move |_, w| l.lock().unwrap().push(w.clone()));
+    let mut r = Reconciler::new(maps).unwrap();
+    r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.1:8080"])]));
     let kinds: Vec<&str> = log
         .lock()
         .unwrap()
         .iter()
         .map(|w| match w {
-            MapWrite::PutBackend(..) => "backend",
-            MapWrite::PutSlot(..) => "slot",
+            MapWrite::PutBackends { .. } => "backends",
+            MapWrite::PutPorts { word, .. } if *word < ports::BACKEND => "frontend port",
+            MapWrite::PutPorts { .. } => "backend port",
+            MapWrite::PutMeta(..) => "meta",
             MapWrite::PutFrontend(..) => "frontend",
-            _ => "other",
+            other => panic!("unexpected {other}"),
         })
-        .collect();
-    assert_eq!(kinds, ["backend", "slot", "frontend"]);
-    log.lock().unwrap().clear();
-    // Shrink: the count first, then the trimmed slot, then the freed backend.
-    r.sync_all(&world(&[(
-        "a",
-        "10.96.0.1",
-        &["10.244.0.1:80", "10.244.0.2:80"],
-    )]));
-    let kinds: Vec<String> = log
-        .lock()
-        .unwrap()
-        .iter()
-        .map(ToString::to_string)
         .collect();
     assert_eq!(
         kinds,
         [
-            "put frontend 10.96.0.1:80/TCP = service 1 count 2",
-            "delete slot 1#3",
-            "delete backend 3"
+            "backends",
+            "frontend port",
+            "backend port",
+            "meta",
+            "frontend"
         ]
     );
-    assert_eq!(r.maps().capacities(), Capacities::default());
+    log.lock().unwrap().clear();
+    r.sync_all(&DesiredState::default());
+    let kinds: Vec<String> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            w.to_string()
+                .split(' ')
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["delete frontend", "delete meta", "put ports"],
+        "removal: the frontend first, then its metadata, then the port bit"
+    );
+    assert!(!r.snapshot().port_bit(ports::FRONTEND, false, 80));
+    assert!(
+        r.snapshot().port_bit(ports::BACKEND, false, 8080),
+        "backend port bits stay: sockets may keep a backend after it left"
+    );
 }

@@ -30,6 +30,9 @@ pub struct AgentOptions {
 pub struct AgentProcess {
     child: Option<Owned>,
     processes: Registry,
+    /// /healthz, /livez, /readyz.
+    pub health: SocketAddr,
+    /// /metrics, /status (what `explain --agent` asks).
     pub listen: SocketAddr,
     pub log: PathBuf,
     command: Vec<String>,
@@ -42,6 +45,7 @@ fn free_port() -> anyhow::Result<u16> {
 impl AgentProcess {
     pub fn start(sandbox: &Sandbox, options: &AgentOptions) -> anyhow::Result<Self> {
         let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let log = sandbox.workdir.join(format!("agent-{}.log", listen.port()));
         let mut command: Vec<String> = vec!["agent".into()];
         if let Some(k) = &options.kubeconfig {
@@ -51,22 +55,22 @@ impl AgentProcess {
                 "--manifests".into(),
                 sandbox.manifests().display().to_string(),
             ]);
-            if !options.args.iter().any(|a| a == "--poll-ms") {
-                command.extend(["--poll-ms".into(), "50".into()]);
-            }
         }
         command.extend([
             "--cgroup".into(),
             sandbox.cgroup.display().to_string(),
             "--bpffs".into(),
             sandbox.pin_folder().display().to_string(),
-            "--listen".into(),
+            "--metrics-listen".into(),
             listen.to_string(),
+            "--health-listen".into(),
+            health.to_string(),
         ]);
         command.extend(options.args.iter().cloned());
         let mut agent = Self {
             child: None,
             processes: sandbox.processes.clone(),
+            health,
             listen,
             log,
             command,
@@ -141,9 +145,15 @@ impl AgentProcess {
         bail!("agent not ready after {timeout:?}:\n{}", self.log_tail(40))
     }
 
-    /// An HTTP GET on the agent's listen address: (status code, body).
+    /// An HTTP GET on the agent (the health or the metrics listener, by path): (status code,
+    /// body).
     pub fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        let mut s = TcpStream::connect_timeout(&self.listen, Duration::from_secs(2))?;
+        let addr = if ["/healthz", "/livez", "/readyz"].contains(&path) {
+            self.health
+        } else {
+            self.listen
+        };
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(s, "GET {path} HTTP/1.0\r\nHost: socklb\r\n\r\n")?;
         let mut response = String::new();

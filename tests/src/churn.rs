@@ -14,7 +14,10 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use socklb::dataplane::{abi::Frontend, bpf::BpfServiceMaps, dump, maps::ServiceMaps as _};
+use socklb::{
+    dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
+    vocab::ServiceAddr,
+};
 
 use crate::{
     Sandbox,
@@ -68,7 +71,7 @@ pub struct Roller<'s> {
     service: String,
     port: u16,
     pool: Vec<SocketAddr>,
-    frontend: Frontend,
+    frontend: ServiceAddr,
     maps: BpfServiceMaps,
     current: Vec<usize>,
     pub timeline: Vec<State>,
@@ -80,11 +83,14 @@ impl<'s> Roller<'s> {
     pub fn new(
         sandbox: &'s Sandbox,
         service: &str,
-        frontend: Frontend,
+        frontend: ServiceAddr,
         pool: Vec<SocketAddr>,
         initial: Vec<usize>,
     ) -> anyhow::Result<Self> {
-        let maps = BpfServiceMaps::open_pinned(&sandbox.pin_folder().join("maps"), true)?;
+        let dir = PinFolder::new(sandbox.pin_folder())
+            .current()
+            .context("no pinned maps")?;
+        let maps = BpfServiceMaps::open(&dir, true)?;
         let port = pool.first().context("an empty pool")?.port();
         let mut roller = Self {
             sandbox,
@@ -107,11 +113,13 @@ impl<'s> Roller<'s> {
     /// What the maps give the frontend now.
     pub fn in_maps(&self) -> anyhow::Result<Option<BTreeSet<String>>> {
         let snap = self.maps.read_all()?;
-        let name = self.frontend.to_string();
-        Ok(dump::services(&snap)
-            .into_iter()
-            .find(|v| v.frontends.iter().any(|f| f.frontend == name))
-            .map(|v| v.active_backends().into_iter().collect()))
+        Ok(snap.reach(&self.frontend).map(|r| {
+            r.backends
+                .into_iter()
+                .flatten()
+                .map(|b| b.to_string())
+                .collect()
+        }))
     }
 
     /// Writes the slice with `set` ready and waits until the maps hold it.

@@ -297,18 +297,35 @@ impl Sandbox {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Runs `socklb inspect -o json ARGS` and reads the output into the CLI's own view type.
+    pub fn inspect_as<T: serde::de::DeserializeOwned>(&self, args: &[&str]) -> anyhow::Result<T> {
+        let value = self.inspect(args)?;
+        serde_json::from_value(value.clone())
+            .with_context(|| format!("inspect {} output: {value}", args.join(" ")))
+    }
+
+    /// Every backend set the pinned maps hold (`inspect services`).
+    pub fn services(&self) -> anyhow::Result<Vec<socklb::dataplane::dump::ServiceView>> {
+        self.inspect_as(&["services"])
+    }
+
+    /// What a connect to `target` would get (`inspect lookup`).
+    pub fn lookup(&self, target: &str) -> anyhow::Result<socklb::cli::Lookup> {
+        self.inspect_as(&["lookup", target])
+    }
+
     /// Runs `socklb explain TARGET -o json` against this sandbox's manifests and pins;
-    /// returns the parsed explanation and whether the command reported no broken link.
-    pub fn explain(&self, target: &str) -> anyhow::Result<(serde_json::Value, bool)> {
+    /// returns the explanation and whether the command reported no broken link.
+    pub fn explain(&self, target: &str) -> anyhow::Result<(socklb::explain::Explanation, bool)> {
         self.explain_asking(target, "127.0.0.1:1")
     }
 
-    /// `explain` that also asks the agent at `agent` (its listen address) for its /status.
+    /// `explain` that also asks the agent at `agent` (its metrics address) for its /status.
     pub fn explain_asking(
         &self,
         target: &str,
         agent: &str,
-    ) -> anyhow::Result<(serde_json::Value, bool)> {
+    ) -> anyhow::Result<(socklb::explain::Explanation, bool)> {
         let out = Process::new(bins::socklb()?)
             .args([
                 "explain",
@@ -323,29 +340,22 @@ impl Sandbox {
             .arg("--bpffs")
             .arg(self.pin_folder())
             .output()?;
-        let value = serde_json::from_slice(&out.stdout)
-            .with_context(|| format!("explain output: {}", String::from_utf8_lossy(&out.stderr)))?;
+        let value = serde_json::from_slice(&out.stdout).with_context(|| {
+            format!(
+                "explain output: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
         Ok((value, out.status.success()))
     }
 
     /// The backends a connect to `target` (`ADDR:PORT[/udp]`) can get now, per the maps;
     /// `None` when `target` is not a service frontend.
     pub fn candidates(&self, target: &str) -> anyhow::Result<Option<Vec<String>>> {
-        let v = self.inspect(&["lookup", target])?;
-        let verdict = v["verdict"].as_str().unwrap_or_default();
-        if verdict.starts_with("not a service frontend") {
-            return Ok(None);
-        }
-        Ok(Some(
-            v["candidates"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|c| c.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        ))
+        let l = self.lookup(target)?;
+        Ok(l.is_frontend
+            .then(|| l.candidates.iter().map(ToString::to_string).collect()))
     }
 
     /// Waits until `target` is a frontend whose backends are exactly `expected` (any order;

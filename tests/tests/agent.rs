@@ -8,6 +8,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use socklb::{
+    explain::Link,
+    translate::{Exclusion, Verdict},
+    vocab::ServicePortKey,
+};
 use socklb_tests::{
     Sandbox,
     agent::AgentOptions,
@@ -31,14 +36,12 @@ fn backends(sandbox: &Sandbox) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The ids `inspect services` reports, by service name.
-fn service_ids(sandbox: &Sandbox) -> anyhow::Result<BTreeMap<String, u64>> {
-    let services = sandbox.inspect(&["services"])?;
-    Ok(services
-        .as_array()
+/// The ids `inspect services` reports, by backend set.
+fn service_ids(sandbox: &Sandbox) -> anyhow::Result<BTreeMap<ServicePortKey, u32>> {
+    Ok(sandbox
+        .services()?
         .into_iter()
-        .flatten()
-        .filter_map(|s| Some((s["service"].as_str()?.to_string(), s["id"].as_u64()?)))
+        .filter_map(|s| Some((s.service?, s.id)))
         .collect())
 }
 
@@ -199,10 +202,11 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
     assert_eq!(service_ids(&sandbox)?, ids, "service ids survive restarts");
     let log = agent.log_tail(400);
     assert!(log.contains("adopted pinned state"), "{log}");
-    let programs = sandbox.inspect(&["programs"])?;
+    let programs: Vec<socklb::dataplane::loader::ProgramView> =
+        sandbox.inspect_as(&["programs"])?;
     assert_eq!(
-        programs.as_array().map(Vec::len),
-        Some(9),
+        programs.len(),
+        lb_common::program::ALL.len(),
         "one link per program, no leftovers"
     );
     Ok(())
@@ -227,12 +231,10 @@ fn health_readiness_and_metrics() -> anyhow::Result<()> {
     assert_eq!(metric("socklb_map_entries{map=\"BACKENDS\"}"), Some(2.0));
     assert_eq!(
         metric("socklb_map_capacity{map=\"BACKENDS\"}"),
-        Some(131_072.0)
+        Some(f64::from(lb_common::MapId::Backends.default_capacity()))
     );
     assert!(metric("socklb_reconcile_duration_seconds_count") >= Some(1.0));
     assert!(metric("socklb_sync_lag_seconds").is_some());
-    // The listener is on loopback only.
-    assert!(agent.listen.ip().is_loopback());
     Ok(())
 }
 
@@ -246,7 +248,7 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
     sandbox.copy_manifests(&examples().join("seed"))?;
     let agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
-    // A broken edit of the slice: the last good version stays in effect.
+    // A broken edit of the slice (a port out of range): the last good version stays in effect.
     sandbox.write_manifest(
         "endpointslice.yaml",
         &slice(
@@ -257,7 +259,7 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
             8080,
             &[Ep::ready("10.244.1.21")],
         )
-        .replace("10.244.1.21", "10.244.1.300"),
+        .replace("port: 8080", "port: 80800"),
     )?;
     let start = Instant::now();
     while agent
@@ -272,7 +274,7 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(
-        agent.log_tail(50).contains("endpoints[0].addresses[0]"),
+        agent.log_tail(50).contains("ports[0].port"),
         "{}",
         agent.log_tail(10)
     );
@@ -287,6 +289,27 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
             .connect("10.96.0.10:80".parse()?, 10)?
             .answers(),
         10
+    );
+    // One endpoint whose address does not parse is left out, as kube-proxy does; the others
+    // stay in service.
+    sandbox.write_manifest(
+        "endpointslice.yaml",
+        &slice(
+            "web-abc12",
+            "web",
+            "http",
+            "TCP",
+            8080,
+            &[Ep::ready("10.244.1.21"), Ep::ready("10.244.2.34")],
+        )
+        .replace("10.244.1.21", "10.244.1.300"),
+    )?;
+    sandbox.wait_candidates("10.96.0.10:80", &[B])?;
+    let (web, _) = sandbox.explain("default/web")?;
+    let notes = web.translation.map(|t| t.notes).unwrap_or_default();
+    assert!(
+        notes.iter().any(|n| n.contains("10.244.1.300")),
+        "the left-out endpoint is named: {notes:?}"
     );
     Ok(())
 }
@@ -304,51 +327,48 @@ fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
 
-    // inspect services: every frontend with its service and backends.
-    let services = sandbox.inspect(&["services"])?;
-    let by_name: BTreeMap<String, &serde_json::Value> = services
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| Some((s["service"].as_str()?.to_string(), s)))
-        .collect();
-    assert_eq!(by_name["default/web:http"]["active"], 2);
+    // inspect services: every frontend with its backend set and backends.
+    let services = sandbox.services()?;
+    let by_name = |ns: &str, name: &str| {
+        services
+            .iter()
+            .find(|s| {
+                s.service
+                    .as_ref()
+                    .is_some_and(|k| &*k.service.namespace == ns && &*k.service.name == name)
+            })
+            .unwrap_or_else(|| panic!("{ns}/{name} in inspect services: {services:?}"))
+    };
+    assert_eq!(by_name("default", "web").frontends[0].count, 2);
     assert_eq!(
-        by_name["default/shop:http"]["active"], 0,
+        by_name("default", "shop").frontends[0].count,
+        0,
         "the typo'd selector: no backend"
     );
-    let notes = by_name["reading/notes-api:http"];
-    let slots: Vec<&str> = notes["slots"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s["backend"].as_str())
-        .collect();
-    assert_eq!(slots, [A, B], "targetPort http resolved to 8080");
+    let notes = by_name("reading", "notes-api");
+    assert_eq!(
+        notes.active_backends(),
+        [A.parse()?, B.parse()?],
+        "targetPort http resolved to 8080"
+    );
 
     // Seed 000 before: all links fine, digests equal.
     let (web, ok) = sandbox.explain("default/web")?;
-    assert!(ok, "{web}");
-    assert_eq!(web["broken"], "none");
-    assert_eq!(web["desired_digest"], web["maps_digest"]);
-    assert_eq!(web["resource_versions"]["Service default/web"], "101");
+    assert!(ok, "{}", web.verdict);
+    assert_eq!(web.broken, Link::None);
+    assert_eq!(web.desired_digest, web.maps_digest);
+    assert_eq!(web.resource_versions["Service default/web"], "101");
 
     // Seed 003: the empty endpoint set is the broken link; connects are refused.
     let (shop, ok) = sandbox.explain("10.96.0.30:80")?;
     assert!(!ok);
-    assert_eq!(shop["broken"], "endpoints", "{shop}");
+    assert_eq!(shop.broken, Link::Endpoints, "{}", shop.verdict);
+    assert!(shop.verdict.contains("app=webs"), "{}", shop.verdict);
+    let lookup = sandbox.lookup("10.96.0.30:80")?;
     assert!(
-        shop["verdict"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("app=webs")
-    );
-    let lookup = sandbox.inspect(&["lookup", "10.96.0.30:80"])?;
-    assert!(
-        lookup["verdict"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("ECONNREFUSED")
+        lookup.verdict.contains("ECONNREFUSED"),
+        "{}",
+        lookup.verdict
     );
     let refused = sandbox.client()?.connect("10.96.0.30:80".parse()?, 2)?;
     assert_eq!(refused.errors.get("ECONNREFUSED"), Some(&2));
@@ -360,18 +380,20 @@ fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
     )?;
     sandbox.wait_candidates("10.96.0.10:80", &[B])?;
     let (web, ok) = sandbox.explain("default/web")?;
-    assert!(ok, "{web}");
-    let endpoints = web["translation"]["ports"][0]["endpoints"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let a = endpoints
+    assert!(ok, "{}", web.verdict);
+    let translation = web.translation.expect("translation");
+    let a_ip: std::net::IpAddr = "10.244.1.21".parse()?;
+    let a = translation.ports[0]
+        .endpoints
         .iter()
-        .find(|e| e["address"] == "10.244.1.21")
+        .find(|e| e.address == Some(a_ip))
         .expect("A listed");
-    assert_eq!(a["verdict"], "excluded");
-    assert_eq!(a["reason"], "terminating");
-    assert_eq!(web["maps"][0]["maps_backends"], serde_json::json!([B]));
+    assert!(
+        matches!(a.verdict, Verdict::Excluded(Exclusion::Terminating { .. })),
+        "{:?}",
+        a.verdict
+    );
+    assert_eq!(web.maps[0].maps_backends, Some(vec![B.parse()?]));
     Ok(())
 }
 
@@ -385,23 +407,26 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
     let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
     let pins = sandbox.pin_folder();
+    let maps = socklb::dataplane::loader::PinFolder::new(&pins)
+        .current()
+        .expect("a map generation");
     assert_eq!(mode(&pins)?, 0o700);
-    assert_eq!(mode(&pins.join("maps"))?, 0o700);
-    assert_eq!(mode(&pins.join("maps/FRONTENDS"))?, 0o600);
+    assert_eq!(mode(&maps)?, 0o700);
+    assert_eq!(mode(&maps.join("FRONTENDS4"))?, 0o600);
     assert_eq!(mode(&pins.join("links/socklb_connect4"))?, 0o600);
 
     // Stopping the agent keeps the programs serving; reset removes them.
     agent.stop()?;
-    assert_eq!(
-        sandbox.inspect(&["programs"])?.as_array().map(Vec::len),
-        Some(9)
-    );
+    let programs: Vec<socklb::dataplane::loader::ProgramView> =
+        sandbox.inspect_as(&["programs"])?;
+    assert_eq!(programs.len(), lb_common::program::ALL.len());
     let out = std::process::Command::new(socklb_tests::bins::socklb()?)
         .args(["reset", "--bpffs"])
         .arg(&pins)
         .output()?;
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains("detached 9 program link(s)"));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("detached 8 program link(s)"), "{said}");
     assert!(!pins.exists());
     let outside = sandbox.client()?.connect("10.96.0.10:80".parse()?, 1)?;
     assert_eq!(
@@ -417,7 +442,7 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
 fn delete_missing_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Error {
     use std::os::fd::AsRawFd as _;
     const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    // FRONTENDS' key: an address no frontend has (the all-ones IPv6 address, port 0).
+    // FRONTENDS6's key: an address no frontend has (the all-ones IPv6 address, port 0).
     let key = [0xffu8; size_of::<lb_common::FrontendKey>()];
     // union bpf_attr, map element variant: map_fd, pad, key, value, flags.
     let mut attr = [0u64; 4];
@@ -438,7 +463,7 @@ fn delete_missing_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Error {
 
 #[test]
 fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
-    use socklb::dataplane::bpf::open_pinned_map;
+    use socklb::dataplane::bpf::open_map;
     use std::os::fd::AsFd as _;
     if !privileged("inspect_opens_the_maps_read_only") {
         return Ok(());
@@ -446,9 +471,11 @@ fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
-    let path = sandbox.pin_folder().join("maps/FRONTENDS");
-    let writable = open_pinned_map(&path, "FRONTENDS", false)?;
-    let read_only = open_pinned_map(&path, "FRONTENDS", true)?;
+    let dir = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+        .current()
+        .expect("a map generation");
+    let writable = open_map(&dir, lb_common::MapId::Frontends6, false)?;
+    let read_only = open_map(&dir, lb_common::MapId::Frontends6, true)?;
     assert_eq!(
         delete_missing_key(writable.fd().as_fd()).raw_os_error(),
         Some(libc::ENOENT),
@@ -460,9 +487,6 @@ fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
         "inspect's descriptor cannot write"
     );
     // And inspect itself still reads through it.
-    assert_eq!(
-        sandbox.inspect(&["services"])?.as_array().map(Vec::len),
-        Some(1)
-    );
+    assert_eq!(sandbox.services()?.len(), 1);
     Ok(())
 }

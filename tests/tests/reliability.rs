@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use socklb::dataplane::abi::{Frontend, Protocol};
+use socklb::vocab::{Protocol, ServiceAddr, ServicePortKey};
 use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
@@ -95,10 +95,10 @@ fn churn(updates: usize, min_connects: usize) -> anyhow::Result<()> {
         ),
     )?;
     let _agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--poll-ms".into(), "10".into()],
+        args: Vec::new(),
         ..AgentOptions::default()
     })?;
-    let frontend = Frontend::new(vip.ip(), vip.port(), Protocol::Tcp);
+    let frontend = ServiceAddr::new(vip.ip(), vip.port(), Protocol::Tcp);
     let mut roller = Roller::new(&sandbox, "rolling", frontend, pool, vec![0, 1, 2])?;
     let load = Load::start(&sandbox, vip, min_connects)?;
     let start = Instant::now();
@@ -168,27 +168,21 @@ fn stress_rolling_updates() -> anyhow::Result<()> {
     churn(100, 100_000)
 }
 
-/// Counts and ids that must survive restarts unchanged.
-fn state(sandbox: &Sandbox) -> anyhow::Result<(BTreeMap<String, u64>, BTreeMap<String, u64>)> {
-    let services = sandbox.inspect(&["services"])?;
-    let ids = services
-        .as_array()
+/// Ids and entry counts that must survive restarts unchanged.
+type State = (BTreeMap<ServicePortKey, u32>, BTreeMap<String, Option<u64>>);
+
+fn state(sandbox: &Sandbox) -> anyhow::Result<State> {
+    let ids = sandbox
+        .services()?
         .into_iter()
-        .flatten()
-        .filter_map(|s| {
-            Some((
-                format!("{}/{}", s["service"].as_str()?, s["scope"].as_str()?),
-                s["id"].as_u64()?,
-            ))
-        })
+        .filter_map(|s| Some((s.service?, s.id)))
         .collect();
-    let stats = sandbox.inspect(&["stats"])?;
-    let counts = stats["maps"]
-        .as_array()
+    let stats: socklb::cli::Stats = sandbox.inspect_as(&["stats"])?;
+    let counts = stats
+        .maps
         .into_iter()
-        .flatten()
-        .filter(|m| m[0] != "SOCK_STATE" && m[0] != "AFFINITY")
-        .filter_map(|m| Some((m[0].as_str()?.to_string(), m[1].as_u64()?)))
+        .filter(|m| m.map != "AFFINITY")
+        .map(|m| (m.map, m.entries))
         .collect();
     Ok((ids, counts))
 }
@@ -304,8 +298,9 @@ fn converged(sandbox: &Sandbox, agent: &AgentProcess) -> anyhow::Result<()> {
     for svc in ["default/web", "default/sticky", "default/shop"] {
         let (e, _) = sandbox.explain_asking(svc, &agent.listen.to_string())?;
         assert_eq!(
-            e["desired_digest"], e["maps_digest"],
-            "{svc} did not converge: {e}"
+            e.desired_digest, e.maps_digest,
+            "{svc} did not converge: {}",
+            e.verdict
         );
     }
     Ok(())
@@ -358,8 +353,6 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
         args: [
             "--max-backends",
             "5",
-            "--max-slots",
-            "8",
             "--max-frontends",
             "4",
             "--max-services",
@@ -377,17 +370,19 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
         None,
         "c is not half-written"
     );
-    let stats = sandbox.inspect(&["stats"])?;
-    let maps: BTreeMap<String, (u64, u64)> = stats["maps"]
-        .as_array()
+    let stats: socklb::cli::Stats = sandbox.inspect_as(&["stats"])?;
+    let maps: BTreeMap<String, (Option<u64>, u32)> = stats
+        .maps
         .into_iter()
-        .flatten()
-        .filter_map(|m| Some((m[0].as_str()?.to_string(), (m[1].as_u64()?, m[2].as_u64()?))))
+        .map(|m| (m.map, (m.entries, m.capacity)))
         .collect();
-    assert_eq!(maps["BACKENDS"], (3, 5), "only a's and b's backends, of 5");
-    assert_eq!(maps["SLOTS"].0, 3);
-    assert_eq!(maps["FRONTENDS"].0, 2);
-    assert_eq!(maps["SERVICE_META"].0, 2);
+    assert_eq!(
+        maps["BACKENDS"],
+        (Some(3), 5),
+        "only a's and b's backends, of 5"
+    );
+    assert_eq!(maps["FRONTENDS4"].0, Some(2));
+    assert_eq!(maps["SERVICE_META"].0, Some(2));
     assert!(agent.metric("socklb_errors_total{kind=\"map_full\"}")? >= Some(1.0));
     assert_eq!(agent.metric("socklb_failing_service_ports")?, Some(1.0));
     assert_eq!(
@@ -395,15 +390,20 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
         Some(5.0)
     );
     assert!(
-        agent.log_tail(100).contains("map BACKENDS is full"),
+        agent
+            .log_tail(100)
+            .contains("map BACKENDS has no free range of 3"),
         "{}",
         agent.log_tail(20)
     );
     let (e, ok) = sandbox.explain_asking("default/c", &agent.listen.to_string())?;
     assert!(!ok);
-    assert_eq!(e["broken"], "maps", "{e}");
-    let verdict = e["verdict"].as_str().unwrap_or_default();
-    assert!(verdict.contains("map BACKENDS is full"), "{verdict}");
+    assert_eq!(e.broken, socklb::explain::Link::Maps, "{}", e.verdict);
+    assert!(
+        e.verdict.contains("map BACKENDS has no free range of 3"),
+        "{}",
+        e.verdict
+    );
 
     // b goes away: c fits now, and the agent's retry writes it.
     sandbox.remove_manifest("b.yaml")?;
@@ -447,7 +447,7 @@ fn hostile_manifests_are_rejected_one_by_one_and_the_rest_works() -> anyhow::Res
         ("bad-ip.yaml", svc("bad-ip", "10.96.1.300", "80").into_bytes(), "spec.clusterIP"),
         ("port-zero.yaml", svc("port-zero", "10.96.1.4", "0").into_bytes(), "spec.ports[0].port"),
         ("port-big.yaml", svc("port-big", "10.96.1.5", "65536").into_bytes(), "spec.ports[0].port"),
-        ("wrong-family.yaml", slice("web-v6", "web", "http", "TCP", 8080, &[Ep::ready("10.244.1.21")]).replace("10.244.1.21", "fd00::21").replace("IPv6", "IPv4").into_bytes(), "endpoints[0].addresses[0]"),
+        ("wrong-family.yaml", slice("web-v5", "web", "http", "TCP", 8080, &[Ep::ready("10.244.1.21")]).replace("addressType: IPv4", "addressType: IPv5").into_bytes(), "addressType"),
         ("big-slice.yaml", format!("apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n{big}").into_bytes(), "at most 1000"),
         ("duplicate.yaml", std::fs::read(examples().join("seed/service.yaml"))?, "also defined in"),
     ];
@@ -503,11 +503,8 @@ fn hostile_manifests_are_rejected_one_by_one_and_the_rest_works() -> anyhow::Res
     }
     assert!(agent.metric("socklb_rejected_objects_total")? >= Some(bad.len() as f64));
     let (_, body) = agent.get("/status")?;
-    let status: serde_json::Value = serde_json::from_str(&body)?;
-    assert!(
-        status["rejected"].as_object().is_some_and(|r| r.len() >= 6),
-        "{status}"
-    );
+    let status: socklb::status::Status = serde_json::from_str(&body)?;
+    assert!(status.rejected.len() >= 6, "{status:?}");
     assert_eq!(agent.get("/healthz")?.0, 200);
     figure("hostile manifest files rejected", bad.len());
     Ok(())

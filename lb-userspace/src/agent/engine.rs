@@ -2,20 +2,23 @@
 //! `ServiceMaps` the reconciler holds). It writes nothing until both Services and
 //! EndpointSlices have been listed once; the first write is a full sync that also sweeps what
 //! the maps hold but the cluster no longer has. After that, each change recomputes only the
-//! Services it touches.
+//! Services it touches, and the Services whose contested addresses change hands with it.
 use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
+    collections::{BTreeMap, BTreeSet, HashMap},
     time::{Duration, Instant},
 };
 
 use crate::{
-    dataplane::maps::ServiceMaps,
-    model::{NodeObject, ObjectKey, Store},
-    reconcile::{Reconciler, ServiceProblem, SyncReport},
-    source::{Kind, Object, SourceEvent},
-    translate::{DesiredState, Detail, NodeInfo, ServicePortKey, translate_service_with},
+    dataplane::{abi::frontend_key, maps::ServiceMaps},
+    model::{NodeObject, Store},
+    reconcile::{Reconciler, SyncReport},
+    source::{Object, SourceEvent, Subject},
+    translate::{
+        Conflict, DesiredService, DesiredState, Detail, NodeFlags, NodeInfo, Ownership,
+        translate_service_with,
+    },
     vec_set::VecSet,
+    vocab::{Kind, ObjectKey, ObjectRef, ServicePortKey},
 };
 
 /// What one `reconcile` call did, for logs and metrics.
@@ -27,41 +30,48 @@ pub struct Pass {
     pub duration: Duration,
     /// From the first event of the batch to the writes being done.
     pub lag: Option<Duration>,
-    /// Backends no UDP service port uses any more: connected UDP sockets to them are stale.
-    pub stale_udp_backends: BTreeSet<SocketAddr>,
+    /// Address conflicts that appeared with this pass (each logged once).
+    pub new_conflicts: Vec<(ServicePortKey, Conflict)>,
 }
 
 pub struct Engine<M: ServiceMaps> {
     store: Store,
+    flags: NodeFlags,
     node: NodeInfo,
     reconciler: Reconciler<M>,
+    ownership: Ownership,
     listed: BTreeSet<Kind>,
     synced: bool,
     full_sync_needed: bool,
     dirty: BTreeSet<ObjectKey>,
-    keys_by_service: BTreeMap<ObjectKey, VecSet<ServicePortKey>>,
+    keys_by_service: HashMap<ObjectKey, VecSet<ServicePortKey>>,
+    /// Claims each backend set lost to another, as last computed.
+    conflicts: BTreeMap<ServicePortKey, Vec<Conflict>>,
     pending_since: Option<Instant>,
-    resource_versions: BTreeMap<Kind, String>,
-    /// Latest rejection per object (or per source when unnamed).
-    rejected: BTreeMap<String, String>,
+    /// Latest rejection per subject.
+    rejected: BTreeMap<Subject, String>,
     rejected_total: u64,
+    unhealthy: BTreeSet<Kind>,
 }
 
 impl<M: ServiceMaps> Engine<M> {
-    pub fn new(reconciler: Reconciler<M>, node: NodeInfo) -> Self {
+    pub fn new(reconciler: Reconciler<M>, flags: NodeFlags) -> Self {
         Self {
             store: Store::new(),
-            node,
+            node: NodeInfo::resolve(&flags, None),
+            flags,
             reconciler,
+            ownership: Ownership::default(),
             listed: BTreeSet::new(),
             synced: false,
             full_sync_needed: true,
             dirty: BTreeSet::new(),
-            keys_by_service: BTreeMap::new(),
+            keys_by_service: HashMap::new(),
+            conflicts: BTreeMap::new(),
             pending_since: None,
-            resource_versions: BTreeMap::new(),
             rejected: BTreeMap::new(),
             rejected_total: 0,
+            unhealthy: BTreeSet::new(),
         }
     }
 
@@ -86,7 +96,12 @@ impl<M: ServiceMaps> Engine<M> {
         self.synced
     }
 
-    pub fn rejected(&self) -> &BTreeMap<String, String> {
+    /// Every watch (or folder read) works.
+    pub fn is_healthy(&self) -> bool {
+        self.unhealthy.is_empty()
+    }
+
+    pub fn rejected(&self) -> &BTreeMap<Subject, String> {
         &self.rejected
     }
 
@@ -94,8 +109,14 @@ impl<M: ServiceMaps> Engine<M> {
         self.rejected_total
     }
 
-    pub fn resource_versions(&self) -> &BTreeMap<Kind, String> {
-        &self.resource_versions
+    /// Addresses each backend set claims but another owns.
+    pub fn conflicts(&self) -> &BTreeMap<ServicePortKey, Vec<Conflict>> {
+        &self.conflicts
+    }
+
+    /// Changes not yet written (and since when).
+    pub fn pending_since(&self) -> Option<Instant> {
+        self.has_work().then_some(self.pending_since).flatten()
     }
 
     pub fn handle(&mut self, event: SourceEvent) {
@@ -104,20 +125,12 @@ impl<M: ServiceMaps> Engine<M> {
             SourceEvent::Listed {
                 kind,
                 objects,
-                resource_version,
                 keep,
             } => {
+                for o in &objects {
+                    self.rejected.remove(&Subject::Object(o.object_ref()));
+                }
                 let affected = match kind {
-                    Kind::Service => self.store.replace_services(
-                        objects
-                            .into_iter()
-                            .filter_map(|o| match o {
-                                Object::Service(s) => Some(*s),
-                                Object::EndpointSlice(_) => None,
-                            })
-                            .collect(),
-                        &keep,
-                    ),
                     Kind::EndpointSlice => self.store.replace_slices(
                         objects
                             .into_iter()
@@ -128,51 +141,68 @@ impl<M: ServiceMaps> Engine<M> {
                             .collect(),
                         &keep,
                     ),
+                    _ => self.store.replace_services(
+                        objects
+                            .into_iter()
+                            .filter_map(|o| match o {
+                                Object::Service(s) => Some(*s),
+                                Object::EndpointSlice(_) => None,
+                            })
+                            .collect(),
+                        &keep,
+                    ),
                 };
                 self.listed.insert(kind);
-                if let Some(rv) = resource_version {
-                    self.resource_versions.insert(kind, rv);
+                self.dirty.extend(affected);
+            }
+            SourceEvent::Applied(object) => {
+                self.rejected.remove(&Subject::Object(object.object_ref()));
+                match object {
+                    Object::Service(s) => {
+                        let key = self.store.upsert_service(*s);
+                        self.dirty.insert(key);
+                    }
+                    Object::EndpointSlice(s) => {
+                        let affected = self.store.upsert_slice(*s);
+                        self.dirty.extend(affected);
+                    }
                 }
-                self.dirty.extend(affected);
-            }
-            SourceEvent::Applied(Object::Service(s)) => {
-                self.forget_rejection(&format!("Service {}", s.key));
-                let key = self.store.upsert_service(*s);
-                self.dirty.insert(key);
-            }
-            SourceEvent::Applied(Object::EndpointSlice(s)) => {
-                self.forget_rejection(&format!("EndpointSlice {}", s.key));
-                let affected = self.store.upsert_slice(*s);
-                self.dirty.extend(affected);
-            }
-            SourceEvent::Deleted(Kind::Service, key) => {
-                self.dirty.extend(self.store.remove_service(&key));
             }
             SourceEvent::Deleted(Kind::EndpointSlice, key) => {
+                self.rejected
+                    .remove(&Subject::Object(ObjectRef::slice(key.clone())));
                 self.dirty.extend(self.store.remove_slice(&key));
             }
-            SourceEvent::Node(node) => self.set_node(&node),
-            SourceEvent::Rejected { object, message } => {
-                tracing::warn!(object = object.as_deref().unwrap_or("-"), "{message}");
-                self.rejected_total += 1;
+            SourceEvent::Deleted(_, key) => {
                 self.rejected
-                    .insert(object.unwrap_or_else(|| "source".into()), message);
+                    .remove(&Subject::Object(ObjectRef::service(key.clone())));
+                self.dirty.extend(self.store.remove_service(&key));
+            }
+            SourceEvent::Node(node) => self.set_node(&node),
+            SourceEvent::Rejected { subject, message } => {
+                if self.rejected.get(&subject) != Some(&message) {
+                    tracing::warn!(%subject, "{message}");
+                    self.rejected_total += 1;
+                }
+                self.rejected.insert(subject, message);
+            }
+            SourceEvent::Fixed(subject) => {
+                if self.rejected.remove(&subject).is_some() {
+                    tracing::info!(%subject, "fixed");
+                }
+            }
+            SourceEvent::Health { kind, ok } => {
+                if ok {
+                    self.unhealthy.remove(&kind);
+                } else {
+                    self.unhealthy.insert(kind);
+                }
             }
         }
-    }
-
-    fn forget_rejection(&mut self, label: &str) {
-        self.rejected.remove(label);
     }
 
     fn set_node(&mut self, node: &NodeObject) {
-        let mut info = self.node.clone();
-        if node.zone.is_some() {
-            info.zone.clone_from(&node.zone);
-        }
-        if !node.addresses.is_empty() {
-            info.addresses.clone_from(&node.addresses);
-        }
+        let info = NodeInfo::resolve(&self.flags, Some(node));
         if info != self.node {
             tracing::info!(zone = ?info.zone, addresses = ?info.addresses, "node identity changed");
             self.node = info;
@@ -180,11 +210,11 @@ impl<M: ServiceMaps> Engine<M> {
         }
     }
 
-    /// Marks the services of every failed service port for another attempt.
+    /// Marks the Services of every failed backend set for another attempt.
     pub fn retry_failed(&mut self) {
         let services: Vec<ObjectKey> = self
             .reconciler
-            .problems()
+            .failed()
             .keys()
             .map(|k| k.service.clone())
             .collect();
@@ -203,10 +233,10 @@ impl<M: ServiceMaps> Engine<M> {
         let start = Instant::now();
         let lag_from = self.pending_since.take();
         let mut pass = Pass::default();
+        let before = self.conflicts.clone();
         if self.full_sync_needed {
-            let (desired, keys) = self.translate_everything();
-            pass.services = keys.len();
-            self.keys_by_service = keys;
+            let desired = self.translate_everything();
+            pass.services = self.keys_by_service.len();
             pass.report = self.reconciler.sync_all(&desired);
             drop(desired);
             super::memory::release_free_memory();
@@ -217,41 +247,26 @@ impl<M: ServiceMaps> Engine<M> {
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
-            for svc in &dirty {
-                self.sync_service(svc, &mut pass.report);
-            }
-            // A frontend another service was waiting for may have been freed just now.
-            let waiting: BTreeSet<ObjectKey> = self
-                .reconciler
-                .problems()
-                .iter()
-                .filter(|(_, p)| matches!(p, ServiceProblem::FrontendConflict { .. }))
-                .map(|(k, _)| k.service.clone())
-                .filter(|s| !dirty.contains(s))
-                .collect();
-            for svc in &waiting {
-                self.sync_service(svc, &mut pass.report);
-            }
+            pass.report = self.sync_services(&dirty);
         }
-        if !pass.report.udp_backends_removed.is_empty() {
-            let active = self.reconciler.active_udp_backends();
-            pass.stale_udp_backends = pass
-                .report
-                .udp_backends_removed
-                .difference(&active)
-                .copied()
-                .collect();
+        for (key, list) in &self.conflicts {
+            for c in list {
+                if !before.get(key).is_some_and(|old| old.contains(c)) {
+                    pass.new_conflicts.push((key.clone(), c.clone()));
+                }
+            }
         }
         pass.duration = start.elapsed();
         pass.lag = lag_from.map(|t| t.elapsed());
         Some(pass)
     }
 
-    /// The desired state of every Service, and each Service's service ports, without the
-    /// per-endpoint records only `explain` reads.
-    fn translate_everything(&self) -> (DesiredState, BTreeMap<ObjectKey, VecSet<ServicePortKey>>) {
+    /// The desired state of every Service, with address ownership decided, and each Service's
+    /// backend sets.
+    fn translate_everything(&mut self) -> DesiredState {
         let mut desired = DesiredState::default();
-        let mut keys = BTreeMap::new();
+        self.keys_by_service.clear();
+        self.ownership = Ownership::default();
         for svc in self.store.services() {
             let t = translate_service_with(
                 svc,
@@ -259,62 +274,118 @@ impl<M: ServiceMaps> Engine<M> {
                 &self.node,
                 Detail::Lean,
             );
-            keys.insert(
+            self.keys_by_service.insert(
                 svc.key.clone(),
                 t.ports.iter().map(|p| p.key.clone()).collect(),
             );
             for port in t.ports {
+                self.ownership.claim(&port.key, &port.desired);
                 desired.services.insert(port.key, port.desired);
             }
         }
-        (desired, keys)
+        self.conflicts = desired
+            .services
+            .iter()
+            .map(|(k, d)| (k.clone(), self.ownership.conflicts(k, d)))
+            .filter(|(_, c)| !c.is_empty())
+            .collect();
+        self.ownership.apply(&mut desired);
+        desired
     }
 
-    fn sync_service(&mut self, svc: &ObjectKey, report: &mut SyncReport) {
-        let translation = self.store.service(svc).map(|s| {
-            translate_service_with(s, &self.store.slices_of(svc), &self.node, Detail::Lean)
-        });
-        let mut old: BTreeSet<ServicePortKey> = self
-            .keys_by_service
-            .remove(svc)
-            .map(|keys| keys.into_iter().collect())
-            .unwrap_or_default();
-        // Service ports whose removal failed earlier are still in the maps: remove them now.
-        old.extend(
-            self.reconciler
-                .problems()
-                .keys()
-                .filter(|k| k.service == *svc)
-                .cloned(),
-        );
-        let mut new = BTreeSet::new();
-        for port in translation.iter().flat_map(|t| &t.ports) {
-            new.insert(port.key.clone());
+    /// Recomputes the given Services, and any Service whose contested addresses change owner
+    /// with them, and writes the result.
+    fn sync_services(&mut self, dirty: &BTreeSet<ObjectKey>) -> SyncReport {
+        let mut report = SyncReport::default();
+        let mut translated: BTreeMap<ObjectKey, Vec<(ServicePortKey, DesiredService)>> =
+            BTreeMap::new();
+        let mut removed: Vec<ServicePortKey> = Vec::new();
+        let mut affected: BTreeSet<ServicePortKey> = BTreeSet::new();
+        for svc in dirty {
+            let sets = self.translate(svc);
+            let old = self.keys_by_service.remove(svc).unwrap_or_default();
+            // Backend sets whose removal failed earlier are still in the maps: remove them now.
+            let mut old: BTreeSet<ServicePortKey> = old.into_iter().collect();
+            old.extend(
+                self.reconciler
+                    .failed()
+                    .keys()
+                    .filter(|k| k.service == *svc)
+                    .cloned(),
+            );
+            for gone in old.iter().filter(|k| !sets.iter().any(|(n, _)| n == *k)) {
+                affected.extend(self.ownership.release(gone));
+                removed.push(gone.clone());
+            }
+            for (key, desired) in &sets {
+                affected.extend(self.ownership.claim(key, desired));
+            }
+            if !sets.is_empty() {
+                self.keys_by_service
+                    .insert(svc.clone(), sets.iter().map(|(k, _)| k.clone()).collect());
+            }
+            translated.insert(svc.clone(), sets);
         }
-        let mut tracked = new.clone();
-        for gone in old.difference(&new) {
-            merge(report, self.reconciler.sync_one(gone, None));
-            if self.reconciler.service_id(gone).is_some() {
-                tracked.insert(gone.clone());
+        // Services whose addresses change hands with these: re-read them as they are.
+        let others: BTreeSet<ObjectKey> = affected
+            .iter()
+            .map(|k| k.service.clone())
+            .filter(|s| !translated.contains_key(s))
+            .collect();
+        for svc in others {
+            let sets = self.translate(&svc);
+            translated.insert(svc, sets);
+        }
+        // Sets that gain an address are written before those that lose it, so the address is
+        // handed over without a moment of nobody serving it.
+        let mut writes: Vec<(bool, ServicePortKey, DesiredService)> = Vec::new();
+        for sets in translated.into_values() {
+            for (key, mut desired) in sets {
+                let lost = self.ownership.conflicts(&key, &desired);
+                if lost.is_empty() {
+                    self.conflicts.remove(&key);
+                } else {
+                    self.conflicts.insert(key.clone(), lost);
+                }
+                desired.frontends = self.ownership.granted(&key, &desired);
+                let id = self.reconciler.service_id(&key);
+                let snap = self.reconciler.snapshot();
+                let gains = desired.frontends.iter().any(|c| {
+                    snap.frontends
+                        .get(&frontend_key(c.addr))
+                        .is_none_or(|f| Some(f.service_id) != id)
+                });
+                writes.push((!gains, key, desired));
             }
         }
-        for port in translation.iter().flat_map(|t| &t.ports) {
-            merge(
-                report,
-                self.reconciler.sync_one(&port.key, Some(&port.desired)),
-            );
+        writes.sort_by_key(|(loses, _, _)| *loses);
+        for (_, key, desired) in &writes {
+            report.merge(self.reconciler.sync_one(key, Some(desired)));
         }
-        if !tracked.is_empty() {
-            self.keys_by_service
-                .insert(svc.clone(), tracked.into_iter().collect());
+        for key in &removed {
+            self.conflicts.remove(key);
+            report.merge(self.reconciler.sync_one(key, None));
+            if self.reconciler.service_id(key).is_some() {
+                // Its removal failed: keep tracking it so the retry removes it.
+                self.keys_by_service
+                    .entry(key.service.clone())
+                    .or_default()
+                    .insert(key.clone());
+            }
         }
+        report
     }
-}
 
-fn merge(into: &mut SyncReport, from: SyncReport) {
-    into.writes += from.writes;
-    into.services_changed += from.services_changed;
-    into.services_removed += from.services_removed;
-    into.problems.extend(from.problems);
-    into.udp_backends_removed.extend(from.udp_backends_removed);
+    fn translate(&self, svc: &ObjectKey) -> Vec<(ServicePortKey, DesiredService)> {
+        self.store
+            .service(svc)
+            .map(|s| {
+                translate_service_with(s, &self.store.slices_of(svc), &self.node, Detail::Lean)
+                    .ports
+                    .into_iter()
+                    .map(|p| (p.key, p.desired))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }

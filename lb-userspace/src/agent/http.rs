@@ -1,19 +1,36 @@
-//! /healthz (the process answers), /readyz (the first complete sync is written) and /metrics.
-use std::sync::{Arc, atomic::Ordering};
+//! The two listeners: health (/healthz, /livez, /readyz) for the kubelet's probes, and
+//! metrics (/metrics, /status) for Prometheus and `socklb explain`.
+use std::sync::{Arc, PoisonError, atomic::Ordering};
 
 use axum::{Router, extract::State, http::StatusCode, routing::get};
 
 use super::Shared;
 
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(livez))
+        .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .with_state(shared);
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::error!(error = %e, "health server stopped");
+    }
+}
+
+pub async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
         .with_state(shared);
     if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "HTTP server stopped");
+        tracing::error!(error = %e, "metrics server stopped");
+    }
+}
+
+async fn livez(State(shared): State<Arc<Shared>>) -> (StatusCode, String) {
+    match shared.stuck() {
+        None => (StatusCode::OK, "ok\n".into()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("stuck: {why}\n")),
     }
 }
 
@@ -23,7 +40,7 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first complete sync\n",
+            "not ready: waiting for the first complete sync, or a watch is failing\n",
         )
     }
 }
@@ -32,7 +49,7 @@ async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static 
     let status = shared
         .status
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .unwrap_or_else(PoisonError::into_inner)
         .clone();
     (
         [("content-type", "application/json")],
@@ -42,7 +59,10 @@ async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static 
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static str); 1], String) {
     (
-        [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         shared.metrics.encode(),
     )
 }

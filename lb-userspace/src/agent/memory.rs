@@ -1,6 +1,6 @@
-//! The agent's use of the C allocator: at most two malloc arenas (the agent has a few threads
-//! and no allocation-heavy parallelism; more arenas only hold more freed memory), and freed
-//! memory handed back to the kernel after a full sync (its transients are large, once).
+//! The agent's use of the C allocator: one malloc arena (the agent has a few threads and no
+//! allocation-heavy parallelism; more arenas only hold more freed memory), and freed memory
+//! handed back to the kernel after a full sync (its transients are large, once).
 
 /// Limits glibc to one malloc arena. Call before starting threads.
 pub fn limit_arenas() {

@@ -1,5 +1,6 @@
-//! Prometheus metrics: reconcile timings, map fill, errors by kind, and the data path's per-CPU
-//! counters summed (read from the pinned map at scrape time).
+//! Prometheus metrics: reconcile timings, map fill, errors by kind, address conflicts, and the
+//! data path's per-CPU counters summed (read from the pinned map at scrape time: one small
+//! array read, never a map walk).
 use std::{
     path::PathBuf,
     sync::{
@@ -8,23 +9,23 @@ use std::{
     },
 };
 
-use lb_common::map_name;
+use lb_common::{Counter as DpCounter, MapId};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
     metrics::{
         counter::{ConstCounter, Counter},
         family::Family,
-        gauge::{ConstGauge, Gauge},
+        gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::Registry,
 };
 
-use super::engine::Pass;
-use crate::dataplane::{
-    bpf::{named_counters, open_pinned_map, read_affinity, sock_state_fill},
-    maps::{Capacities, MapSnapshot},
+use super::engine::{Engine, Pass};
+use crate::{
+    dataplane::{bpf::ReadOnlyMaps, loader::PinFolder, maps::ServiceMaps},
+    vocab::ErrorKind,
 };
 
 type Labels = Vec<(String, String)>;
@@ -39,15 +40,16 @@ pub struct Metrics {
     writes: Counter,
     services: Gauge,
     failing_services: Gauge,
+    conflicts: Gauge,
     rejected_objects: Counter,
     udp_terminated: Counter,
     /// Last cumulative values seen, to turn totals into counter increments.
-    seen_errors: Mutex<std::collections::BTreeMap<String, u64>>,
+    seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
 }
 
 impl Metrics {
-    pub fn new(maps_dir: Option<PathBuf>) -> Self {
+    pub fn new(maps_dir: PathBuf, _pins: PinFolder) -> Self {
         let mut registry = Registry::with_prefix("socklb");
         let reconcile_duration = Histogram::new(exponential_buckets(0.000_05, 4.0, 10));
         registry.register(
@@ -76,30 +78,36 @@ impl Metrics {
         let services = Gauge::default();
         registry.register(
             "service_ports",
-            "Service ports (backend sets) in the maps",
+            "Backend sets (service port, family, scope) in the maps",
             services.clone(),
         );
         let failing_services = Gauge::default();
         registry.register(
             "failing_service_ports",
-            "Service ports left on their previous state after a failed write, or with a conflict",
+            "Backend sets left on their previous state after a failed write",
             failing_services.clone(),
+        );
+        let conflicts = Gauge::default();
+        registry.register(
+            "address_conflicts",
+            "Service addresses claimed by a Service that does not own them (not written)",
+            conflicts.clone(),
         );
         let rejected_objects = Counter::default();
         registry.register(
             "rejected_objects",
-            "Services and EndpointSlices rejected by validation",
+            "Services, EndpointSlices and manifest files rejected",
             rejected_objects.clone(),
         );
         let udp_terminated = Counter::default();
         registry.register(
             "udp_sockets_terminated",
-            "Connected UDP sockets destroyed because their backend left the service",
+            "Connected UDP sockets destroyed because their backend stopped serving",
             udp_terminated.clone(),
         );
-        if let Some(dir) = maps_dir {
-            registry.register_collector(Box::new(Datapath { maps_dir: dir }));
-        }
+        registry.register_collector(Box::new(Datapath {
+            maps: ReadOnlyMaps::new(maps_dir),
+        }));
         Self {
             registry,
             reconcile_duration,
@@ -110,6 +118,7 @@ impl Metrics {
             writes,
             services,
             failing_services,
+            conflicts,
             rejected_objects,
             udp_terminated,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
@@ -125,50 +134,58 @@ impl Metrics {
         self.writes.inc_by(pass.report.writes as u64);
     }
 
-    /// Refreshes gauges and error counters from the reconciler's state.
-    pub fn record_state(
-        &self,
-        snap: &MapSnapshot,
-        capacities: &Capacities,
-        service_ports: usize,
-        failing: usize,
-        errors: &std::collections::BTreeMap<&'static str, u64>,
-        rejected_total: u64,
-    ) {
+    /// Refreshes gauges and error counters from the engine's state.
+    pub fn record_state<M: ServiceMaps>(&self, engine: &Engine<M>) {
+        let r = engine.reconciler();
+        let snap = r.snapshot();
+        let caps = r.maps().capacities();
+        let ranges = r.ranges();
         let sizes = [
             (
-                map_name::FRONTENDS,
-                snap.frontends.len(),
-                capacities.frontends,
+                MapId::Frontends4,
+                snap.frontends
+                    .keys()
+                    .filter(|k| k.family == lb_common::FAMILY_IPV4)
+                    .count(),
             ),
-            (map_name::SLOTS, snap.slots.len(), capacities.slots),
-            (map_name::BACKENDS, snap.backends.len(), capacities.backends),
             (
-                map_name::SERVICE_META,
-                snap.meta.len(),
-                capacities.service_meta,
+                MapId::Frontends6,
+                snap.frontends
+                    .keys()
+                    .filter(|k| k.family != lb_common::FAMILY_IPV4)
+                    .count(),
             ),
+            (
+                MapId::Backends,
+                (ranges.capacity() - ranges.free_len()) as usize,
+            ),
+            (MapId::ServiceMeta, snap.meta.len()),
         ];
-        for (map, len, cap) in sizes {
-            let labels = vec![("map".to_string(), map.to_string())];
+        for (map, len) in sizes {
+            let labels = vec![("map".to_string(), map.name().to_string())];
             self.map_entries.get_or_create(&labels).set(gauge(len));
-            self.map_capacity.get_or_create(&labels).set(i64::from(cap));
+            self.map_capacity
+                .get_or_create(&labels)
+                .set(i64::from(caps.get(map)));
         }
-        self.services.set(gauge(service_ports));
-        self.failing_services.set(gauge(failing));
+        self.services.set(gauge(r.service_count()));
+        self.failing_services.set(gauge(r.failed().len()));
+        self.conflicts
+            .set(gauge(engine.conflicts().values().map(Vec::len).sum()));
         let mut seen = self
             .seen_errors
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (kind, total) in errors {
-            let last = seen.entry((*kind).to_string()).or_default();
+        for (kind, total) in &r.stats().errors {
+            let last = seen.entry(*kind).or_default();
             if *total > *last {
                 self.errors
-                    .get_or_create(&vec![("kind".to_string(), (*kind).to_string())])
+                    .get_or_create(&vec![("kind".to_string(), kind.metric_label().to_string())])
                     .inc_by(*total - *last);
                 *last = *total;
             }
         }
+        let rejected_total = engine.rejected_total();
         let last = self.seen_rejected.swap(rejected_total, Ordering::Relaxed);
         if rejected_total > last {
             self.rejected_objects.inc_by(rejected_total - last);
@@ -179,9 +196,9 @@ impl Metrics {
         self.udp_terminated.inc_by(sockets as u64);
     }
 
-    pub fn record_error(&self, kind: &str) {
+    pub fn record_error(&self, kind: ErrorKind) {
         self.errors
-            .get_or_create(&vec![("kind".to_string(), kind.to_string())])
+            .get_or_create(&vec![("kind".to_string(), kind.metric_label().to_string())])
             .inc();
     }
 
@@ -194,63 +211,26 @@ impl Metrics {
     }
 }
 
-/// Reads the data path's counters and the affinity map's fill on every scrape.
+/// Reads the data path's counters on every scrape (one per-CPU array read).
 #[derive(Debug)]
 struct Datapath {
-    maps_dir: PathBuf,
+    maps: ReadOnlyMaps,
 }
 
 impl Collector for Datapath {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Ok(counters) = open_pinned_map(
-            &self.maps_dir.join(map_name::COUNTERS),
-            map_name::COUNTERS,
-            true,
-        )
-        .and_then(named_counters)
-        {
-            for (name, total) in counters {
+        if let Ok(counters) = self.maps.counters() {
+            for (counter, total) in counters {
                 let metric = ConstCounter::new(total);
-                let (metric_name, help) = (
-                    format!("datapath_{name}"),
-                    format!("Data path events: {name} (summed over CPUs)"),
-                );
-                let metric_encoder =
-                    encoder.encode_descriptor(&metric_name, &help, None, metric.metric_type())?;
+                let name = format!("datapath_{}", DpCounter::name(counter));
+                let metric_encoder = encoder.encode_descriptor(
+                    &name,
+                    DpCounter::help(counter),
+                    None,
+                    metric.metric_type(),
+                )?;
                 metric.encode(metric_encoder)?;
             }
-        }
-        if let Ok((entries, _)) = open_pinned_map(
-            &self.maps_dir.join(map_name::SOCK_STATE),
-            map_name::SOCK_STATE,
-            true,
-        )
-        .and_then(sock_state_fill)
-        {
-            let metric = ConstGauge::new(gauge(entries));
-            let metric_encoder = encoder.encode_descriptor(
-                "sock_state_entries",
-                "Live translated sockets with a reverse-translation record (SOCK_STATE)",
-                None,
-                metric.metric_type(),
-            )?;
-            metric.encode(metric_encoder)?;
-        }
-        if let Ok(entries) = open_pinned_map(
-            &self.maps_dir.join(map_name::AFFINITY),
-            map_name::AFFINITY,
-            true,
-        )
-        .and_then(read_affinity)
-        {
-            let metric = ConstGauge::new(gauge(entries.len()));
-            let metric_encoder = encoder.encode_descriptor(
-                "affinity_entries",
-                "Session-affinity entries in the AFFINITY map",
-                None,
-                metric.metric_type(),
-            )?;
-            metric.encode(metric_encoder)?;
         }
         Ok(())
     }

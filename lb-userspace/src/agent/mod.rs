@@ -1,5 +1,11 @@
-//! `socklb agent`: loads and attaches the programs, follows a source, keeps the maps in step,
-//! and serves health, readiness and metrics.
+//! `socklb agent`: binds its listeners, loads the programs, follows a source, keeps the maps in
+//! step, attaches the programs once the maps hold a complete view, and serves health,
+//! readiness, status and metrics.
+//!
+//! Start-up order, so that a failure leaves nothing changed: bind the listeners; take the pin
+//! folder's lock; create or adopt the maps and load (verify) the programs; drop capabilities;
+//! list the sources and write the first full sync; only then attach the programs (until then
+//! whatever was attached before keeps serving).
 mod engine;
 mod http;
 mod memory;
@@ -14,10 +20,10 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     sync::{
-        Arc,
+        Arc, Mutex, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context as _;
@@ -34,57 +40,111 @@ use crate::{
     },
     reconcile::Reconciler,
     source::{self, SourceEvent},
-    translate::NodeInfo,
+    status::{Failed, Owned, Rejected, Status},
+    translate::NodeFlags,
 };
+
+/// How long the source may fail before the agent reports itself not ready.
+const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the agent reads Services and EndpointSlices from.
 #[derive(Clone, Debug)]
 pub enum SourceConfig {
-    /// A folder of YAML manifests, polled for changes.
-    Manifests { dir: PathBuf, poll: Duration },
-    /// The Kubernetes API: a kubeconfig file, or in-cluster / `$KUBECONFIG` when `None`.
-    Kubernetes { kubeconfig: Option<PathBuf> },
+    /// A folder of YAML manifests, watched for changes.
+    Manifests { dir: PathBuf },
+    /// The Kubernetes API: a kubeconfig file, in-cluster credentials, or `$KUBECONFIG`;
+    /// `api_server` replaces the server address (replace mode: never through a ClusterIP).
+    Kubernetes {
+        kubeconfig: Option<PathBuf>,
+        api_server: Option<String>,
+    },
 }
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     pub source: SourceConfig,
     pub load: LoadConfig,
-    pub node: NodeInfo,
-    /// Where /healthz, /readyz, /status and /metrics are served; `None` turns the server off.
-    pub listen: Option<SocketAddr>,
-    /// How often failed service ports are retried.
+    pub node: NodeFlags,
+    /// /healthz, /livez, /readyz; `None` turns it off.
+    pub health_listen: Option<SocketAddr>,
+    /// /metrics, /status; `None` turns it off.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often failed backend sets are retried.
     pub retry_interval: Duration,
+    /// /livez fails when changes stay unwritten, or the source stays unhealthy, this long.
+    pub stuck_after: Duration,
+}
+
+/// The listeners, bound before anything else happens.
+pub struct Listeners {
+    health: Option<std::net::TcpListener>,
+    metrics: Option<std::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds both addresses; a port in use fails here, before the data path is touched.
+    pub fn bind(config: &AgentConfig) -> anyhow::Result<Self> {
+        let bind = |addr: Option<SocketAddr>, what: &str| -> anyhow::Result<_> {
+            addr.map(|a| {
+                let l = std::net::TcpListener::bind(a)
+                    .with_context(|| format!("binding the {what} address {a}"))?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })
+            .transpose()
+        };
+        Ok(Self {
+            health: bind(config.health_listen, "health")?,
+            metrics: bind(config.metrics_listen, "metrics")?,
+        })
+    }
 }
 
 /// State shared with the HTTP server.
 pub struct Shared {
     pub ready: AtomicBool,
+    /// When the loop last ran, and since when changes wait to be written (liveness).
+    pub progress: Mutex<Progress>,
+    pub stuck_after: Duration,
     pub metrics: Metrics,
-    /// What /status reports: service ports not in the maps as asked, and rejected objects.
-    pub status: std::sync::Mutex<Status>,
+    pub status: Mutex<Status>,
 }
 
-/// The agent's own account of what it could not do, served as JSON on /status (and read by
-/// `socklb explain`).
-#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
-pub struct Status {
-    pub ready: bool,
-    /// Service port (`namespace/name:port/PROTO family scope`) → why it is not as desired.
-    pub problems: std::collections::BTreeMap<String, String>,
-    /// Object (`Kind namespace/name`) → why it was rejected.
-    pub rejected: std::collections::BTreeMap<String, String>,
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub pending_since: Option<Instant>,
+    pub unhealthy_since: Option<Instant>,
 }
 
-/// Loads and attaches the programs, then drops the capabilities the agent no longer needs.
-/// Runs before the async runtime starts any thread (capabilities are per thread).
+impl Shared {
+    /// Why the agent is not live, if it is not.
+    pub fn stuck(&self) -> Option<String> {
+        let p = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+        let limit = self.stuck_after;
+        if let Some(t) = p.pending_since.filter(|t| t.elapsed() > limit) {
+            return Some(format!(
+                "changes have waited {:.0}s to be written",
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        if let Some(t) = p.unhealthy_since.filter(|t| t.elapsed() > limit) {
+            return Some(format!(
+                "the source has been failing for {:.0}s",
+                t.elapsed().as_secs_f64()
+            ));
+        }
+        None
+    }
+}
+
+/// Loads the programs (nothing attached yet), then drops the capabilities the agent no longer
+/// needs. Runs before the async runtime starts any thread (capabilities are per thread).
 pub fn prepare(config: &AgentConfig) -> anyhow::Result<Dataplane> {
     let dataplane = Dataplane::load(&config.load).context("loading the data path")?;
     tracing::info!(
-        cgroup = %config.load.cgroup.display(),
-        pins = %dataplane.pins.root.display(),
-        programs = dataplane.program_ids.len(),
-        "programs attached"
+        maps = %dataplane.maps_dir.display(),
+        adopted = dataplane.adopted,
+        "programs loaded and verified; they attach after the first complete sync"
     );
     match security::drop_capabilities() {
         Ok(kept) => tracing::info!(?kept, "dropped the other capabilities"),
@@ -93,32 +153,46 @@ pub fn prepare(config: &AgentConfig) -> anyhow::Result<Dataplane> {
     Ok(dataplane)
 }
 
-pub async fn run(config: AgentConfig, mut dataplane: Dataplane) -> anyhow::Result<()> {
+pub async fn run(
+    config: AgentConfig,
+    listeners: Listeners,
+    mut dataplane: Dataplane,
+) -> anyhow::Result<()> {
     spawn_ebpf_logger(&mut dataplane, config.load.log_level);
-
     let maps = dataplane
         .service_maps()
         .context("opening the service maps")?;
     let reconciler = Reconciler::new(maps).context("reading the pinned maps")?;
-    if !reconciler.service_ids().is_empty() {
+    if reconciler.service_count() > 0 {
         tracing::info!(
-            service_ports = reconciler.service_ids().len(),
+            service_ports = reconciler.service_count(),
             "adopted pinned state; it stays in effect until the first complete sync"
         );
     }
     let mut engine = Engine::new(reconciler, config.node.clone());
-
     let shared = Arc::new(Shared {
         ready: AtomicBool::new(false),
-        metrics: Metrics::new(Some(dataplane.pins.maps())),
-        status: std::sync::Mutex::new(Status::default()),
+        progress: Mutex::new(Progress {
+            pending_since: None,
+            unhealthy_since: None,
+        }),
+        stuck_after: config.stuck_after,
+        metrics: Metrics::new(dataplane.maps_dir.clone(), dataplane.pins.clone()),
+        status: Mutex::new(Status::default()),
     });
-    if let Some(listen) = config.listen {
-        let listener = tokio::net::TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("binding {listen}"))?;
-        tracing::info!(%listen, "serving /healthz, /readyz, /metrics");
-        tokio::spawn(http::serve(listener, shared.clone()));
+    if let Some(l) = listeners.health {
+        tracing::info!(listen = %l.local_addr()?, "serving /healthz, /livez, /readyz");
+        tokio::spawn(http::serve_health(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
+    }
+    if let Some(l) = listeners.metrics {
+        tracing::info!(listen = %l.local_addr()?, "serving /metrics, /status");
+        tokio::spawn(http::serve_metrics(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
     }
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
@@ -128,6 +202,8 @@ pub async fn run(config: AgentConfig, mut dataplane: Dataplane) -> anyhow::Resul
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
+    let mut attached = false;
+    let mut unhealthy_since: Option<Instant> = None;
     loop {
         tokio::select! {
             event = rx.recv() => {
@@ -145,18 +221,38 @@ pub async fn run(config: AgentConfig, mut dataplane: Dataplane) -> anyhow::Resul
         }
         if let Some(pass) = engine.reconcile() {
             log_pass(&pass);
-            if !pass.stale_udp_backends.is_empty() {
-                terminate_udp_sockets(
-                    &config.load.cgroup,
-                    pass.stale_udp_backends.clone(),
-                    &shared,
-                );
+            if pass.report.udp_changed && attached {
+                terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
-            if engine.is_synced() && !shared.ready.swap(true, Ordering::Relaxed) {
-                tracing::info!("first complete sync written: ready");
-            }
         }
+        if engine.is_synced() && !attached {
+            let ids = dataplane.attach().context("attaching the programs")?;
+            attached = true;
+            tracing::info!(
+                cgroup = %config.load.cgroup.display(),
+                programs = ids.len(),
+                "first complete sync written; programs attached"
+            );
+        }
+        unhealthy_since = if engine.is_healthy() {
+            None
+        } else {
+            unhealthy_since.or(Some(Instant::now()))
+        };
+        // A watch that fails once (a 410 Gone before the re-list, a dropped connection) is
+        // not "failing": readiness goes only when it stays unhealthy.
+        let ready = attached && unhealthy_since.is_none_or(|t| t.elapsed() < UNHEALTHY_GRACE);
+        if shared.ready.swap(ready, Ordering::Relaxed) != ready {
+            tracing::info!(ready, "readiness changed");
+        }
+        *shared
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Progress {
+            pending_since: engine.pending_since(),
+            unhealthy_since,
+        };
         record_state(&engine, &shared);
     }
     tracing::info!(
@@ -167,15 +263,18 @@ pub async fn run(config: AgentConfig, mut dataplane: Dataplane) -> anyhow::Resul
 
 async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()> {
     match &config.source {
-        SourceConfig::Manifests { dir, poll } => {
+        SourceConfig::Manifests { dir } => {
             anyhow::ensure!(dir.is_dir(), "--manifests {}: not a folder", dir.display());
-            let (dir, poll, node) = (dir.clone(), *poll, config.node.name.clone());
+            let (dir, node) = (dir.clone(), config.node.name.clone());
             std::thread::Builder::new()
                 .name("manifests".into())
-                .spawn(move || source::files::watch(&dir, node.as_deref(), poll, &tx))?;
+                .spawn(move || source::files::watch(&dir, node.as_deref(), &tx))?;
         }
-        SourceConfig::Kubernetes { kubeconfig } => {
-            let client = source::kube::client(kubeconfig.as_deref())
+        SourceConfig::Kubernetes {
+            kubeconfig,
+            api_server,
+        } => {
+            let client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref())
                 .await
                 .context("connecting to the Kubernetes API")?;
             tokio::spawn(source::kube::watch(client, config.node.name.clone(), tx));
@@ -184,56 +283,82 @@ async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> an
     Ok(())
 }
 
-/// Destroys connected UDP sockets to backends that left (off the event loop).
+/// Destroys connected UDP sockets whose backend stopped serving (off the event loop).
 fn terminate_udp_sockets(
-    cgroup: &std::path::Path,
-    backends: std::collections::BTreeSet<SocketAddr>,
+    config: &AgentConfig,
+    dataplane: &Dataplane,
+    engine: &Engine<BpfServiceMaps>,
     shared: &Arc<Shared>,
 ) {
-    let (cgroup, shared) = (cgroup.to_path_buf(), shared.clone());
-    tokio::task::spawn_blocking(move || match udp_sockets::terminate(&cgroup, &backends) {
-        Ok(done) => {
-            shared.metrics.record_udp_terminated(done.sockets);
-            if done.sockets > 0 {
-                tracing::info!(
-                    sockets = done.sockets,
-                    namespaces = done.namespaces,
-                    backends = ?backends,
-                    "terminated connected UDP sockets to removed backends"
-                );
+    let serving = engine.reconciler().udp_serving();
+    let (cgroup, maps_dir, shared) = (
+        config.load.cgroup.clone(),
+        dataplane.maps_dir.clone(),
+        shared.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        match udp_sockets::terminate_stale(&cgroup, &maps_dir, &serving) {
+            Ok(done) => {
+                shared.metrics.record_udp_terminated(done.sockets);
+                for e in &done.errors {
+                    shared
+                        .metrics
+                        .record_error(crate::vocab::ErrorKind::UdpTerminate);
+                    tracing::warn!(error = %e, "could not terminate a stale UDP socket");
+                }
+                if done.sockets > 0 {
+                    tracing::info!(
+                        sockets = done.sockets,
+                        namespaces = done.namespaces,
+                        "terminated connected UDP sockets whose backend stopped serving"
+                    );
+                }
             }
-        }
-        Err(e) => {
-            shared.metrics.record_error("udp_terminate");
-            tracing::warn!(error = %e, "could not terminate UDP sockets to removed backends");
+            Err(e) => {
+                shared
+                    .metrics
+                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
+                tracing::warn!(error = %e, "could not look for stale UDP sockets");
+            }
         }
     });
 }
 
 fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
-    use crate::dataplane::maps::ServiceMaps as _;
     let r = engine.reconciler();
-    shared.metrics.record_state(
-        r.snapshot(),
-        &r.maps().capacities(),
-        r.service_ids().len(),
-        r.problems().len(),
-        &r.stats().errors,
-        engine.rejected_total(),
-    );
+    shared.metrics.record_state(engine);
     let status = Status {
+        version: crate::cli::VERSION.to_string(),
+        commit: crate::cli::COMMIT.to_string(),
         ready: shared.ready.load(Ordering::Relaxed),
-        problems: r
-            .problems()
+        failed: r
+            .failed()
             .iter()
-            .map(|(k, p)| (k.to_string(), p.to_string()))
+            .map(|(k, e)| Failed {
+                service_port: k.clone(),
+                error: e.to_string(),
+            })
             .collect(),
-        rejected: engine.rejected().clone(),
+        conflicts: engine
+            .conflicts()
+            .iter()
+            .flat_map(|(k, list)| {
+                list.iter().map(|c| Owned {
+                    service_port: k.clone(),
+                    conflict: c.clone(),
+                })
+            })
+            .collect(),
+        rejected: engine
+            .rejected()
+            .iter()
+            .map(|(s, m)| Rejected {
+                subject: s.to_string(),
+                message: m.clone(),
+            })
+            .collect(),
     };
-    *shared
-        .status
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = status;
+    *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
 }
 
 fn log_pass(pass: &Pass) {
@@ -244,21 +369,21 @@ fn log_pass(pass: &Pass) {
             writes = report.writes,
             changed = report.services_changed,
             removed = report.services_removed,
-            failing = report.problems.len(),
+            failing = report.failed.len(),
             duration_ms = pass.duration.as_secs_f64() * 1e3,
             "full sync"
         );
-    } else if report.writes > 0 || !report.problems.is_empty() {
+    } else if report.writes > 0 || !report.failed.is_empty() {
         tracing::info!(
             services = pass.services,
             writes = report.writes,
-            failing = report.problems.len(),
+            failing = report.failed.len(),
             duration_us = pass.duration.as_micros() as u64,
             "sync"
         );
     }
-    for (key, problem) in &report.problems {
-        tracing::warn!(service = %key, "{problem}");
+    for (key, conflict) in &pass.new_conflicts {
+        tracing::warn!(service = %key, "address not served: {conflict}");
     }
 }
 

@@ -1,12 +1,16 @@
-//! `socklb agent` arguments → `AgentConfig`.
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+//! `socklb agent` arguments → `AgentConfig`. Every flag can also come from a `SOCKLB_*`
+//! environment variable (so a `ConfigMap` can feed the `DaemonSet`).
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::ValueEnum;
+use lb_common::MapId;
 
-use super::{DEFAULT_AGENT_ADDRESS, LogFormat, NodeArgs, PinArgs, init_logging};
+use super::{
+    DEFAULT_HEALTH_ADDRESS, DEFAULT_METRICS_ADDRESS, LogFormat, NodeArgs, PinArgs, init_logging,
+};
 use crate::{
-    agent::{AgentConfig, SourceConfig},
+    agent::{AgentConfig, Listeners, SourceConfig},
     dataplane::{loader::LoadConfig, maps::Capacities, sysfs},
 };
 
@@ -21,103 +25,141 @@ pub enum BpfLogLevel {
     Trace,
 }
 
+/// What `getpeername()` reports on a TCP socket connected through a service.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum PeerName {
+    /// The service address the application dialled (as kube-proxy's NAT shows it). Each TCP
+    /// socket gets a record in its own storage at connect.
+    #[default]
+    Service,
+    /// The backend's address (as Calico's connect-time balancer): no record for TCP sockets,
+    /// the cheapest connect.
+    Backend,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct AgentArgs {
     /// Read Services and EndpointSlices from this folder of YAML manifests (watched for
     /// changes) instead of the Kubernetes API.
-    #[arg(long, conflicts_with = "kubeconfig")]
+    #[arg(long, conflicts_with = "kubeconfig", env = "SOCKLB_MANIFESTS")]
     pub manifests: Option<PathBuf>,
     /// Kubeconfig for the Kubernetes API (default: in-cluster config, or $KUBECONFIG).
-    #[arg(long)]
+    #[arg(long, env = "SOCKLB_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's real address (https://HOST:PORT). Required to replace kube-proxy: the
+    /// in-cluster default reaches the API through the `kubernetes` Service's ClusterIP, which
+    /// only this agent could translate.
+    #[arg(long, env = "SOCKLB_API_SERVER")]
+    pub api_server: Option<String>,
     /// cgroup v2 directory to attach to (default: the cgroup2 mount from /proc/self/mountinfo).
-    #[arg(long)]
+    #[arg(long, env = "SOCKLB_CGROUP")]
     pub cgroup: Option<PathBuf>,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
     pub node: NodeArgs,
-    /// Address for /healthz, /readyz, /status and /metrics ("off" to disable).
-    #[arg(long, default_value = DEFAULT_AGENT_ADDRESS)]
-    pub listen: String,
-    /// Log format (json for log collectors). `SOCKLB_LOG` sets the filter (default info).
-    #[arg(long, value_enum, default_value_t)]
+    /// Address for /healthz, /livez and /readyz ("off" to disable).
+    #[arg(long, default_value = DEFAULT_HEALTH_ADDRESS, env = "SOCKLB_HEALTH_LISTEN")]
+    pub health_listen: String,
+    /// Address for /metrics and /status ("off" to disable).
+    #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_METRICS_LISTEN")]
+    pub metrics_listen: String,
+    /// Log format (json for log collectors).
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_LOG_FORMAT")]
     pub log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace); `SOCKLB_LOG` takes a full filter instead.
+    #[arg(long, default_value = "info", env = "SOCKLB_LOG_LEVEL")]
+    pub log_level: String,
     /// Log level inside the eBPF programs (off removes the logging code from the programs).
-    #[arg(long, value_enum, default_value_t)]
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_BPF_LOG_LEVEL")]
     pub bpf_log_level: BpfLogLevel,
-    /// How often the manifests folder is checked for changes, in milliseconds.
-    #[arg(long, default_value_t = 200)]
-    pub poll_ms: u64,
-    /// How often service ports whose writes failed are retried, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// What `getpeername()` reports on TCP sockets connected through a service.
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_TCP_PEER_NAME")]
+    pub tcp_peer_name: PeerName,
+    /// How often backend sets whose writes failed are retried, in milliseconds.
+    #[arg(long, default_value_t = 1000, env = "SOCKLB_RETRY_MS")]
     pub retry_ms: u64,
-    /// Capacity of the FRONTENDS map.
-    #[arg(long, default_value_t = lb_common::capacity::FRONTENDS)]
+    /// /livez fails when changes stay unwritten, or the source keeps failing, this long (seconds).
+    #[arg(long, default_value_t = 120, env = "SOCKLB_STUCK_AFTER_S")]
+    pub stuck_after_s: u64,
+    /// Capacity of FRONTENDS4 and FRONTENDS6 (service addresses of each family).
+    #[arg(long, default_value_t = MapId::Frontends4.default_capacity(), env = "SOCKLB_MAX_FRONTENDS")]
     pub max_frontends: u32,
-    /// Capacity of the SLOTS map.
-    #[arg(long, default_value_t = lb_common::capacity::SLOTS)]
-    pub max_slots: u32,
-    /// Capacity of the BACKENDS map.
-    #[arg(long, default_value_t = lb_common::capacity::BACKENDS)]
+    /// Capacity of BACKENDS (backend entries over all backend sets).
+    #[arg(long, default_value_t = MapId::Backends.default_capacity(), env = "SOCKLB_MAX_BACKENDS")]
     pub max_backends: u32,
-    /// Capacity of the SERVICE_META map (service ports).
-    #[arg(long, default_value_t = lb_common::capacity::SERVICE_META)]
+    /// Capacity of SERVICE_META (backend sets: service ports per family and scope).
+    #[arg(long, default_value_t = MapId::ServiceMeta.default_capacity(), env = "SOCKLB_MAX_SERVICES")]
     pub max_services: u32,
-    /// Capacity of the AFFINITY map (an LRU: the oldest client is evicted when full).
-    #[arg(long, default_value_t = lb_common::capacity::AFFINITY)]
-    pub max_affinity: u32,
-    /// Capacity of the SOCK_STATE map: live translated sockets whose peer address is reported
-    /// as the service's (preallocated, about 100 bytes each).
-    #[arg(long, default_value_t = lb_common::capacity::SOCK_STATE)]
-    pub max_sockets: u32,
+    /// Capacity of AFFINITY: client cgroups with a session-affinity table (an LRU).
+    #[arg(long, default_value_t = MapId::Affinity.default_capacity(), env = "SOCKLB_MAX_AFFINITY_CLIENTS")]
+    pub max_affinity_clients: u32,
 }
 
-pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
-    init_logging(args.log_format);
-    let cgroup = match args.cgroup {
-        Some(c) => c,
+impl AgentArgs {
+    /// The map sizes, from the flags named in the map table.
+    fn capacities(&self) -> Capacities {
+        let mut c = Capacities::default();
+        for map in MapId::ALL {
+            let value = match map.descriptor().capacity_flag {
+                Some("max-frontends") => self.max_frontends,
+                Some("max-backends") => self.max_backends,
+                Some("max-services") => self.max_services,
+                Some("max-affinity-clients") => self.max_affinity_clients,
+                _ => continue,
+            };
+            c = c.with(map, value);
+        }
+        c
+    }
+}
+
+fn listen(value: &str, flag: &str) -> anyhow::Result<Option<SocketAddr>> {
+    match value {
+        "off" | "" => Ok(None),
+        addr => Ok(Some(
+            addr.parse().with_context(|| format!("--{flag} {addr}"))?,
+        )),
+    }
+}
+
+pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    init_logging(args.log_format, &args.log_level);
+    let cgroup = match &args.cgroup {
+        Some(c) => c.clone(),
         None => sysfs::cgroup2_mount()
             .context("no cgroup2 mount in /proc/self/mountinfo; pass --cgroup")?,
     };
-    let listen = match args.listen.as_str() {
-        "off" | "" => None,
-        addr => Some(addr.parse().with_context(|| format!("--listen {addr}"))?),
-    };
-    let source = match args.manifests {
-        Some(dir) => SourceConfig::Manifests {
-            dir,
-            poll: Duration::from_millis(args.poll_ms.max(10)),
-        },
+    let source = match &args.manifests {
+        Some(dir) => SourceConfig::Manifests { dir: dir.clone() },
         None => SourceConfig::Kubernetes {
-            kubeconfig: args.kubeconfig,
+            kubeconfig: args.kubeconfig.clone(),
+            api_server: args.api_server.clone(),
         },
     };
     let config = AgentConfig {
         source,
         load: LoadConfig {
-            pin_folder: args.pins.pin_folder,
+            pin_folder: args.pins.pin_folder.clone(),
             cgroup,
-            capacities: Capacities {
-                frontends: args.max_frontends,
-                slots: args.max_slots,
-                backends: args.max_backends,
-                service_meta: args.max_services,
-            },
-            affinity_capacity: args.max_affinity,
-            sock_state_capacity: args.max_sockets,
+            capacities: args.capacities(),
             log_level: args.bpf_log_level as u8,
+            record_tcp: args.tcp_peer_name == PeerName::Service,
         },
-        node: args.node.node_info(),
-        listen,
+        node: args.node.flags(),
+        health_listen: listen(&args.health_listen, "health-listen")?,
+        metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
+        stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
     };
     crate::agent::limit_arenas();
+    // Bind first: a port in use must fail before anything is loaded or attached.
+    let listeners = Listeners::bind(&config)?;
     let dataplane = crate::agent::prepare(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(crate::agent::run(config, dataplane))?;
+    runtime.block_on(crate::agent::run(config, listeners, dataplane))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -3,14 +3,15 @@ use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 
-use super::{DEFAULT_AGENT_ADDRESS, NodeArgs, Output, PinArgs};
+use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, print_output};
 use crate::{
-    agent::Status,
     dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
     explain::{Link, Sources, explain, render},
-    model::Store,
-    source::{Object, files::read_folder},
-    translate::NodeInfo,
+    model::{NodeObject, Store},
+    source::files::read_folder,
+    status::Status,
+    translate::{Detail, NodeInfo, Ownership, translate_service_with},
+    vocab::{ObjectKey, ObjectRef, ServiceAddr},
 };
 
 #[derive(clap::Args, Debug)]
@@ -18,54 +19,68 @@ pub struct ExplainArgs {
     /// NAMESPACE/NAME of the Service, or ADDR:PORT[/tcp|udp] of one of its frontends.
     pub target: String,
     /// Read the objects from this folder of manifests (as `agent --manifests` does).
-    #[arg(long, conflicts_with = "kubeconfig")]
+    #[arg(long, conflicts_with = "kubeconfig", env = "SOCKLB_MANIFESTS")]
     pub manifests: Option<PathBuf>,
     /// Kubeconfig for the Kubernetes API (default: in-cluster config, or $KUBECONFIG).
-    #[arg(long)]
+    #[arg(long, env = "SOCKLB_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's address, as the agent's --api-server.
+    #[arg(long, env = "SOCKLB_API_SERVER")]
+    pub api_server: Option<String>,
     #[command(flatten)]
     pub pins: PinArgs,
     #[command(flatten)]
     pub node: NodeArgs,
-    /// The agent's address, to ask it (GET /status) what it could not apply.
-    #[arg(long, default_value = DEFAULT_AGENT_ADDRESS)]
+    /// The agent's metrics address, to ask it (GET /status) what it could not apply.
+    #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_AGENT")]
     pub agent: String,
-    /// Output format: readable text (table) or JSON.
+    /// Output format.
     #[arg(short, long, value_enum, default_value_t)]
     pub output: Output,
 }
 
+/// What explain read: the objects, the rejected ones, this Node, and (with manifests) every
+/// Service's claims.
+struct Loaded {
+    store: Store,
+    rejected: BTreeMap<ObjectRef, String>,
+    node: Option<NodeObject>,
+    ownership: Option<Ownership>,
+}
+
 /// Exit status 0 when nothing is broken on socklb's side, 1 when a link is.
 pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
-    let mut node = args.node.node_info();
-    let (store, rejected) = match &args.manifests {
-        Some(dir) => from_manifests(dir, &mut node)?,
+    let flags = args.node.flags();
+    let loaded = match &args.manifests {
+        Some(dir) => from_manifests(dir, flags.name.as_deref())?,
         None => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?
-            .block_on(from_api(args.kubeconfig.as_deref(), &mut node))?,
+            .block_on(from_api(args, flags.name.as_deref()))?,
     };
+    // The one rule for who this node is, shared with the agent.
+    let node = NodeInfo::resolve(&flags, loaded.node.as_ref());
+    // With manifests every Service's claims are known; from the API only the Service was
+    // read, and the agent's /status says who owns contested addresses.
+    let ownership = loaded.ownership;
     let pins = PinFolder::new(&args.pins.pin_folder);
-    let snapshot = if pins.exists() {
-        Some(BpfServiceMaps::open_pinned(&pins.maps(), true)?.read_all()?)
-    } else {
-        None
+    let snapshot = match pins.current() {
+        Some(dir) => Some(BpfServiceMaps::open(&dir, true)?.read_all()?),
+        None => None,
     };
     let agent = agent_status(&args.agent);
     let explanation = explain(
         &Sources {
-            store: &store,
-            rejected: &rejected,
+            store: &loaded.store,
+            rejected: &loaded.rejected,
             node: &node,
             maps: snapshot.as_ref(),
             agent: agent.as_ref(),
+            ownership: ownership.as_ref(),
         },
         &args.target,
     );
-    match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
-        Output::Table => print!("{}", render(&explanation)),
-    }
+    print_output(args.output, &explanation, || render(&explanation))?;
     Ok(if explanation.broken == Link::None {
         ExitCode::SUCCESS
     } else {
@@ -73,88 +88,123 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-type Loaded = (Store, BTreeMap<String, String>);
-
-fn load(objects: Vec<Object>) -> Store {
-    let mut store = Store::new();
-    for o in objects {
-        match o {
-            Object::Service(s) => {
-                store.upsert_service(*s);
-            }
-            Object::EndpointSlice(s) => {
-                store.upsert_slice(*s);
-            }
-        }
-    }
-    store
-}
-
-fn from_manifests(dir: &std::path::Path, node: &mut NodeInfo) -> anyhow::Result<Loaded> {
+fn from_manifests(dir: &std::path::Path, node_name: Option<&str>) -> anyhow::Result<Loaded> {
     let contents = read_folder(dir).with_context(|| format!("reading {}", dir.display()))?;
-    if let Some(n) = contents
+    let node = contents
         .nodes
         .iter()
-        .find(|n| Some(n.name.as_str()) == node.name.as_deref())
-    {
-        fill_node(node, n);
-    }
+        .find(|n| Some(n.name.as_str()) == node_name)
+        .cloned();
     let rejected = contents
         .errors
-        .into_iter()
-        .filter_map(|(object, message)| object.map(|o| (o, message)))
+        .iter()
+        .filter_map(|e| e.object.clone().map(|o| (o, e.to_string())))
         .collect();
     let mut objects = contents.services;
     objects.extend(contents.slices);
-    Ok((load(objects), rejected))
+    let store = crate::source::store_of(objects);
+    let ownership = Some(claims(&store, node_name, node.as_ref()));
+    Ok(Loaded {
+        store,
+        rejected,
+        node,
+        ownership,
+    })
 }
 
-fn fill_node(node: &mut NodeInfo, n: &crate::model::NodeObject) {
-    if node.zone.is_none() {
-        node.zone.clone_from(&n.zone);
+/// Every Service's claims on addresses, to say who owns a contested one.
+fn claims(store: &Store, node_name: Option<&str>, node: Option<&NodeObject>) -> Ownership {
+    let flags = crate::translate::NodeFlags {
+        name: node_name.map(str::to_string),
+        ..crate::translate::NodeFlags::default()
+    };
+    let info = NodeInfo::resolve(&flags, node);
+    let mut ownership = Ownership::default();
+    for svc in store.services() {
+        let t = translate_service_with(svc, &store.slices_of(&svc.key), &info, Detail::Lean);
+        for p in &t.ports {
+            ownership.claim(&p.key, &p.desired);
+        }
     }
-    if node.addresses.is_empty() {
-        node.addresses.clone_from(&n.addresses);
-    }
+    ownership
 }
 
-async fn from_api(
-    kubeconfig: Option<&std::path::Path>,
-    node: &mut NodeInfo,
-) -> anyhow::Result<Loaded> {
+/// From the API: only what the answer needs (the Service, its slices by label, this Node);
+/// a frontend address as target needs the Service list to find its owner.
+async fn from_api(args: &ExplainArgs, node_name: Option<&str>) -> anyhow::Result<Loaded> {
     use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
     use kube::{Api, api::ListParams};
 
-    use crate::model::{node_from_api, service_from_api, slice_from_api};
+    use crate::model::{LABEL_SERVICE_NAME, node_from_api, service_from_api, slice_from_api};
 
-    let client = crate::source::kube::client(kubeconfig).await?;
-    let mut objects = Vec::new();
+    let client =
+        crate::source::kube::client(args.kubeconfig.as_deref(), args.api_server.as_deref()).await?;
+    let mut store = Store::new();
     let mut rejected = BTreeMap::new();
-    let services: Api<core::Service> = Api::all(client.clone());
-    for s in services.list(&ListParams::default()).await?.items {
-        match service_from_api(&s) {
-            Ok(s) => objects.push(Object::Service(Box::new(s))),
-            Err(e) => {
-                rejected.insert(format!("{} {}", e.kind, e.object), e.to_string());
+    let key = if ServiceAddr::parse(&args.target).is_ok() {
+        let all: Api<core::Service> = Api::all(client.clone());
+        for s in all.list(&ListParams::default()).await?.items {
+            match service_from_api(&s) {
+                Ok(s) => {
+                    store.upsert_service(s);
+                }
+                Err(e) => {
+                    rejected.insert(e.object.clone(), e.to_string());
+                }
+            }
+        }
+        None
+    } else {
+        Some(ObjectKey::parse(&args.target))
+    };
+    let keys: Vec<ObjectKey> = match &key {
+        Some(k) => {
+            let services: Api<core::Service> = Api::namespaced(client.clone(), &k.namespace);
+            if let Some(s) = services.get_opt(&k.name).await? {
+                match service_from_api(&s) {
+                    Ok(s) => {
+                        store.upsert_service(s);
+                    }
+                    Err(e) => {
+                        rejected.insert(e.object.clone(), e.to_string());
+                    }
+                }
+            }
+            vec![k.clone()]
+        }
+        None => store.services().map(|s| s.key.clone()).collect(),
+    };
+    for k in keys {
+        let slices: Api<discovery::EndpointSlice> = Api::namespaced(client.clone(), &k.namespace);
+        let selector = format!("{LABEL_SERVICE_NAME}={}", k.name);
+        for s in slices
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+        {
+            match slice_from_api(&s) {
+                Ok(s) => {
+                    store.upsert_slice(s);
+                }
+                Err(e) => {
+                    rejected.insert(e.object.clone(), e.to_string());
+                }
             }
         }
     }
-    let slices: Api<discovery::EndpointSlice> = Api::all(client.clone());
-    for s in slices.list(&ListParams::default()).await?.items {
-        match slice_from_api(&s) {
-            Ok(s) => objects.push(Object::EndpointSlice(Box::new(s))),
-            Err(e) => {
-                rejected.insert(format!("{} {}", e.kind, e.object), e.to_string());
-            }
-        }
-    }
-    if let Some(name) = node.name.clone() {
+    let mut node = None;
+    if let Some(name) = node_name {
         let nodes: Api<core::Node> = Api::all(client);
-        if let Ok(n) = nodes.get(&name).await {
-            fill_node(node, &node_from_api(&n));
+        if let Ok(n) = nodes.get(name).await {
+            node = Some(node_from_api(&n));
         }
     }
-    Ok((load(objects), rejected))
+    Ok(Loaded {
+        store,
+        rejected,
+        node,
+        ownership: None,
+    })
 }
 
 /// The agent's /status, if it answers within a second.

@@ -1,17 +1,20 @@
 //! `socklb inspect`: the pinned maps, read-only.
-use std::{fmt::Write as _, process::ExitCode};
+use std::{fmt::Write as _, net::SocketAddr, process::ExitCode};
 
 use clap::Subcommand;
-use lb_common::map_name;
-use serde::Serialize;
+use lb_common::{Counter, MapId};
+use serde::{Deserialize, Serialize};
 
-use super::{Output, PinArgs, table::Table};
-use crate::dataplane::{
-    abi::{Frontend, backend_from_abi, words_to_ip},
-    bpf::{BpfServiceMaps, named_counters, open_pinned_map, read_affinity, sock_state_fill},
-    dump::{self, ServiceView},
-    loader::PinFolder,
-    maps::{MapSnapshot, ServiceMaps as _},
+use super::{Output, PinArgs, print_output, table::Table};
+use crate::{
+    dataplane::{
+        abi::backend_addr,
+        bpf::{BpfServiceMaps, ReadOnlyMaps},
+        dump::{self, ServiceView},
+        loader::{PinFolder, ProgramView, attached_programs},
+        maps::{MapSnapshot, ServiceMaps as _},
+    },
+    vocab::{ServiceAddr, ServicePortKey},
 };
 
 #[derive(clap::Args, Debug)]
@@ -21,295 +24,260 @@ pub struct InspectArgs {
     /// Output format.
     #[arg(short, long, value_enum, default_value_t, global = true)]
     pub output: Output,
+    /// Only backend sets of Services in this namespace.
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
     #[command(subcommand)]
     pub what: What,
 }
 
 #[derive(Subcommand, Debug)]
 pub enum What {
-    /// Frontends with their service, active/total backends and the backends.
-    Services,
-    /// The backend table.
-    Backends,
-    /// What a connect to ADDR:PORT[/tcp|udp] would get: the candidates and affinity.
+    /// Frontends with their backend set and backends (optionally of one Service, by name).
+    Services { name: Option<String> },
+    /// What a connect to ADDR:PORT[/tcp|udp] would get.
     Lookup { target: String },
-    /// The data path's counters (summed over CPUs) and map fill.
+    /// The data path's counters (summed over CPUs) and every map's fill and memory.
     Stats,
-    /// Session-affinity entries.
+    /// Session-affinity tables, by client cgroup.
     Affinity,
+    /// Every socket socklb translated (its record lives in the socket's own storage).
+    Sockets,
     /// The attached programs: instruction counts and the kernel's run counters.
     Programs,
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let pins = PinFolder::new(&args.pins.pin_folder);
-    anyhow::ensure!(
-        pins.exists(),
-        "no socklb maps pinned under {} (is the agent running with --bpffs {}?)",
-        pins.root.display(),
-        pins.root.display()
-    );
-    let maps = BpfServiceMaps::open_pinned(&pins.maps(), true)?;
-    let snap = maps.read_all()?;
-    let json = args.output == Output::Json;
-    let text = match &args.what {
-        What::Services => services(&snap, json)?,
-        What::Backends => backends(&snap, json)?,
-        What::Lookup { target } => lookup(&pins, &snap, target, json)?,
-        What::Stats => stats(&pins, &maps, &snap, json)?,
-        What::Affinity => affinity(&pins, &snap, json)?,
-        What::Programs => programs(&pins, json)?,
+    let Some(dir) = pins.current() else {
+        anyhow::bail!(
+            "no socklb maps pinned under {} (is the agent running with --bpffs {}?)",
+            pins.root.display(),
+            pins.root.display()
+        );
     };
-    print!("{text}");
+    let maps = BpfServiceMaps::open(&dir, true)?;
+    let snap = maps.read_all()?;
+    let other = ReadOnlyMaps::new(&dir);
+    let filter = |key: Option<&ServicePortKey>, name: Option<&str>| {
+        args.namespace
+            .as_deref()
+            .is_none_or(|ns| key.is_some_and(|k| &*k.service.namespace == ns))
+            && name.is_none_or(|n| key.is_some_and(|k| &*k.service.name == n))
+    };
+    match &args.what {
+        What::Services { name } => {
+            let views: Vec<ServiceView> = dump::services(&snap)
+                .into_iter()
+                .filter(|v| filter(v.service.as_ref(), name.as_deref()))
+                .collect();
+            print_output(args.output, &views, || services_table(&views))?;
+        }
+        What::Lookup { target } => {
+            let lookup = lookup(&snap, &other, target)?;
+            print_output(args.output, &lookup, || lookup_text(&lookup))?;
+        }
+        What::Stats => {
+            let stats = stats(&other, &maps, &snap)?;
+            print_output(args.output, &stats, || stats_text(&stats))?;
+        }
+        What::Affinity => {
+            let rows = affinity(&other, &snap)?;
+            let rows: Vec<AffinityRow> = rows
+                .into_iter()
+                .filter(|r| filter(r.service.as_ref(), None))
+                .collect();
+            print_output(args.output, &rows, || affinity_text(&rows))?;
+        }
+        What::Sockets => {
+            let rows = sockets(&dir, &snap)?;
+            print_output(args.output, &rows, || sockets_text(&rows))?;
+        }
+        What::Programs => {
+            let programs = attached_programs(&pins)?;
+            print_output(args.output, &programs, || programs_text(&programs))?;
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-fn to_json<T: Serialize>(value: &T) -> anyhow::Result<String> {
-    Ok(serde_json::to_string_pretty(value)? + "\n")
-}
-
-fn services(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
-    let views = dump::services(snap);
-    if json {
-        return to_json(&views);
-    }
-    let mut t = Table::new(["FRONTEND", "SERVICE", "SCOPE", "ACTIVE/TOTAL", "BACKENDS"]);
-    for v in &views {
+fn services_table(views: &[ServiceView]) -> String {
+    let mut t = Table::new(["FRONTENDS", "SERVICE", "COUNT", "BACKENDS"]);
+    for v in views {
+        let backends = v.active_backends();
         for f in &v.frontends {
+            let cell = if f.no_local_endpoint {
+                "<none on this node: refused>".to_string()
+            } else if f.count == 0 {
+                "<none: connects refused>".to_string()
+            } else {
+                backends
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
             t.row(vec![
-                f.frontend.clone(),
+                f.frontend.to_string(),
                 v.service
-                    .clone()
-                    .unwrap_or_else(|| format!("<id {}>", v.id)),
-                v.scope.clone().unwrap_or_default(),
-                format!("{}/{}", f.active, v.slots.len()),
-                backends_cell(v),
+                    .as_ref()
+                    .map_or_else(|| format!("<id {}>", v.id), ToString::to_string),
+                f.count.to_string(),
+                cell,
             ]);
         }
     }
-    Ok(t.render())
+    t.render()
 }
 
-fn backends_cell(v: &ServiceView) -> String {
-    let active = v.active_backends();
-    if active.is_empty() {
-        "<none: connects refused>".into()
-    } else {
-        active.join(",")
-    }
+/// What a connect to one address would get.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Lookup {
+    pub frontend: ServiceAddr,
+    pub service: Option<ServicePortKey>,
+    /// Whether the address is a service frontend at all (connects to others are untouched).
+    pub is_frontend: bool,
+    pub verdict: String,
+    /// The backends a connect chooses among, in slot order.
+    pub candidates: Vec<SocketAddr>,
+    pub affinity_timeout_s: Option<u32>,
 }
 
-#[derive(Serialize)]
-struct BackendRow {
-    id: u32,
-    address: Option<String>,
-    services: Vec<String>,
-}
-
-fn backends(snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
-    let views = dump::services(snap);
-    let rows: Vec<BackendRow> = snap
-        .backends
-        .iter()
-        .map(|(id, b)| BackendRow {
-            id: *id,
-            address: backend_from_abi(b).map(|a| a.to_string()),
-            services: views
-                .iter()
-                .filter(|v| v.slots.iter().any(|s| s.backend_id == *id))
-                .map(|v| {
-                    v.service
-                        .clone()
-                        .unwrap_or_else(|| format!("<id {}>", v.id))
-                })
-                .collect(),
-        })
-        .collect();
-    if json {
-        return to_json(&rows);
-    }
-    let mut t = Table::new(["ID", "ADDRESS", "SERVICES"]);
-    for r in rows {
-        t.row(vec![
-            r.id.to_string(),
-            r.address.unwrap_or_default(),
-            r.services.join(","),
-        ]);
-    }
-    Ok(t.render())
-}
-
-#[derive(Serialize)]
-struct Lookup {
-    frontend: String,
-    service: Option<String>,
-    verdict: String,
-    candidates: Vec<String>,
-    affinity_timeout_s: Option<u32>,
-    affinity_entries: usize,
-}
-
-fn lookup(
-    pins: &PinFolder,
-    snap: &MapSnapshot,
-    target: &str,
-    json: bool,
-) -> anyhow::Result<String> {
-    let frontend = Frontend::parse(target).map_err(anyhow::Error::msg)?;
-    let key = frontend.to_key();
-    let result = match snap.frontends.get(&key) {
-        None => Lookup {
-            frontend: frontend.to_string(),
+fn lookup(snap: &MapSnapshot, _other: &ReadOnlyMaps, target: &str) -> anyhow::Result<Lookup> {
+    let frontend = ServiceAddr::parse(target)?;
+    let Some(reach) = snap.reach(&frontend) else {
+        return Ok(Lookup {
+            frontend,
             service: None,
+            is_frontend: false,
             verdict: "not a service frontend: connect() is left untouched".into(),
             candidates: Vec::new(),
             affinity_timeout_s: None,
-            affinity_entries: 0,
-        },
-        Some(fe) => {
-            let view = dump::services(snap)
-                .into_iter()
-                .find(|v| v.id == fe.service_id);
-            let candidates: Vec<String> = view
-                .as_ref()
-                .map(|v| {
-                    v.slots
-                        .iter()
-                        .filter(|s| s.slot <= u32::from(fe.count))
-                        .map(|s| {
-                            s.backend
-                                .clone()
-                                .unwrap_or_else(|| format!("<missing backend {}>", s.backend_id))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            let affinity_entries =
-                open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)
-                    .and_then(read_affinity)
-                    .map_or(0, |entries| {
-                        entries
-                            .iter()
-                            .filter(|(k, _)| k.service_id == fe.service_id)
-                            .count()
-                    });
-            let verdict = if fe.count == 0 {
-                "no active backend: connect() fails with ECONNREFUSED".to_string()
-            } else {
-                format!(
-                    "connect() goes to one of {} backend(s), chosen at random",
-                    fe.count
-                )
-            };
-            Lookup {
-                frontend: frontend.to_string(),
-                service: view.and_then(|v| v.service),
-                verdict,
-                candidates,
-                affinity_timeout_s: (fe.flags & lb_common::FRONTEND_FLAG_AFFINITY != 0)
-                    .then_some(fe.affinity_timeout_s),
-                affinity_entries,
-            }
-        }
+        });
     };
-    if json {
-        return to_json(&result);
-    }
+    let fe = reach.frontend;
+    let verdict = if fe.count == 0 && fe.flags & lb_common::FRONTEND_FLAG_NO_LOCAL != 0 {
+        "internalTrafficPolicy Local and no usable endpoint on this node: connect() fails with ECONNREFUSED".to_string()
+    } else if fe.count == 0 {
+        "no usable endpoint: connect() fails with ECONNREFUSED".to_string()
+    } else {
+        format!(
+            "connect() goes to one of {} backend(s), chosen at random",
+            fe.count
+        )
+    };
+    Ok(Lookup {
+        frontend,
+        service: snap.service_port(reach.service_id),
+        is_frontend: true,
+        verdict,
+        candidates: reach.backends.into_iter().flatten().collect(),
+        affinity_timeout_s: (fe.flags & lb_common::FRONTEND_FLAG_AFFINITY != 0)
+            .then_some(fe.affinity_timeout_s),
+    })
+}
+
+fn lookup_text(l: &Lookup) -> String {
     let mut out = format!(
         "frontend  {}\nservice   {}\nverdict   {}\n",
-        result.frontend,
-        result.service.as_deref().unwrap_or("-"),
-        result.verdict
+        l.frontend,
+        l.service
+            .as_ref()
+            .map_or_else(|| "-".into(), ToString::to_string),
+        l.verdict
     );
-    if let Some(t) = result.affinity_timeout_s {
-        let _ = writeln!(
-            out,
-            "affinity  ClientIP, {t}s; {} client(s) pinned",
-            result.affinity_entries
-        );
+    if let Some(t) = l.affinity_timeout_s {
+        let _ = writeln!(out, "affinity  ClientIP, {t}s");
     }
-    for (i, c) in result.candidates.iter().enumerate() {
-        let _ = writeln!(out, "  slot {} -> {c}", i + 1);
+    for (i, c) in l.candidates.iter().enumerate() {
+        let _ = writeln!(out, "  slot {i} -> {c}");
     }
-    Ok(out)
+    out
 }
 
-#[derive(Serialize)]
-struct Stats {
-    counters: Vec<(String, u64)>,
-    maps: Vec<(String, usize, u32)>,
+/// One map's fill, size and memory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MapStats {
+    pub map: String,
+    /// Entries in use, where the agent can know it without walking the map.
+    pub entries: Option<u64>,
+    pub capacity: u32,
+    /// Bytes the kernel charges for the map (fdinfo `memlock`).
+    pub memory_bytes: u64,
 }
 
-fn stats(
-    pins: &PinFolder,
-    maps: &BpfServiceMaps,
-    snap: &MapSnapshot,
-    json: bool,
-) -> anyhow::Result<String> {
-    let counters = named_counters(open_pinned_map(
-        &pins.map(map_name::COUNTERS),
-        map_name::COUNTERS,
-        true,
-    )?)?;
-    let (sockets, sockets_cap) = sock_state_fill(open_pinned_map(
-        &pins.map(map_name::SOCK_STATE),
-        map_name::SOCK_STATE,
-        true,
-    )?)?;
-    let affinity = read_affinity(open_pinned_map(
-        &pins.map(map_name::AFFINITY),
-        map_name::AFFINITY,
-        true,
-    )?)?;
-    let affinity_cap = open_pinned_map(&pins.map(map_name::AFFINITY), map_name::AFFINITY, true)?
-        .info()
-        .map_or(0, |i| i.max_entries());
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Stats {
+    pub counters: Vec<(String, u64)>,
+    pub maps: Vec<MapStats>,
+}
+
+fn stats(other: &ReadOnlyMaps, maps: &BpfServiceMaps, snap: &MapSnapshot) -> anyhow::Result<Stats> {
+    let counters = other
+        .counters()?
+        .into_iter()
+        .map(|(c, v)| (Counter::name(c).to_string(), v))
+        .collect();
     let caps = maps.capacities();
-    let stats = Stats {
-        counters: counters
-            .into_iter()
-            .map(|(n, v)| (n.to_string(), v))
-            .collect(),
-        maps: vec![
-            (
-                map_name::FRONTENDS.into(),
-                snap.frontends.len(),
-                caps.frontends,
+    let used_backends: u64 = dump::services(snap)
+        .iter()
+        .map(|v| v.backends.len() as u64)
+        .sum();
+    let mut rows = Vec::new();
+    for map in MapId::ALL {
+        let (capacity, memory_bytes) = other.footprint(map)?;
+        let entries = match map {
+            MapId::Frontends4 => Some(
+                snap.frontends
+                    .keys()
+                    .filter(|k| k.family == lb_common::FAMILY_IPV4)
+                    .count() as u64,
             ),
-            (map_name::SLOTS.into(), snap.slots.len(), caps.slots),
-            (
-                map_name::BACKENDS.into(),
-                snap.backends.len(),
-                caps.backends,
+            MapId::Frontends6 => Some(
+                snap.frontends
+                    .keys()
+                    .filter(|k| k.family != lb_common::FAMILY_IPV4)
+                    .count() as u64,
             ),
-            (
-                map_name::SERVICE_META.into(),
-                snap.meta.len(),
-                caps.service_meta,
-            ),
-            (map_name::AFFINITY.into(), affinity.len(), affinity_cap),
-            (map_name::SOCK_STATE.into(), sockets, sockets_cap),
-        ],
-    };
-    if json {
-        return to_json(&stats);
+            MapId::ServiceMeta => Some(snap.meta.len() as u64),
+            MapId::Backends => Some(used_backends),
+            _ => None,
+        };
+        rows.push(MapStats {
+            map: map.name().to_string(),
+            entries,
+            capacity: if map.descriptor().capacity_flag.is_some() {
+                caps.get(map).max(capacity)
+            } else {
+                capacity
+            },
+            memory_bytes,
+        });
     }
+    Ok(Stats {
+        counters,
+        maps: rows,
+    })
+}
+
+fn stats_text(stats: &Stats) -> String {
     let mut t = Table::new(["COUNTER", "TOTAL"]);
     for (n, v) in &stats.counters {
         t.row(vec![n.clone(), v.to_string()]);
     }
-    let mut m = Table::new(["MAP", "ENTRIES", "CAPACITY"]);
-    for (n, len, cap) in &stats.maps {
-        m.row(vec![n.clone(), len.to_string(), cap.to_string()]);
+    let mut m = Table::new(["MAP", "ENTRIES", "CAPACITY", "MEMORY"]);
+    for s in &stats.maps {
+        m.row(vec![
+            s.map.clone(),
+            s.entries.map_or_else(|| "-".into(), |e| e.to_string()),
+            s.capacity.to_string(),
+            format!("{:.1} KiB", s.memory_bytes as f64 / 1024.0),
+        ]);
     }
-    Ok(format!("{}\n{}", t.render(), m.render()))
+    format!("{}\n{}", t.render(), m.render())
 }
 
-fn programs(pins: &PinFolder, json: bool) -> anyhow::Result<String> {
-    let programs = crate::dataplane::loader::attached_programs(pins)?;
-    if json {
-        return to_json(&programs);
-    }
+fn programs_text(programs: &[ProgramView]) -> String {
     let mut t = Table::new(["PROGRAM", "ID", "INSNS", "VERIFIED", "RUNS", "AVG NS"]);
     let opt = |v: Option<u32>| v.map_or_else(|| "-".into(), |v| v.to_string());
     for p in programs {
@@ -319,7 +287,7 @@ fn programs(pins: &PinFolder, json: bool) -> anyhow::Result<String> {
             format!("{:.0}", p.run_time_ns as f64 / p.run_count as f64)
         };
         t.row(vec![
-            p.name,
+            p.name.clone(),
             p.id.to_string(),
             opt(p.instructions),
             opt(p.verified_instructions),
@@ -327,67 +295,114 @@ fn programs(pins: &PinFolder, json: bool) -> anyhow::Result<String> {
             avg,
         ]);
     }
-    Ok(t.render())
+    t.render()
 }
 
-#[derive(Serialize)]
-struct AffinityRow {
-    service: String,
-    netns_cookie: u64,
-    client: Option<String>,
-    backend: Option<String>,
-    idle_s: f64,
+/// One translated socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SocketRow {
+    pub cookie: u64,
+    pub frontend: Option<ServiceAddr>,
+    pub backend: Option<SocketAddr>,
+    /// The backend set the frontend belongs to now (`None`: gone).
+    pub service: Option<ServicePortKey>,
 }
 
-fn affinity(pins: &PinFolder, snap: &MapSnapshot, json: bool) -> anyhow::Result<String> {
-    let entries = read_affinity(open_pinned_map(
-        &pins.map(map_name::AFFINITY),
-        map_name::AFFINITY,
-        true,
-    )?)?;
-    let views = dump::services(snap);
-    let now = monotonic_ns();
-    let rows: Vec<AffinityRow> = entries
-        .iter()
-        .map(|(k, v)| AffinityRow {
-            service: views
-                .iter()
-                .find(|s| s.id == k.service_id)
-                .and_then(|s| s.service.clone())
-                .unwrap_or_else(|| format!("<id {}>", k.service_id)),
-            netns_cookie: k.netns_cookie,
-            client: words_to_ip(k.client, k.family).map(|ip| ip.to_string()),
-            backend: snap
-                .backends
-                .get(&v.backend_id)
-                .and_then(backend_from_abi)
-                .map(|a| a.to_string()),
-            idle_s: now.saturating_sub(v.last_used_ns) as f64 / 1e9,
+fn sockets(dir: &std::path::Path, snap: &MapSnapshot) -> anyhow::Result<Vec<SocketRow>> {
+    Ok(crate::dataplane::sockets::translated(dir)?
+        .into_iter()
+        .map(|e| {
+            let frontend = crate::dataplane::abi::service_addr(&e.record.frontend);
+            SocketRow {
+                cookie: e.cookie,
+                service: frontend
+                    .and_then(|f| snap.reach(&f))
+                    .and_then(|r| snap.service_port(r.service_id)),
+                frontend,
+                backend: backend_addr(&e.record.backend),
+            }
         })
-        .collect();
-    if json {
-        return to_json(&rows);
-    }
-    let mut t = Table::new(["SERVICE", "NETNS", "CLIENT", "BACKEND", "IDLE"]);
+        .collect())
+}
+
+fn sockets_text(rows: &[SocketRow]) -> String {
+    let mut t = Table::new(["COOKIE", "FRONTEND", "BACKEND", "SERVICE"]);
     for r in rows {
         t.row(vec![
-            r.service,
+            r.cookie.to_string(),
+            r.frontend.map_or_else(|| "-".into(), |f| f.to_string()),
+            r.backend.map_or_else(|| "-".into(), |b| b.to_string()),
+            r.service
+                .as_ref()
+                .map_or_else(|| "<gone>".into(), ToString::to_string),
+        ]);
+    }
+    t.render()
+}
+
+/// One remembered affinity choice.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AffinityRow {
+    /// The client's cgroup id (its table).
+    pub cgroup: u64,
+    pub netns_cookie: u64,
+    pub service: Option<ServicePortKey>,
+    pub backend: Option<SocketAddr>,
+    pub idle_s: f64,
+}
+
+/// How many client tables inspect reads at most (a bounded walk).
+const AFFINITY_LIMIT: usize = 4096;
+
+fn affinity(other: &ReadOnlyMaps, snap: &MapSnapshot) -> anyhow::Result<Vec<AffinityRow>> {
+    let now = monotonic_ns();
+    let mut rows = Vec::new();
+    for (cgroup, table) in other.affinity(AFFINITY_LIMIT)? {
+        for e in table.entries.iter().filter(|e| e.service_id != 0) {
+            rows.push(AffinityRow {
+                cgroup,
+                netns_cookie: e.netns_cookie,
+                service: snap.service_port(e.service_id),
+                backend: backend_addr(&e.backend),
+                idle_s: now.saturating_sub(e.last_used_ns) as f64 / 1e9,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn affinity_text(rows: &[AffinityRow]) -> String {
+    let mut t = Table::new(["CGROUP", "NETNS", "SERVICE", "BACKEND", "IDLE"]);
+    for r in rows {
+        t.row(vec![
+            r.cgroup.to_string(),
             r.netns_cookie.to_string(),
-            r.client.unwrap_or_default(),
-            r.backend.unwrap_or_else(|| "<gone>".into()),
+            r.service
+                .as_ref()
+                .map_or_else(|| "<gone>".into(), ToString::to_string),
+            r.backend.map_or_else(|| "-".into(), |b| b.to_string()),
             format!("{:.1}s", r.idle_s),
         ]);
     }
-    Ok(t.render())
+    t.render()
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_counter_has_a_distinct_name() {
+        let mut names: Vec<&str> = lb_common::Counter::ALL
+            .iter()
+            .map(|c| lb_common::Counter::name(*c))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), lb_common::Counter::ALL.len());
+    }
 }

@@ -5,15 +5,24 @@ mod inspect;
 mod reset;
 mod table;
 
+pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
+
 use std::{net::IpAddr, path::PathBuf};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::translate::{DEFAULT_PROXY_NAME, NodeInfo};
+use crate::translate::{DEFAULT_PROXY_NAME, NodeFlags};
 
 pub const DEFAULT_PIN_FOLDER: &str = "/sys/fs/bpf/socklb";
-/// Where the agent serves /healthz, /readyz, /status and /metrics, and where explain asks it.
-pub const DEFAULT_AGENT_ADDRESS: &str = "127.0.0.1:10256";
+/// Where the agent serves /healthz, /livez and /readyz. kube-proxy uses 10249 and 10256,
+/// Cilium 9879 and 9962-9965, Calico 9099 and 9091, the kubelet 10248, 10250 and 10255.
+pub const DEFAULT_HEALTH_ADDRESS: &str = "127.0.0.1:10324";
+/// Where the agent serves /metrics and /status, and where explain asks it.
+pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:10325";
+/// This build's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit this build came from (`unknown` outside a checkout).
+pub const COMMIT: &str = env!("SOCKLB_GIT_COMMIT");
 
 #[derive(Parser, Debug)]
 #[command(
@@ -45,6 +54,22 @@ pub enum Output {
     #[default]
     Table,
     Json,
+    Yaml,
+}
+
+/// Prints a value as JSON or YAML (the library's own serialisable types), or as the table
+/// `text` renders.
+pub fn print_output<T: serde::Serialize>(
+    output: Output,
+    value: &T,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        Output::Yaml => print!("{}", serde_yaml::to_string(value)?),
+        Output::Table => print!("{}", text()),
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -62,45 +87,70 @@ pub struct PinArgs {
     pub pin_folder: PathBuf,
 }
 
-/// Who this node is, as the agent and explain both need it.
+/// Whether `spec.externalIPs` are served.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExternalIps {
+    #[default]
+    Allow,
+    /// Never serve them (as the `DenyServiceExternalIPs` admission plugin refuses them).
+    Ignore,
+}
+
+/// Who this node is, as the agent and explain both need it. Flags given win over the Node
+/// object; see `NodeInfo::resolve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NodeArgs {
-    /// This node's name, for traffic policy Local and topology hints.
-    #[arg(long, env = "NODE_NAME")]
+    /// This node's name, for internalTrafficPolicy Local and topology hints.
+    #[arg(long, env = "SOCKLB_NODE_NAME")]
     pub node_name: Option<String>,
     /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
-    #[arg(long)]
+    #[arg(long, env = "SOCKLB_ZONE")]
     pub zone: Option<String>,
     /// An address of this node on which NodePorts are served (repeatable; default: the Node's
-    /// InternalIP/ExternalIP addresses).
-    #[arg(long = "node-address")]
+    /// `InternalIP` and `ExternalIP` addresses). Never 127.0.0.1, as kube-proxy's nftables mode.
+    #[arg(
+        long = "node-address",
+        env = "SOCKLB_NODE_ADDRESSES",
+        value_delimiter = ','
+    )]
     pub node_addresses: Vec<IpAddr>,
     /// Serve only Services without a service-proxy-name label, or labelled with this name.
-    #[arg(long, default_value = DEFAULT_PROXY_NAME)]
+    #[arg(long, default_value = DEFAULT_PROXY_NAME, env = "SOCKLB_PROXY_NAME")]
     pub proxy_name: String,
+    /// Serve spec.externalIPs, or ignore them everywhere.
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_EXTERNAL_IPS")]
+    pub external_ips: ExternalIps,
 }
 
 impl NodeArgs {
-    pub fn node_info(&self) -> NodeInfo {
-        NodeInfo {
-            name: self.node_name.clone(),
+    pub fn flags(&self) -> NodeFlags {
+        NodeFlags {
+            name: self
+                .node_name
+                .clone()
+                .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty())),
             zone: self.zone.clone(),
             addresses: self.node_addresses.clone(),
             proxy_name: self.proxy_name.clone(),
+            external_ips: self.external_ips == ExternalIps::Allow,
         }
     }
 }
 
-pub fn init_logging(format: LogFormat) {
+/// Sets up logging to stderr: colour only on a terminal, JSON with the event's fields at the
+/// top level for collectors. `SOCKLB_LOG` (an env-filter) overrides `level`.
+pub fn init_logging(format: LogFormat, level: &str) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("SOCKLB_LOG")
         // The programs' own records are already filtered by --bpf-log-level at load time.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,lb_ebpf=trace"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},lb_ebpf=trace")));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
 }
 
@@ -108,7 +158,7 @@ pub fn init_logging(format: LogFormat) {
 pub fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Agent(args) => agent::run(args),
+        Command::Agent(args) => agent::run(&args),
         Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Reset(args) => reset::run(&args),

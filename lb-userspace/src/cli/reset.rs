@@ -1,4 +1,4 @@
-//! `socklb reset`: detach the programs and remove every pin.
+//! `socklb reset`: detach the programs and remove every pin (the uninstall path).
 use std::process::ExitCode;
 
 use super::PinArgs;

@@ -1,91 +1,42 @@
-//! Conversions between the map ABI (`lb_common`, network byte order words) and std's address
-//! types, and the readable names of protocols and families.
-use std::{
-    fmt,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+//! Conversions between the vocabulary's types and the map ABI (`lb_common`: network byte order
+//! words, fixed-size names). The model and translation never see the ABI; only this module
+//! converts.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use lb_common::{
+    Backend, FAMILY_IPV4, FAMILY_IPV6, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SCOPE_CLUSTER,
+    SCOPE_LOCAL, ServiceMeta,
 };
 
-use lb_common::{Backend, FAMILY_IPV4, FAMILY_IPV6, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP};
-use serde::{Deserialize, Serialize};
+use crate::vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey};
 
-/// The transport protocols socklb translates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Protocol {
-    #[serde(rename = "TCP")]
-    Tcp,
-    #[serde(rename = "UDP")]
-    Udp,
-}
-
-impl Protocol {
-    pub fn number(self) -> u8 {
-        match self {
-            Self::Tcp => PROTOCOL_TCP,
-            Self::Udp => PROTOCOL_UDP,
-        }
-    }
-
-    pub fn from_number(n: u8) -> Option<Self> {
-        match n {
-            PROTOCOL_TCP => Some(Self::Tcp),
-            PROTOCOL_UDP => Some(Self::Udp),
-            _ => None,
-        }
-    }
-
-    /// Parses "TCP"/"tcp", as Kubernetes and the CLI write it.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.to_ascii_uppercase().as_str() {
-            "TCP" => Some(Self::Tcp),
-            "UDP" => Some(Self::Udp),
-            _ => None,
-        }
+pub fn protocol_number(p: Protocol) -> u8 {
+    match p {
+        Protocol::Tcp => PROTOCOL_TCP,
+        Protocol::Udp => PROTOCOL_UDP,
     }
 }
 
-impl fmt::Display for Protocol {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Tcp => "TCP",
-            Self::Udp => "UDP",
-        })
+pub fn protocol_from(n: u8) -> Option<Protocol> {
+    match n {
+        PROTOCOL_TCP => Some(Protocol::Tcp),
+        PROTOCOL_UDP => Some(Protocol::Udp),
+        _ => None,
     }
 }
 
-/// IPv4 or IPv6, as Kubernetes names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Family {
-    IPv4,
-    IPv6,
-}
-
-impl Family {
-    pub fn of(ip: IpAddr) -> Self {
-        if ip.is_ipv4() { Self::IPv4 } else { Self::IPv6 }
-    }
-
-    pub fn number(self) -> u8 {
-        match self {
-            Self::IPv4 => FAMILY_IPV4,
-            Self::IPv6 => FAMILY_IPV6,
-        }
-    }
-
-    pub fn from_number(n: u8) -> Option<Self> {
-        match n {
-            FAMILY_IPV4 => Some(Self::IPv4),
-            FAMILY_IPV6 => Some(Self::IPv6),
-            _ => None,
-        }
+pub fn family_number(f: Family) -> u8 {
+    match f {
+        Family::IPv4 => FAMILY_IPV4,
+        Family::IPv6 => FAMILY_IPV6,
     }
 }
 
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::IPv4 => "IPv4",
-            Self::IPv6 => "IPv6",
-        })
+pub fn family_from(n: u8) -> Option<Family> {
+    match n {
+        FAMILY_IPV4 => Some(Family::IPv4),
+        FAMILY_IPV6 => Some(Family::IPv6),
+        _ => None,
     }
 }
 
@@ -118,87 +69,79 @@ pub fn words_to_ip(words: [u32; 4], family: u8) -> Option<IpAddr> {
     }
 }
 
-/// A service address with its protocol: what a frontend key holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Frontend {
-    pub addr: SocketAddr,
-    pub protocol: Protocol,
-}
-
-impl Frontend {
-    pub fn new(ip: IpAddr, port: u16, protocol: Protocol) -> Self {
-        Self {
-            addr: SocketAddr::new(ip, port),
-            protocol,
-        }
-    }
-
-    pub fn family(&self) -> Family {
-        Family::of(self.addr.ip())
-    }
-
-    /// Parses `ADDR:PORT[/tcp|udp]` (IPv6 as `[ADDR]:PORT`); TCP when no protocol is given.
-    pub fn parse(target: &str) -> Result<Self, String> {
-        let (addr, protocol) = match target.rsplit_once('/') {
-            Some((a, p)) => (
-                a,
-                Protocol::parse(p).ok_or_else(|| format!("{p:?} is not tcp or udp"))?,
-            ),
-            None => (target, Protocol::Tcp),
-        };
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not ADDR:PORT (IPv6: [ADDR]:PORT)"))?;
-        Ok(Self::new(addr.ip(), addr.port(), protocol))
-    }
-
-    pub fn to_key(self) -> FrontendKey {
-        FrontendKey {
-            addr: ip_to_words(self.addr.ip()),
-            port_be: self.addr.port().to_be(),
-            protocol: self.protocol.number(),
-            family: self.family().number(),
-        }
-    }
-
-    pub fn from_key(key: &FrontendKey) -> Option<Self> {
-        Some(Self {
-            addr: SocketAddr::new(
-                words_to_ip(key.addr, key.family)?,
-                u16::from_be(key.port_be),
-            ),
-            protocol: Protocol::from_number(key.protocol)?,
-        })
+/// The map key of a service address.
+pub fn frontend_key(addr: ServiceAddr) -> FrontendKey {
+    FrontendKey {
+        addr: ip_to_words(addr.addr.ip()),
+        port_be: addr.addr.port().to_be(),
+        protocol: protocol_number(addr.protocol),
+        family: family_number(addr.family()),
     }
 }
 
-impl fmt::Display for Frontend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.protocol)
-    }
+/// The service address a map key stands for.
+pub fn service_addr(key: &FrontendKey) -> Option<ServiceAddr> {
+    Some(ServiceAddr::new(
+        words_to_ip(key.addr, key.family)?,
+        u16::from_be(key.port_be),
+        protocol_from(key.protocol)?,
+    ))
 }
 
-pub fn backend_to_abi(addr: SocketAddr) -> Backend {
+pub fn backend(addr: SocketAddr) -> Backend {
     Backend {
         addr: ip_to_words(addr.ip()),
         port_be: addr.port().to_be(),
-        family: Family::of(addr.ip()).number(),
+        family: family_number(Family::of(addr.ip())),
         _pad: 0,
     }
 }
 
-pub fn backend_from_abi(b: &Backend) -> Option<SocketAddr> {
+/// The address of a backend entry; `None` for an unused (zero) entry.
+pub fn backend_addr(b: &Backend) -> Option<SocketAddr> {
     Some(SocketAddr::new(
         words_to_ip(b.addr, b.family)?,
         u16::from_be(b.port_be),
     ))
 }
 
+/// The metadata entry that names a backend set in the maps.
+pub fn service_meta(key: &ServicePortKey, port: u16) -> ServiceMeta {
+    ServiceMeta {
+        name: to_fixed(&key.service.to_string()),
+        port_name: to_fixed(&key.port_name),
+        port,
+        protocol: protocol_number(key.protocol),
+        family: family_number(key.family),
+        scope: match key.scope {
+            Scope::Cluster => SCOPE_CLUSTER,
+            Scope::Local => SCOPE_LOCAL,
+        },
+        _pad: [0; 3],
+    }
+}
+
+/// The backend set a metadata entry names.
+pub fn service_port_key(meta: &ServiceMeta) -> Option<ServicePortKey> {
+    let name = from_fixed(&meta.name);
+    let (namespace, service) = name.split_once('/')?;
+    Some(ServicePortKey {
+        service: ObjectKey::new(namespace, service),
+        port_name: from_fixed(&meta.port_name).into(),
+        protocol: protocol_from(meta.protocol)?,
+        family: family_from(meta.family)?,
+        scope: match meta.scope {
+            SCOPE_LOCAL => Scope::Local,
+            _ => Scope::Cluster,
+        },
+    })
+}
+
 /// Copies a string into a zero-padded fixed field, cutting it at a char boundary if it is too
-/// long (validation rejects such names before they get here).
+/// long (Kubernetes names always fit: see `lb_common::SERVICE_NAME_LEN`, `PORT_NAME_LEN`).
 pub fn to_fixed<const N: usize>(s: &str) -> [u8; N] {
     let mut out = [0u8; N];
-    let mut end = s.len().min(N);
+    let mut end = s.len().min(N - 1);
     while !s.is_char_boundary(end) {
         end -= 1;
     }
@@ -217,18 +160,30 @@ mod tests {
 
     #[test]
     fn frontend_key_round_trips_and_is_network_order() {
-        let fe = Frontend::new("10.96.0.10".parse().unwrap(), 80, Protocol::Tcp);
-        let key = fe.to_key();
+        let fe = ServiceAddr::new("10.96.0.10".parse().unwrap(), 80, Protocol::Tcp);
+        let key = frontend_key(fe);
         assert_eq!(key.addr[0].to_ne_bytes(), [10, 96, 0, 10]);
         assert_eq!(key.port_be.to_ne_bytes(), [0, 80]);
-        assert_eq!(Frontend::from_key(&key), Some(fe));
-        let v6 = Frontend::new("fd00:96::10".parse().unwrap(), 53, Protocol::Udp);
-        assert_eq!(Frontend::from_key(&v6.to_key()), Some(v6));
+        assert_eq!(service_addr(&key), Some(fe));
+        let v6 = ServiceAddr::new("fd00:96::10".parse().unwrap(), 53, Protocol::Udp);
+        assert_eq!(service_addr(&frontend_key(v6)), Some(v6));
+    }
+
+    #[test]
+    fn metadata_round_trips_with_long_names() {
+        let key = ServicePortKey {
+            service: ObjectKey::new("a".repeat(63), "b".repeat(63)),
+            port_name: "p".repeat(63).into(),
+            protocol: Protocol::Udp,
+            family: Family::IPv6,
+            scope: Scope::Local,
+        };
+        assert_eq!(service_port_key(&service_meta(&key, 53)), Some(key));
     }
 
     #[test]
     fn fixed_strings_cut_at_char_boundaries() {
-        let f: [u8; 4] = to_fixed("aé€");
+        let f: [u8; 5] = to_fixed("aé€");
         assert_eq!(from_fixed(&f), "aé");
     }
 }

@@ -1,98 +1,107 @@
-//! The real maps: `ServiceMaps` over the pinned BPF maps, and read-only access for `inspect`.
+//! The real maps: `ServiceMaps` over the pinned BPF maps, and read-only access for `inspect`
+//! and metrics.
 use std::{
-    ffi::CString,
-    os::{
-        fd::{FromRawFd as _, OwnedFd},
-        unix::ffi::OsStrExt as _,
-    },
-    path::Path,
+    io,
+    os::fd::{AsFd as _, OwnedFd},
+    path::{Path, PathBuf},
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
-    AffinityKey, AffinityValue, Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, counter,
-    map_name,
+    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, MapId, ServiceMeta,
 };
 
-use super::maps::{Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps};
+use super::{
+    maps::{Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
+    sys,
+};
 
-/// The service maps (frontends, slots, backends, metadata), writable.
+fn read_error(map: MapId, e: MapError) -> MapReadError {
+    MapReadError::new(map, io::Error::other(e))
+}
+
+fn typed<T: TryFrom<Map, Error = MapError>>(map: MapId, data: MapData) -> Result<T, MapReadError> {
+    T::try_from(Map::from_map_data(data).map_err(|e| read_error(map, e))?)
+        .map_err(|e| read_error(map, e))
+}
+
+/// Opens one pinned map of a pin folder's map directory, read-only when asked.
+pub fn open_map(dir: &Path, map: MapId, read_only: bool) -> Result<MapData, MapReadError> {
+    let path = dir.join(map.name());
+    let fd = sys::obj_get(&path, read_only).map_err(|e| {
+        MapReadError::new(
+            map,
+            io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        )
+    })?;
+    MapData::from_fd(fd).map_err(|e| read_error(map, e))
+}
+
+fn max_entries(map: MapId, data: &MapData) -> Result<u32, MapReadError> {
+    Ok(data.info().map_err(|e| read_error(map, e))?.max_entries())
+}
+
+/// The maps the reconciler writes: frontends, backends, metadata and port bitmaps.
 pub struct BpfServiceMaps {
-    frontends: HashMap<MapData, FrontendKey, Frontend>,
-    slots: HashMap<MapData, SlotKey, u32>,
-    backends: HashMap<MapData, u32, Backend>,
+    frontends4: HashMap<MapData, Frontend4Key, Frontend>,
+    frontends6: HashMap<MapData, FrontendKey, Frontend>,
     meta: HashMap<MapData, u32, ServiceMeta>,
+    ports: Array<MapData, u64>,
+    /// Descriptors for the batch calls aya does not wrap.
+    backends_fd: OwnedFd,
+    ports_fd: OwnedFd,
     capacities: Capacities,
 }
 
-fn typed<T: TryFrom<Map, Error = MapError>>(
-    name: &'static str,
-    data: MapData,
-) -> Result<T, MapReadError> {
-    T::try_from(Map::from_map_data(data).map_err(|e| read_error(name, &e))?)
-        .map_err(|e| read_error(name, &e))
-}
-
-fn read_error(map: &'static str, e: &dyn std::fmt::Display) -> MapReadError {
-    MapReadError {
-        map,
-        message: e.to_string(),
-    }
-}
-
-fn max_entries(name: &'static str, data: &MapData) -> Result<u32, MapReadError> {
-    Ok(data.info().map_err(|e| read_error(name, &e))?.max_entries())
-}
-
 impl BpfServiceMaps {
-    /// Wraps the four service maps (from the loaded object, or opened from their pins).
-    pub fn new(
-        frontends: MapData,
-        slots: MapData,
-        backends: MapData,
-        meta: MapData,
-    ) -> Result<Self, MapReadError> {
-        let capacities = Capacities {
-            frontends: max_entries(map_name::FRONTENDS, &frontends)?,
-            slots: max_entries(map_name::SLOTS, &slots)?,
-            backends: max_entries(map_name::BACKENDS, &backends)?,
-            service_meta: max_entries(map_name::SERVICE_META, &meta)?,
+    /// Opens the pinned service maps under `dir`, read-only when `read_only`.
+    pub fn open(dir: &Path, read_only: bool) -> Result<Self, MapReadError> {
+        let open = |map| open_map(dir, map, read_only);
+        let mut capacities = Capacities::default();
+        let mut data = |map: MapId| -> Result<MapData, MapReadError> {
+            let d = open(map)?;
+            capacities = capacities.with(map, max_entries(map, &d)?);
+            Ok(d)
         };
+        let frontends4 = data(MapId::Frontends4)?;
+        let frontends6 = data(MapId::Frontends6)?;
+        let backends = data(MapId::Backends)?;
+        let meta = data(MapId::ServiceMeta)?;
+        let ports = data(MapId::Ports)?;
+        let dup = |map: MapId, d: &MapData| {
+            d.fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| MapReadError::new(map, e))
+        };
+        let backends_fd = dup(MapId::Backends, &backends)?;
+        let ports_fd = dup(MapId::Ports, &ports)?;
         Ok(Self {
-            frontends: typed(map_name::FRONTENDS, frontends)?,
-            slots: typed(map_name::SLOTS, slots)?,
-            backends: typed(map_name::BACKENDS, backends)?,
-            meta: typed(map_name::SERVICE_META, meta)?,
+            frontends4: typed(MapId::Frontends4, frontends4)?,
+            frontends6: typed(MapId::Frontends6, frontends6)?,
+            meta: typed(MapId::ServiceMeta, meta)?,
+            ports: typed(MapId::Ports, ports)?,
+            backends_fd,
+            ports_fd,
             capacities,
         })
     }
-
-    /// Opens the pinned service maps under `maps_dir`, read-only when `read_only`.
-    pub fn open_pinned(maps_dir: &Path, read_only: bool) -> Result<Self, MapReadError> {
-        let open = |name: &'static str| open_pinned_map(&maps_dir.join(name), name, read_only);
-        Self::new(
-            open(map_name::FRONTENDS)?,
-            open(map_name::SLOTS)?,
-            open(map_name::BACKENDS)?,
-            open(map_name::SERVICE_META)?,
-        )
-    }
 }
 
-fn write_error(map: &'static str, capacity: u32, e: &MapError) -> MapWriteError {
-    if let MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) = e
+fn write_error(map: MapId, capacity: u32, e: MapError) -> MapWriteError {
+    if let MapError::SyscallError(aya::sys::SyscallError { io_error, .. }) = &e
         && io_error.raw_os_error() == Some(libc::E2BIG)
     {
         return MapWriteError::Full { map, capacity };
     }
     MapWriteError::Io {
         map,
-        source: std::io::Error::other(e.to_string()),
+        source: io::Error::other(e),
     }
 }
 
 /// Deleting a key that is already gone is fine.
-fn removed(map: &'static str, capacity: u32, r: Result<(), MapError>) -> Result<(), MapWriteError> {
+fn removed(map: MapId, capacity: u32, r: Result<(), MapError>) -> Result<(), MapWriteError> {
     match r {
         Err(MapError::KeyNotFound) | Ok(()) => Ok(()),
         Err(MapError::SyscallError(aya::sys::SyscallError { io_error, .. }))
@@ -100,44 +109,85 @@ fn removed(map: &'static str, capacity: u32, r: Result<(), MapError>) -> Result<
         {
             Ok(())
         }
-        Err(e) => Err(write_error(map, capacity, &e)),
+        Err(e) => Err(write_error(map, capacity, e)),
     }
 }
 
 impl ServiceMaps for BpfServiceMaps {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let map = write.map();
-        let cap = self.capacities.of(map);
-        let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, &e));
+        let cap = self.capacities.get(map);
+        let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, e));
         match write {
-            MapWrite::PutBackend(id, b) => put(self.backends.insert(id, b, 0)),
-            MapWrite::DeleteBackend(id) => removed(map, cap, self.backends.remove(id)),
-            MapWrite::PutSlot(k, id) => put(self.slots.insert(k, id, 0)),
-            MapWrite::DeleteSlot(k) => removed(map, cap, self.slots.remove(k)),
+            MapWrite::PutFrontend(k, f) if map == MapId::Frontends4 => {
+                put(self.frontends4.insert(k.v4(), f, 0))
+            }
+            MapWrite::PutFrontend(k, f) => put(self.frontends6.insert(k, f, 0)),
+            MapWrite::DeleteFrontend(k) if map == MapId::Frontends4 => {
+                removed(map, cap, self.frontends4.remove(&k.v4()))
+            }
+            MapWrite::DeleteFrontend(k) => removed(map, cap, self.frontends6.remove(k)),
+            MapWrite::PutBackends { base, backends } => {
+                if u64::from(*base) + backends.len() as u64 > u64::from(cap) {
+                    return Err(MapWriteError::Full { map, capacity: cap });
+                }
+                sys::array_update_batch(self.backends_fd.as_fd(), *base, backends)
+                    .map_err(|source| MapWriteError::Io { map, source })
+            }
             MapWrite::PutMeta(id, m) => put(self.meta.insert(id, m, 0)),
             MapWrite::DeleteMeta(id) => removed(map, cap, self.meta.remove(id)),
-            MapWrite::PutFrontend(k, f) => put(self.frontends.insert(k, f, 0)),
-            MapWrite::DeleteFrontend(k) => removed(map, cap, self.frontends.remove(k)),
+            MapWrite::PutPorts { word, bits } => put(self.ports.set(*word, bits, 0)),
         }
     }
 
     fn read_all(&self) -> Result<MapSnapshot, MapReadError> {
         let mut snap = MapSnapshot::default();
-        for entry in &self.frontends {
-            let (k, v) = entry.map_err(|e| read_error(map_name::FRONTENDS, &e))?;
+        for entry in &self.frontends4 {
+            let (k, v) = entry.map_err(|e| read_error(MapId::Frontends4, e))?;
+            let key = FrontendKey {
+                addr: [k.addr, 0, 0, 0],
+                port_be: k.port_be,
+                protocol: k.protocol,
+                family: lb_common::FAMILY_IPV4,
+            };
+            snap.frontends.insert(key, v);
+        }
+        for entry in &self.frontends6 {
+            let (k, v) = entry.map_err(|e| read_error(MapId::Frontends6, e))?;
             snap.frontends.insert(k, v);
         }
-        for entry in &self.slots {
-            let (k, v) = entry.map_err(|e| read_error(map_name::SLOTS, &e))?;
-            snap.slots.insert(k, v);
-        }
-        for entry in &self.backends {
-            let (k, v) = entry.map_err(|e| read_error(map_name::BACKENDS, &e))?;
-            snap.backends.insert(k, v);
-        }
         for entry in &self.meta {
-            let (k, v) = entry.map_err(|e| read_error(map_name::SERVICE_META, &e))?;
+            let (k, v) = entry.map_err(|e| read_error(MapId::ServiceMeta, e))?;
             snap.meta.insert(k, v);
+        }
+        let words = sys::array_lookup_range::<u64>(
+            self.ports_fd.as_fd(),
+            0,
+            self.capacities.get(MapId::Ports),
+        )
+        .map_err(|e| MapReadError::new(MapId::Ports, e))?;
+        for (i, bits) in words.into_iter().enumerate() {
+            if bits != 0 {
+                snap.ports.insert(i as u32, bits);
+            }
+        }
+        // The backend array: only the ranges frontends use.
+        let mut ranges: Vec<(u32, u32)> = snap
+            .frontends
+            .values()
+            .filter(|f| f.count > 0)
+            .map(|f| (f.base, u32::from(f.count)))
+            .collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        for (base, count) in ranges {
+            let entries = sys::array_lookup_range::<Backend>(self.backends_fd.as_fd(), base, count)
+                .map_err(|e| MapReadError::new(MapId::Backends, e))?;
+            for (i, b) in entries.into_iter().enumerate() {
+                if b != Backend::default() {
+                    snap.backends.insert(base + i as u32, b);
+                }
+            }
         }
         Ok(snap)
     }
@@ -147,95 +197,57 @@ impl ServiceMaps for BpfServiceMaps {
     }
 }
 
-/// Opens a pinned map; with `read_only` the kernel hands out a read-only descriptor
-/// (`BPF_OBJ_GET` with `BPF_F_RDONLY`), so `inspect` cannot change anything even by mistake.
-pub fn open_pinned_map(
-    path: &Path,
-    name: &'static str,
-    read_only: bool,
-) -> Result<MapData, MapReadError> {
-    // union bpf_attr, BPF_OBJ_GET variant: pathname, bpf_fd, file_flags, path_fd.
-    #[repr(C)]
-    struct ObjGetAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        _pad: [u8; 108],
+/// Read-only access to a pin folder's other maps (counters, affinity), for inspect and metrics.
+#[derive(Debug)]
+pub struct ReadOnlyMaps {
+    dir: PathBuf,
+}
+
+impl ReadOnlyMaps {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
     }
-    const BPF_OBJ_GET: libc::c_long = 7;
-    const BPF_F_RDONLY: u32 = 1 << 3;
-    if !read_only {
-        return MapData::from_pin(path)
-            .map_err(|e| read_error(name, &format!("{}: {e}", path.display())));
+
+    /// The data path's counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Vec<(Counter, u64)>, MapReadError> {
+        let map = MapId::Counters;
+        let array: PerCpuArray<MapData, u64> = typed(map, open_map(&self.dir, map, true)?)?;
+        Counter::ALL
+            .iter()
+            .map(|c| {
+                array
+                    .get(&(*c as u32), 0)
+                    .map(|values| (*c, values.iter().sum()))
+                    .map_err(|e| read_error(map, e))
+            })
+            .collect()
     }
-    let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|e| read_error(name, &e))?;
-    let attr = ObjGetAttr {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: BPF_F_RDONLY,
-        path_fd: 0,
-        _pad: [0; 108],
-    };
-    // SAFETY: attr is a valid, zero-padded bpf_attr for BPF_OBJ_GET; c_path outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &raw const attr,
-            size_of::<ObjGetAttr>(),
-        )
-    };
-    if fd < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(read_error(name, &format!("{}: {e}", path.display())));
+
+    /// The affinity tables, by client cgroup id, at most `limit` of them (a bounded walk).
+    pub fn affinity(&self, limit: usize) -> Result<Vec<(u64, AffinityTable)>, MapReadError> {
+        let map = MapId::Affinity;
+        let lru: HashMap<MapData, u64, AffinityTable> =
+            typed(map, open_map(&self.dir, map, true)?)?;
+        lru.iter()
+            .take(limit)
+            .map(|e| e.map_err(|e| read_error(map, e)))
+            .collect()
     }
-    // SAFETY: the syscall returned a new descriptor that we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    MapData::from_fd(fd).map_err(|e| read_error(name, &e))
-}
 
-/// The per-CPU counters, summed over CPUs, indexed by `lb_common::counter`.
-pub fn read_counters(data: MapData) -> Result<Vec<u64>, MapReadError> {
-    let name = map_name::COUNTERS;
-    let array: PerCpuArray<MapData, u64> = typed(name, data)?;
-    (0..counter::NAMES.len() as u32)
-        .map(|i| {
-            array
-                .get(&i, 0)
-                .map(|values| values.iter().sum())
-                .map_err(|e| read_error(name, &e))
-        })
-        .collect()
-}
-
-/// The counters by name, with `lookups` (connects and sendmsgs addressed to a frontend)
-/// derived: each ends in exactly one of `translations`, `no_backend` or `errors`.
-pub fn named_counters(data: MapData) -> Result<Vec<(&'static str, u64)>, MapReadError> {
-    let totals = read_counters(data)?;
-    let at = |i: u32| totals.get(i as usize).copied().unwrap_or(0);
-    let mut out = vec![(
-        "lookups",
-        at(counter::TRANSLATIONS) + at(counter::NO_BACKEND) + at(counter::ERRORS),
-    )];
-    out.extend(counter::NAMES.iter().copied().zip(totals));
-    Ok(out)
-}
-
-/// Live entries in `SOCK_STATE` and its capacity (walks the keys: a fill level for humans and
-/// scrapes, not for hot paths).
-pub fn sock_state_fill(data: MapData) -> Result<(usize, u32), MapReadError> {
-    let name = map_name::SOCK_STATE;
-    let capacity = max_entries(name, &data)?;
-    let map: HashMap<MapData, u64, lb_common::SockState> = typed(name, data)?;
-    Ok((map.keys().flatten().count(), capacity))
-}
-
-/// The session-affinity entries.
-pub fn read_affinity(data: MapData) -> Result<Vec<(AffinityKey, AffinityValue)>, MapReadError> {
-    let name = map_name::AFFINITY;
-    let map: HashMap<MapData, AffinityKey, AffinityValue> = typed(name, data)?;
-    map.iter()
-        .map(|e| e.map_err(|e| read_error(name, &e)))
-        .collect()
+    /// A map's capacity and the bytes the kernel charges for it (`memlock` in fdinfo).
+    pub fn footprint(&self, map: MapId) -> Result<(u32, u64), MapReadError> {
+        let data = open_map(&self.dir, map, true)?;
+        let capacity = max_entries(map, &data)?;
+        let fdinfo = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&data.fd().as_fd())
+        ))
+        .map_err(|e| MapReadError::new(map, e))?;
+        let memlock = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        Ok((capacity, memlock))
+    }
 }

@@ -1,55 +1,42 @@
-//! Map contents in readable form: a structured view (for `inspect -o json` and tests) and a
-//! stable text rendering (for golden files and `inspect`).
-use std::{collections::BTreeMap, fmt::Write as _};
+//! Map contents in readable form: a structured view (for `inspect -o json`, which tests read
+//! back into these same types) and a stable text rendering (for golden files and `inspect`).
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
-use lb_common::{FRONTEND_FLAG_AFFINITY, SlotKey};
-use serde::Serialize;
+use lb_common::{FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL};
+use serde::{Deserialize, Serialize};
 
-use super::{
-    abi::{Frontend, backend_from_abi},
-    maps::MapSnapshot,
-};
-use crate::reconcile::key_from_meta;
+use super::{abi::service_addr, maps::MapSnapshot};
+use crate::vocab::{ServiceAddr, ServicePortKey};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrontendView {
-    pub frontend: String,
-    pub active: u16,
+    pub frontend: ServiceAddr,
+    /// Backends connects choose among.
+    pub count: u16,
     /// sessionAffinity ClientIP timeout, when on.
     pub affinity_timeout_s: Option<u32>,
+    /// Refused because internalTrafficPolicy Local has no endpoint on this node.
+    pub no_local_endpoint: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SlotView {
-    pub slot: u32,
-    pub backend_id: u32,
-    /// None: the slot names a backend id the backend map lacks.
-    pub backend: Option<String>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One backend set as the maps hold it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceView {
     pub id: u32,
-    /// `namespace/name:port`, when the metadata is present.
-    pub service: Option<String>,
-    pub protocol: Option<String>,
-    pub family: Option<String>,
-    pub scope: Option<String>,
+    /// The backend set, when the metadata names it.
+    pub service: Option<ServicePortKey>,
     pub port: Option<u16>,
     pub frontends: Vec<FrontendView>,
-    /// Slots the data path chooses among (the largest count of its frontends).
-    pub active: u16,
-    pub slots: Vec<SlotView>,
+    /// Where its range starts in the backend array.
+    pub base: u32,
+    /// The backends, in slot order (`None`: an entry that holds no address: a bug).
+    pub backends: Vec<Option<SocketAddr>>,
 }
 
 impl ServiceView {
-    /// Backend addresses of the active slots, in slot order.
-    pub fn active_backends(&self) -> Vec<String> {
-        self.slots
-            .iter()
-            .filter(|s| s.slot <= u32::from(self.active))
-            .filter_map(|s| s.backend.clone())
-            .collect()
+    /// The backends a connect can get now.
+    pub fn active_backends(&self) -> Vec<SocketAddr> {
+        self.backends.iter().flatten().copied().collect()
     }
 }
 
@@ -58,108 +45,75 @@ pub fn services(snap: &MapSnapshot) -> Vec<ServiceView> {
     let mut by_id: BTreeMap<u32, ServiceView> = BTreeMap::new();
     let view = |id: u32| ServiceView {
         id,
-        service: None,
-        protocol: None,
-        family: None,
-        scope: None,
-        port: None,
+        service: snap.service_port(id),
+        port: snap.meta.get(&id).map(|m| m.port),
         frontends: Vec::new(),
-        active: 0,
-        slots: Vec::new(),
+        base: 0,
+        backends: Vec::new(),
     };
-    for (id, meta) in &snap.meta {
-        let v = by_id.entry(*id).or_insert_with(|| view(*id));
-        if let Some(key) = key_from_meta(meta) {
-            v.service = Some(format!("{}:{}", key.service, key.port_name));
-            v.protocol = Some(key.protocol.to_string());
-            v.family = Some(key.family.to_string());
-            v.scope = Some(key.scope.to_string());
-        }
-        v.port = Some(meta.port);
+    for id in snap.meta.keys() {
+        by_id.entry(*id).or_insert_with(|| view(*id));
     }
     for (key, fe) in &snap.frontends {
+        let Some(frontend) = service_addr(key) else {
+            continue;
+        };
         let v = by_id
             .entry(fe.service_id)
             .or_insert_with(|| view(fe.service_id));
-        v.active = v.active.max(fe.count);
+        if v.frontends.is_empty() || fe.count as usize > v.backends.len() {
+            v.base = fe.base;
+            v.backends = snap.range(fe);
+        }
         v.frontends.push(FrontendView {
-            frontend: Frontend::from_key(key).map_or_else(|| format!("{key:?}"), |f| f.to_string()),
-            active: fe.count,
+            frontend,
+            count: fe.count,
             affinity_timeout_s: (fe.flags & FRONTEND_FLAG_AFFINITY != 0)
                 .then_some(fe.affinity_timeout_s),
-        });
-    }
-    for (SlotKey { service_id, slot }, backend_id) in &snap.slots {
-        let v = by_id
-            .entry(*service_id)
-            .or_insert_with(|| view(*service_id));
-        v.slots.push(SlotView {
-            slot: *slot,
-            backend_id: *backend_id,
-            backend: snap
-                .backends
-                .get(backend_id)
-                .and_then(backend_from_abi)
-                .map(|a| a.to_string()),
+            no_local_endpoint: fe.flags & FRONTEND_FLAG_NO_LOCAL != 0,
         });
     }
     let mut out: Vec<ServiceView> = by_id.into_values().collect();
-    out.sort_by(|a, b| {
-        (&a.service, a.scope.as_deref(), a.family.as_deref(), a.id).cmp(&(
-            &b.service,
-            b.scope.as_deref(),
-            b.family.as_deref(),
-            b.id,
-        ))
-    });
+    out.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
     out
 }
 
-/// The maps as stable text: one block per service, then the backend table.
+/// The maps as stable text: one block per backend set. Range positions are left out (they
+/// depend on allocation order, not on what a connect gets).
 pub fn render(snap: &MapSnapshot) -> String {
     let mut out = String::new();
     for s in services(snap) {
         let _ = writeln!(
             out,
-            "service {} {} {} {} {} port {} active {}",
-            s.id,
-            s.service.as_deref().unwrap_or("<no metadata>"),
-            s.protocol.as_deref().unwrap_or("?"),
-            s.family.as_deref().unwrap_or("?"),
-            s.scope.as_deref().unwrap_or("?"),
+            "service {} port {}",
+            s.service
+                .as_ref()
+                .map_or_else(|| format!("<id {}>", s.id), ToString::to_string),
             s.port.map_or_else(|| "?".into(), |p| p.to_string()),
-            s.active,
         );
         for f in &s.frontends {
             let affinity = f
                 .affinity_timeout_s
                 .map(|t| format!(" affinity ClientIP {t}s"))
                 .unwrap_or_default();
-            let _ = writeln!(
-                out,
-                "  frontend {} count {}{affinity}",
-                f.frontend, f.active
-            );
-        }
-        for slot in &s.slots {
-            let marker = if slot.slot <= u32::from(s.active) {
-                ""
+            let local = if f.no_local_endpoint {
+                " (no local endpoint)"
             } else {
-                " (inactive)"
+                ""
             };
             let _ = writeln!(
                 out,
-                "  slot {} -> backend {} {}{marker}",
-                slot.slot,
-                slot.backend_id,
-                slot.backend.as_deref().unwrap_or("<missing>")
+                "  frontend {} count {}{affinity}{local}",
+                f.frontend, f.count
             );
         }
-    }
-    let _ = writeln!(out, "backends {}", snap.backends.len());
-    for (id, b) in &snap.backends {
-        let addr = backend_from_abi(b).map_or_else(|| "<invalid>".into(), |a| a.to_string());
-        let _ = writeln!(out, "  backend {id} {addr}");
+        for (slot, b) in s.backends.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  slot {slot} -> {}",
+                b.map_or_else(|| "<empty>".into(), |a| a.to_string())
+            );
+        }
     }
     out
 }

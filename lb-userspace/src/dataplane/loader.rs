@@ -1,16 +1,25 @@
-//! Loading the programs, pinning maps and links, adopting what a previous agent pinned, and
-//! removing it all again.
+//! Loading the programs, pinning maps and links, adopting what a previous agent pinned,
+//! migrating from an older map layout, and removing it all again.
 //!
 //! Pin layout under the pin folder (default `/sys/fs/bpf/socklb`, mode 0700):
-//! `maps/<MAP>` for every map and `links/<program>` for every cgroup attachment. The pins keep
-//! the programs attached and the maps alive while no agent runs, so services keep working.
+//! - `maps-<layout>/<MAP>`: every map of one layout generation. `<layout>` is a digest of the
+//!   map table (names, kinds, key and value sizes) and the configured sizes, so an agent whose
+//!   layout differs creates a new generation instead of misreading the old one;
+//! - `links/<program>`: every cgroup attachment.
 //!
-//! A restarting agent loads its programs against the pinned maps, attaches them next to the
-//! pinned links (cgroup links run side by side), moves the pins to the new links, then lets the
-//! old ones go: there is no moment without a program.
+//! The pins keep the programs attached and the maps alive while no agent runs, so services keep
+//! working. A starting agent takes an exclusive lock on the pin folder (a second agent refuses
+//! to start), loads its programs against its generation's maps, and attaches them only once
+//! the first complete sync has filled those maps: until then the previous programs keep serving.
+//! Attaching is make-before-break (cgroup links run side by side; the pin then moves to the new
+//! link), after which links of programs this agent does not have, and other generations' maps,
+//! are removed.
 use std::{
     fs, io,
-    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    os::{
+        fd::{AsFd as _, OwnedFd},
+        unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -19,72 +28,81 @@ use aya::{
     maps::MapData,
     programs::{CgroupAttachMode, Program, links::FdLink, links::PinnedLink},
 };
-use lb_common::map_name;
+use lb_common::{MapDescriptor, MapId, MapKind, program};
+use sha2::{Digest as _, Sha256};
 
 use super::{
     bpf::BpfServiceMaps,
     maps::{Capacities, MapReadError},
+    sysfs,
 };
-use crate::dataplane::sysfs;
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"));
 
-/// Every program, in attach order.
-pub const PROGRAMS: [&str; 9] = [
-    "socklb_connect4",
-    "socklb_connect6",
-    "socklb_sendmsg4",
-    "socklb_sendmsg6",
-    "socklb_recvmsg4",
-    "socklb_recvmsg6",
-    "socklb_getpeername4",
-    "socklb_getpeername6",
-    "socklb_sock_release",
-];
-
-/// Maps that live in the pin folder.
-pub const PINNED_MAPS: [&str; 7] = [
-    map_name::FRONTENDS,
-    map_name::SLOTS,
-    map_name::BACKENDS,
-    map_name::SERVICE_META,
-    map_name::SOCK_STATE,
-    map_name::AFFINITY,
-    map_name::COUNTERS,
-];
-
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("{path}: {message}")]
-    PinFolder { path: PathBuf, message: String },
-    #[error("--cgroup {path}: {message}")]
-    Cgroup { path: PathBuf, message: String },
-    #[error(
-        "pinned map {map} does not match this socklb ({detail}); `socklb reset --bpffs {folder}` removes the old state"
-    )]
+    #[error("pin folder {}: {what}", .path.display())]
+    PinFolder {
+        path: PathBuf,
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("another socklb agent{} is using the pin folder {}; stop it first (a second agent would hand out ids next to the first)", .holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), .path.display())]
+    Busy { path: PathBuf, holder: Option<u32> },
+    #[error("--cgroup {}: not a cgroup v2 directory (socklb needs cgroup v2; see /proc/self/mountinfo for its mount)", .path.display())]
+    NotCgroup2 { path: PathBuf },
+    #[error("--cgroup {}", .path.display())]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("pinned map {} does not have the layout this socklb expects ({detail}); `socklb reset --bpffs {}` removes the old state", .map.name(), .folder.display())]
     IncompatiblePin {
-        map: &'static str,
+        map: MapId,
         detail: String,
         folder: PathBuf,
     },
-    #[error("loading the eBPF object: {0}{hint}", hint = permission_hint(.0))]
-    Object(String),
-    #[error("program {program}: {message}{hint}", hint = permission_hint(.message))]
+    #[error("loading the eBPF object{}", permission_hint(.source))]
+    Object {
+        #[source]
+        source: aya::EbpfError,
+    },
+    #[error("program {program}: {what}{}", permission_hint(.source))]
     Program {
         program: &'static str,
-        message: String,
+        what: String,
+        #[source]
+        source: aya::programs::ProgramError,
     },
+    #[error("program {program}: its link")]
+    Link {
+        program: &'static str,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    #[error("program {program}: missing from the eBPF object")]
+    MissingProgram { program: &'static str },
     #[error(transparent)]
     Maps(#[from] MapReadError),
 }
 
-fn permission_hint(message: &str) -> &'static str {
-    if message.contains("Operation not permitted") || message.contains("EPERM") {
-        " (socklb needs root, or CAP_BPF + CAP_SYS_ADMIN + CAP_NET_ADMIN)"
-    } else {
-        ""
+fn permission_hint(e: &(dyn std::error::Error + 'static)) -> &'static str {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<io::Error>()
+            && io.raw_os_error() == Some(libc::EPERM)
+        {
+            return " (socklb needs root, or CAP_BPF + CAP_SYS_ADMIN + CAP_NET_ADMIN)";
+        }
+        if s.to_string().contains("Operation not permitted") {
+            return " (socklb needs root, or CAP_BPF + CAP_SYS_ADMIN + CAP_NET_ADMIN)";
+        }
+        source = s.source();
     }
+    ""
 }
 
 /// What to load and where.
@@ -95,12 +113,11 @@ pub struct LoadConfig {
     /// The cgroup v2 directory whose processes get socket-level load balancing.
     pub cgroup: PathBuf,
     pub capacities: Capacities,
-    pub affinity_capacity: u32,
-    /// Live translated sockets whose reverse translation is kept.
-    pub sock_state_capacity: u32,
     /// aya-log level in the programs: 0 = off (the logging code is removed by the verifier),
     /// 1 error .. 5 trace.
     pub log_level: u8,
+    /// Give TCP sockets a record, so getpeername reports the service address.
+    pub record_tcp: bool,
 }
 
 /// The pin folder's layout.
@@ -109,181 +126,401 @@ pub struct PinFolder {
     pub root: PathBuf,
 }
 
+const GENERATION_PREFIX: &str = "maps-";
+
 impl PinFolder {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
-    }
-
-    pub fn maps(&self) -> PathBuf {
-        self.root.join("maps")
     }
 
     pub fn links(&self) -> PathBuf {
         self.root.join("links")
     }
 
-    pub fn map(&self, name: &str) -> PathBuf {
-        self.maps().join(name)
-    }
-
     pub fn link(&self, program: &str) -> PathBuf {
         self.links().join(program)
     }
 
+    /// The map directory of a layout generation.
+    pub fn generation(&self, layout: &str) -> PathBuf {
+        self.root.join(format!("{GENERATION_PREFIX}{layout}"))
+    }
+
+    /// Every map directory present (generations, and the unversioned `maps` of older agents).
+    pub fn map_dirs(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n == "maps" || n.starts_with(GENERATION_PREFIX))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The map directory the attached programs use: the only generation, or the one whose
+    /// frontend map the attached connect4 program reads.
+    pub fn current(&self) -> Option<PathBuf> {
+        let dirs: Vec<PathBuf> = self
+            .map_dirs()
+            .into_iter()
+            .filter(|d| d.join(MapId::Frontends4.name()).exists())
+            .collect();
+        if dirs.len() <= 1 {
+            return dirs.into_iter().next();
+        }
+        let used = attached_map_ids(self);
+        dirs.iter()
+            .find(|d| {
+                MapData::from_pin(d.join(MapId::Frontends4.name()))
+                    .ok()
+                    .and_then(|m| m.info().ok())
+                    .is_some_and(|i| used.contains(&i.id()))
+            })
+            .cloned()
+            .or_else(|| dirs.last().cloned())
+    }
+
     /// Whether an agent has pinned state here.
     pub fn exists(&self) -> bool {
-        self.map(map_name::FRONTENDS).exists()
+        self.current().is_some()
     }
+}
+
+/// The ids of the maps the attached connect4 program uses.
+fn attached_map_ids(pins: &PinFolder) -> Vec<u32> {
+    let Ok(link) = PinnedLink::from_pin(pins.link(program::CONNECT4)) else {
+        return Vec::new();
+    };
+    let link: FdLink = link.into();
+    let Ok(info) = link.info() else {
+        return Vec::new();
+    };
+    aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == info.program_id())
+        .and_then(|p| p.map_ids().ok().flatten())
+        .unwrap_or_default()
+}
+
+/// A digest of the map layout and sizes: two agents with the same digest read each other's
+/// maps correctly.
+pub fn layout_digest(capacities: &Capacities) -> String {
+    let mut h = Sha256::new();
+    for d in lb_common::MAPS {
+        h.update(d.name.as_bytes());
+        h.update([d.kind as u8, u8::from(d.preallocated)]);
+        h.update(d.key_size.to_le_bytes());
+        h.update(d.value_size.to_le_bytes());
+        h.update(capacities.get(d.id).to_le_bytes());
+    }
+    h.finalize().iter().take(6).fold(String::new(), |mut s, b| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// The exclusive lock on a pin folder, held for the agent's life.
+pub struct PinLock {
+    _fd: OwnedFd,
+}
+
+impl PinLock {
+    /// Takes the lock, or says who holds it.
+    pub fn take(root: &Path) -> Result<Self, LoadError> {
+        let fd = rustix::fs::open(
+            root,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| LoadError::PinFolder {
+            path: root.to_path_buf(),
+            what: "opening",
+            source: e.into(),
+        })?;
+        match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(Self { _fd: fd }),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(LoadError::Busy {
+                path: root.to_path_buf(),
+                holder: lock_holder(root),
+            }),
+            Err(e) => Err(LoadError::PinFolder {
+                path: root.to_path_buf(),
+                what: "locking",
+                source: e.into(),
+            }),
+        }
+    }
+}
+
+/// The pid holding a flock on `path`, from /proc/locks.
+fn lock_holder(path: &Path) -> Option<u32> {
+    let meta = fs::metadata(path).ok()?;
+    let inode = meta.ino();
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:2f:5678 0 EOF"
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.get(1) != Some(&"FLOCK") {
+            return None;
+        }
+        let ino = fields.get(5)?.rsplit(':').next()?.parse::<u64>().ok()?;
+        (ino == inode)
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// The loaded programs and their maps. Dropping it keeps everything attached (the pins hold it).
 pub struct Dataplane {
     pub ebpf: Ebpf,
     pub pins: PinFolder,
-    /// Program name → kernel program id, for stats.
-    pub program_ids: Vec<(&'static str, u32)>,
+    /// This agent's map directory.
+    pub maps_dir: PathBuf,
+    /// The maps were there already (a restart of the same layout): they hold the last state.
+    pub adopted: bool,
+    cgroup: PathBuf,
+    _lock: PinLock,
 }
 
 impl Dataplane {
-    /// Loads the programs against the pinned maps (creating and pinning them the first time)
-    /// and attaches them to the cgroup, replacing a previous agent's attachments.
+    /// Takes the pin folder's lock, creates or adopts this layout's maps, and loads (verifies)
+    /// the programs. Nothing is attached yet: until `attach`, whatever was attached before keeps
+    /// serving.
     pub fn load(config: &LoadConfig) -> Result<Self, LoadError> {
         let pins = PinFolder::new(&config.pin_folder);
         prepare_pin_folder(&pins)?;
-        check_cgroup(&config.cgroup)?;
-        check_pinned_maps(&pins, config)?;
+        let lock = PinLock::take(&pins.root)?;
+        if !sysfs::is_cgroup2(&config.cgroup) {
+            return Err(LoadError::NotCgroup2 {
+                path: config.cgroup.clone(),
+            });
+        }
+        let maps_dir = pins.generation(&layout_digest(&config.capacities));
+        let adopted = maps_dir.join(MapId::Frontends4.name()).exists();
+        mkdir(&maps_dir)?;
+        check_pinned_maps(&maps_dir, &pins, &config.capacities)?;
         sysfs::raise_memlock_limit();
 
         let mut loader = EbpfLoader::new();
-        let map_paths: Vec<(&str, PathBuf)> =
-            PINNED_MAPS.iter().map(|m| (*m, pins.map(m))).collect();
-        for (name, path) in &map_paths {
-            loader.map_pin_path(name, path.as_path());
+        let paths: Vec<(MapId, PathBuf)> = MapId::ALL
+            .iter()
+            .map(|m| (*m, maps_dir.join(m.name())))
+            .collect();
+        for (map, path) in &paths {
+            loader.map_pin_path(map.name(), path.as_path());
+            if map.descriptor().capacity_flag.is_some() {
+                loader.map_max_entries(map.name(), config.capacities.get(*map));
+            }
         }
-        let caps = &config.capacities;
+        let record_tcp = u8::from(config.record_tcp);
         loader
-            .map_max_entries(map_name::FRONTENDS, caps.frontends)
-            .map_max_entries(map_name::SLOTS, caps.slots)
-            .map_max_entries(map_name::BACKENDS, caps.backends)
-            .map_max_entries(map_name::SERVICE_META, caps.service_meta)
-            .map_max_entries(map_name::AFFINITY, config.affinity_capacity)
-            .map_max_entries(map_name::SOCK_STATE, config.sock_state_capacity)
-            .override_global(aya_log::LEVEL, &config.log_level, true);
+            .override_global(aya_log::LEVEL, &config.log_level, true)
+            .override_global("RECORD_TCP", &record_tcp, true);
         let mut ebpf = loader
             .load(EBPF_OBJECT)
-            .map_err(|e| LoadError::Object(error_chain(&e)))?;
-        for name in PINNED_MAPS {
-            restrict(&pins.map(name), 0o600);
+            .map_err(|source| LoadError::Object { source })?;
+        for map in MapId::ALL {
+            restrict(&maps_dir.join(map.name()), 0o600);
         }
-
-        let cgroup = fs::File::open(&config.cgroup).map_err(|e| LoadError::Cgroup {
-            path: config.cgroup.clone(),
-            message: e.to_string(),
-        })?;
-        let mut program_ids = Vec::new();
-        for program in PROGRAMS {
-            let id = attach(&mut ebpf, program, &cgroup, &pins)?;
-            program_ids.push((program, id));
+        for name in program::ALL {
+            let prog = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::MissingProgram { program: name })?;
+            let Program::CgroupSockAddr(prog) = prog else {
+                return Err(LoadError::MissingProgram { program: name });
+            };
+            prog.load().map_err(|source| LoadError::Program {
+                program: name,
+                what: verifier_tail(&source),
+                source,
+            })?;
         }
+        pin_sockets_iter(&mut ebpf, &maps_dir)?;
         Ok(Self {
             ebpf,
             pins,
-            program_ids,
+            maps_dir,
+            adopted,
+            cgroup: config.cgroup.clone(),
+            _lock: lock,
         })
     }
 
-    /// The service maps, writable (a separate descriptor on the pinned maps).
+    /// The service maps, writable (separate descriptors on the pinned maps).
     pub fn service_maps(&self) -> Result<BpfServiceMaps, MapReadError> {
-        BpfServiceMaps::open_pinned(&self.pins.maps(), false)
+        BpfServiceMaps::open(&self.maps_dir, false)
+    }
+
+    /// Attaches every program to the cgroup, make-before-break, then removes what an older
+    /// agent left: links of programs this one does not have, and other generations' maps.
+    /// Returns each program's kernel id.
+    pub fn attach(&mut self) -> Result<Vec<(&'static str, u32)>, LoadError> {
+        let cgroup = fs::File::open(&self.cgroup).map_err(|source| LoadError::Cgroup {
+            path: self.cgroup.clone(),
+            source,
+        })?;
+        let mut ids = Vec::new();
+        for name in program::ALL {
+            let Some(Program::CgroupSockAddr(prog)) = self.ebpf.program_mut(name) else {
+                return Err(LoadError::MissingProgram { program: name });
+            };
+            let fail = |what: &str, source| LoadError::Program {
+                program: name,
+                what: what.to_string(),
+                source,
+            };
+            let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
+            let link_id = prog
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(|e| fail("attaching", e))?;
+            let link = prog
+                .take_link(link_id)
+                .map_err(|e| fail("taking its link", e))?;
+            let link = FdLink::try_from(link).map_err(|source| LoadError::Link {
+                program: name,
+                source,
+            })?;
+            pin_link(&self.pins, name, link)?;
+            ids.push((name, id));
+        }
+        remove_stale(&self.pins, &self.maps_dir);
+        Ok(ids)
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
-}
-
-fn attach(
-    ebpf: &mut Ebpf,
-    program: &'static str,
-    cgroup: &fs::File,
-    pins: &PinFolder,
-) -> Result<u32, LoadError> {
-    let fail = |message: String| LoadError::Program { program, message };
-    let (id, link) = match ebpf
-        .program_mut(program)
-        .ok_or_else(|| fail("missing from the eBPF object".into()))?
-    {
-        Program::CgroupSockAddr(prog) => {
-            prog.load().map_err(|e| fail(verifier_error(&e)))?;
-            let id = prog.info().map_err(|e| fail(error_chain(&e)))?.id();
-            let link_id = prog
-                .attach(cgroup, CgroupAttachMode::Single)
-                .map_err(|e| fail(error_chain(&e)))?;
-            let link = prog.take_link(link_id).map_err(|e| fail(error_chain(&e)))?;
-            (
-                id,
-                FdLink::try_from(link).map_err(|e| fail(error_chain(&e)))?,
-            )
-        }
-        Program::CgroupSock(prog) => {
-            prog.load().map_err(|e| fail(verifier_error(&e)))?;
-            let id = prog.info().map_err(|e| fail(error_chain(&e)))?.id();
-            let link_id = prog
-                .attach(cgroup, CgroupAttachMode::Single)
-                .map_err(|e| fail(error_chain(&e)))?;
-            let link = prog.take_link(link_id).map_err(|e| fail(error_chain(&e)))?;
-            (
-                id,
-                FdLink::try_from(link).map_err(|e| fail(error_chain(&e)))?,
-            )
-        }
-        other => {
-            return Err(fail(format!(
-                "unexpected program type {:?}",
-                other.prog_type()
-            )));
-        }
+/// Loads the `SOCKETS` iterator and pins a link of it over the map (replacing an older pin).
+fn pin_sockets_iter(ebpf: &mut Ebpf, maps_dir: &Path) -> Result<(), LoadError> {
+    let name = program::SOCKETS_ITER;
+    let btf = aya::Btf::from_sys_fs().map_err(|e| LoadError::PinFolder {
+        path: PathBuf::from("/sys/kernel/btf/vmlinux"),
+        what: "reading the kernel's BTF (socklb needs a kernel with BTF)",
+        source: io::Error::other(e),
+    })?;
+    let Some(Program::Iter(iter)) = ebpf.program_mut(name) else {
+        return Err(LoadError::MissingProgram { program: name });
     };
+    iter.load("bpf_sk_storage_map", &btf)
+        .map_err(|source| LoadError::Program {
+            program: name,
+            what: verifier_tail(&source),
+            source,
+        })?;
+    let prog = iter.fd().map_err(|source| LoadError::Program {
+        program: name,
+        what: "reading its descriptor".into(),
+        source,
+    })?;
+    let map = MapData::from_pin(maps_dir.join(MapId::Sockets.name())).map_err(|e| {
+        LoadError::PinFolder {
+            path: maps_dir.join(MapId::Sockets.name()),
+            what: "opening the socket storage map",
+            source: io::Error::other(e),
+        }
+    })?;
+    let link = super::sys::map_iter_link(prog.as_fd(), map.fd().as_fd()).map_err(|source| {
+        LoadError::PinFolder {
+            path: maps_dir.to_path_buf(),
+            what: "creating the sockets iterator link",
+            source,
+        }
+    })?;
+    let pin = maps_dir.join(super::sockets::ITER_PIN);
+    let _ = fs::remove_file(&pin);
+    super::sys::obj_pin(link.as_fd(), &pin).map_err(|source| LoadError::PinFolder {
+        path: pin.clone(),
+        what: "pinning the sockets iterator",
+        source,
+    })?;
+    restrict(&pin, 0o600);
+    Ok(())
+}
 
-    // Make before break: pin the new link beside the old one, then move the pin over it.
-    let pin = pins.link(program);
+/// Pins a new link beside the old one, moves the pin over it, then lets the old link go: there
+/// is no moment without a program.
+fn pin_link(pins: &PinFolder, name: &'static str, link: FdLink) -> Result<(), LoadError> {
+    let pin = pins.link(name);
     // bpffs refuses names with a dot.
-    let staging = pins.links().join(format!("{program}_new"));
+    let staging = pins.links().join(format!("{name}_new"));
     let _ = fs::remove_file(&staging);
     let old = PinnedLink::from_pin(&pin).ok();
-    let pinned = link
-        .pin(&staging)
-        .map_err(|e| fail(format!("pinning link: {}", error_chain(&e))))?;
-    fs::rename(&staging, &pin).map_err(|e| fail(format!("moving link pin: {e}")))?;
+    let pinned = link.pin(&staging).map_err(|e| LoadError::PinFolder {
+        path: staging.clone(),
+        what: "pinning a link",
+        source: io::Error::other(e),
+    })?;
+    fs::rename(&staging, &pin).map_err(|source| LoadError::PinFolder {
+        path: pin.clone(),
+        what: "moving a link pin",
+        source,
+    })?;
     restrict(&pin, 0o600);
     drop(pinned);
     // The old link lost its pin; dropping our descriptor detaches it.
     drop(old);
-    Ok(id)
+    Ok(())
 }
 
-fn verifier_error(e: &aya::programs::ProgramError) -> String {
-    if let aya::programs::ProgramError::LoadError {
-        io_error,
-        verifier_log,
-    } = e
-    {
+/// Links of programs this agent does not have (an older agent's), and map directories of other
+/// layouts, once this agent's programs are attached.
+fn remove_stale(pins: &PinFolder, keep: &Path) {
+    if let Ok(entries) = fs::read_dir(pins.links()) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !program::ALL.contains(&name.as_str()) {
+                detach_pin(&entry.path());
+                tracing::info!(link = %name, "removed an older agent's link");
+            }
+        }
+    }
+    for dir in pins.map_dirs() {
+        if dir != keep {
+            remove_dir_pins(&dir);
+            tracing::info!(maps = %dir.display(), "removed another layout's maps (migrated)");
+        }
+    }
+}
+
+fn detach_pin(path: &Path) {
+    match PinnedLink::from_pin(path) {
+        // Unpinning leaves our descriptor as the last reference; dropping it detaches.
+        Ok(link) => drop(link.unpin()),
+        Err(_) => drop(fs::remove_file(path)),
+    }
+}
+
+fn remove_dir_pins(dir: &Path) -> usize {
+    let mut n = 0;
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if fs::remove_file(entry.path()).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+    n
+}
+
+fn verifier_tail(e: &aya::programs::ProgramError) -> String {
+    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = e {
         let log = verifier_log.to_string();
         let tail: Vec<&str> = log.lines().rev().take(20).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         return format!(
-            "the kernel refused it ({io_error}); verifier log tail:\n{}",
+            "the kernel refused it; verifier log tail:\n{}",
             tail.join("\n")
         );
     }
-    error_chain(e)
+    "the kernel refused it".into()
 }
 
 fn restrict(path: &Path, mode: u32) {
@@ -292,129 +529,90 @@ fn restrict(path: &Path, mode: u32) {
     }
 }
 
-/// Creates the pin folder (0700) on a bpf filesystem, mounting one on /sys/fs/bpf if the
-/// folder lives there and nothing is mounted yet.
-fn prepare_pin_folder(pins: &PinFolder) -> Result<(), LoadError> {
-    let err = |message: String| LoadError::PinFolder {
-        path: pins.root.clone(),
-        message,
-    };
-    let parent = pins.root.parent().unwrap_or(Path::new("/"));
-    if !sysfs::is_bpffs(parent) && !sysfs::is_bpffs(&pins.root) {
-        let default = Path::new(sysfs::DEFAULT_BPFFS);
-        if pins.root.starts_with(default) {
-            fs::create_dir_all(default).map_err(|e| err(e.to_string()))?;
-            sysfs::mount_bpffs(default)
-                .map_err(|e| err(format!("mounting bpffs on {}: {e}", default.display())))?;
-        } else {
-            return Err(err(
-                "not on a bpf filesystem; mount one (mount -t bpf bpf DIR) or use the default /sys/fs/bpf/socklb".into(),
-            ));
-        }
-    }
-    for dir in [pins.root.clone(), pins.maps(), pins.links()] {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| err(format!("creating {}: {e}", dir.display())))?;
-        restrict(&dir, 0o700);
-    }
+fn mkdir(dir: &Path) -> Result<(), LoadError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| LoadError::PinFolder {
+            path: dir.to_path_buf(),
+            what: "creating",
+            source,
+        })?;
+    restrict(dir, 0o700);
     Ok(())
 }
 
-fn check_cgroup(path: &Path) -> Result<(), LoadError> {
-    if sysfs::is_cgroup2(path) {
-        Ok(())
-    } else {
-        Err(LoadError::Cgroup {
-            path: path.to_path_buf(),
-            message: "not a cgroup v2 directory (socklb needs cgroup v2; see /proc/self/mountinfo for its mount)"
-                .into(),
-        })
+/// Creates the pin folder (0700) on a bpf filesystem, mounting one on /sys/fs/bpf if the
+/// folder lives there and nothing is mounted yet.
+fn prepare_pin_folder(pins: &PinFolder) -> Result<(), LoadError> {
+    let parent = pins.root.parent().unwrap_or(Path::new("/"));
+    if !sysfs::is_bpffs(parent) && !sysfs::is_bpffs(&pins.root) {
+        let default = Path::new(sysfs::DEFAULT_BPFFS);
+        let err = |what, source| LoadError::PinFolder {
+            path: pins.root.clone(),
+            what,
+            source,
+        };
+        if pins.root.starts_with(default) {
+            fs::create_dir_all(default).map_err(|e| err("creating /sys/fs/bpf", e))?;
+            sysfs::mount_bpffs(default).map_err(|e| err("mounting bpffs on /sys/fs/bpf", e))?;
+        } else {
+            return Err(err(
+                "not on a bpf filesystem; mount one (mount -t bpf bpf DIR) or use the default /sys/fs/bpf/socklb",
+                io::Error::from(io::ErrorKind::InvalidInput),
+            ));
+        }
     }
+    mkdir(&pins.root)?;
+    mkdir(&pins.links())
 }
 
-/// Refuses pinned maps whose layout or size differs from what this agent would create.
-fn check_pinned_maps(pins: &PinFolder, config: &LoadConfig) -> Result<(), LoadError> {
-    use lb_common::{
-        AffinityKey, AffinityValue, Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, SockState,
-    };
-    let caps = &config.capacities;
-    let expected: [(&'static str, usize, usize, Option<u32>); 7] = [
-        (
-            map_name::FRONTENDS,
-            size_of::<FrontendKey>(),
-            size_of::<Frontend>(),
-            Some(caps.frontends),
-        ),
-        (
-            map_name::SLOTS,
-            size_of::<SlotKey>(),
-            size_of::<u32>(),
-            Some(caps.slots),
-        ),
-        (
-            map_name::BACKENDS,
-            size_of::<u32>(),
-            size_of::<Backend>(),
-            Some(caps.backends),
-        ),
-        (
-            map_name::SERVICE_META,
-            size_of::<u32>(),
-            size_of::<ServiceMeta>(),
-            Some(caps.service_meta),
-        ),
-        (
-            map_name::SOCK_STATE,
-            size_of::<u64>(),
-            size_of::<SockState>(),
-            Some(config.sock_state_capacity),
-        ),
-        (
-            map_name::AFFINITY,
-            size_of::<AffinityKey>(),
-            size_of::<AffinityValue>(),
-            Some(config.affinity_capacity),
-        ),
-        (map_name::COUNTERS, size_of::<u32>(), size_of::<u64>(), None),
-    ];
-    for (map, key, value, entries) in expected {
-        let path = pins.map(map);
+/// Refuses pinned maps of this generation whose layout differs from the table (a digest
+/// collision or a hand-made pin).
+fn check_pinned_maps(dir: &Path, pins: &PinFolder, caps: &Capacities) -> Result<(), LoadError> {
+    for d in lb_common::MAPS {
+        let path = dir.join(d.name);
         if !path.exists() {
             continue;
         }
         let data = MapData::from_pin(&path).map_err(|e| LoadError::PinFolder {
             path: path.clone(),
-            message: e.to_string(),
+            what: "opening a pinned map",
+            source: io::Error::other(e),
         })?;
         let info = data.info().map_err(|e| LoadError::PinFolder {
             path: path.clone(),
-            message: e.to_string(),
+            what: "reading a pinned map",
+            source: io::Error::other(e),
         })?;
         let incompatible = |detail: String| LoadError::IncompatiblePin {
-            map,
+            map: d.id,
             detail,
             folder: pins.root.clone(),
         };
-        if info.key_size() as usize != key || info.value_size() as usize != value {
+        if info.key_size() != d.key_size || info.value_size() != d.value_size {
             return Err(incompatible(format!(
-                "key/value sizes {}/{}, expected {key}/{value}",
+                "key/value sizes {}/{}, expected {}/{}",
                 info.key_size(),
-                info.value_size()
+                info.value_size(),
+                d.key_size,
+                d.value_size
             )));
         }
-        if let Some(entries) = entries
-            && info.max_entries() != entries
-        {
+        if sized(&d) && info.max_entries() != caps.get(d.id) {
             return Err(incompatible(format!(
-                "{} entries, configured {entries}",
-                info.max_entries()
+                "{} entries, configured {}",
+                info.max_entries(),
+                caps.get(d.id)
             )));
         }
     }
     Ok(())
+}
+
+fn sized(d: &MapDescriptor) -> bool {
+    d.kind != MapKind::SkStorage
 }
 
 /// What `remove_pins` took away.
@@ -425,40 +623,37 @@ pub struct Removed {
 }
 
 /// Detaches every pinned link and removes every pin (and the folder). Connects to services stop
-/// being translated at once.
-pub fn remove_pins(pins: &PinFolder) -> io::Result<Removed> {
+/// being translated at once. Refuses while an agent holds the folder.
+pub fn remove_pins(pins: &PinFolder) -> Result<Removed, LoadError> {
+    let _lock = PinLock::take(&pins.root)?;
     let mut removed = Removed::default();
     if let Ok(entries) = fs::read_dir(pins.links()) {
         for entry in entries.flatten() {
-            let path = entry.path();
-            match PinnedLink::from_pin(&path) {
-                Ok(link) => {
-                    // Unpinning leaves our descriptor as the last reference; dropping it detaches.
-                    drop(link.unpin()?);
-                    removed.links += 1;
-                }
-                Err(_) => fs::remove_file(&path)?,
-            }
+            detach_pin(&entry.path());
+            removed.links += 1;
         }
     }
-    if let Ok(entries) = fs::read_dir(pins.maps()) {
-        for entry in entries.flatten() {
-            fs::remove_file(entry.path())?;
-            removed.maps += 1;
-        }
+    for dir in pins.map_dirs() {
+        removed.maps += remove_dir_pins(&dir);
     }
-    for dir in [pins.links(), pins.maps(), pins.root.clone()] {
+    for dir in [pins.links(), pins.root.clone()] {
         match fs::remove_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(source) => {
+                return Err(LoadError::PinFolder {
+                    path: dir,
+                    what: "removing",
+                    source,
+                });
+            }
         }
     }
     Ok(removed)
 }
 
 /// An attached program, as the kernel reports it.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct ProgramView {
     pub name: String,
     pub id: u32,
@@ -476,13 +671,13 @@ pub struct ProgramView {
 /// The programs behind the pinned links.
 pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
     let mut ids = Vec::new();
-    for program in PROGRAMS {
-        let Ok(link) = PinnedLink::from_pin(pins.link(program)) else {
+    for name in program::ALL {
+        let Ok(link) = PinnedLink::from_pin(pins.link(name)) else {
             continue;
         };
         let link: FdLink = link.into();
-        let info = link.info().map_err(|e| io::Error::other(e.to_string()))?;
-        ids.push((program, info.program_id()));
+        let info = link.info().map_err(io::Error::other)?;
+        ids.push((name, info.program_id()));
     }
     let mut out = Vec::new();
     for info in aya::programs::loaded_programs().flatten() {
@@ -497,6 +692,6 @@ pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
             });
         }
     }
-    out.sort_by_key(|p| PROGRAMS.iter().position(|n| *n == p.name));
+    out.sort_by_key(|p| program::ALL.iter().position(|n| *n == p.name));
     Ok(out)
 }

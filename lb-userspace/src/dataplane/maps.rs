@@ -1,136 +1,178 @@
 //! The narrow interface through which the reconciler writes the maps: one write at a time, and
 //! a read of everything back. Two implementations: the real BPF maps (`bpf.rs`) and
 //! `InMemoryMaps` here, which unit tests use and which can fail writes on purpose.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::SocketAddr};
 
-use lb_common::{Backend, Frontend, FrontendKey, ServiceMeta, SlotKey, map_name};
+use lb_common::{Backend, Frontend, FrontendKey, MapId, ServiceMeta, ports};
+
+use super::abi::{backend_addr, frontend_key, service_addr, service_port_key};
+use crate::vocab::{ServiceAddr, ServicePortKey};
 
 /// One map write. The reconciler orders these so the data path never sees a half-written
 /// service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MapWrite {
-    PutBackend(u32, Backend),
-    DeleteBackend(u32),
-    PutSlot(SlotKey, u32),
-    DeleteSlot(SlotKey),
-    PutMeta(u32, ServiceMeta),
-    DeleteMeta(u32),
+    /// To `FRONTENDS4` or `FRONTENDS6`, by the key's family.
     PutFrontend(FrontendKey, Frontend),
     DeleteFrontend(FrontendKey),
+    /// Fills `BACKENDS[base ..]`: always a range no frontend uses.
+    PutBackends {
+        base: u32,
+        backends: Vec<Backend>,
+    },
+    PutMeta(u32, ServiceMeta),
+    DeleteMeta(u32),
+    /// One word of the `PORTS` bitmaps.
+    PutPorts {
+        word: u32,
+        bits: u64,
+    },
 }
 
 impl MapWrite {
     /// The map this write goes to.
-    pub fn map(&self) -> &'static str {
+    pub fn map(&self) -> MapId {
         match self {
-            Self::PutBackend(..) | Self::DeleteBackend(_) => map_name::BACKENDS,
-            Self::PutSlot(..) | Self::DeleteSlot(_) => map_name::SLOTS,
-            Self::PutMeta(..) | Self::DeleteMeta(_) => map_name::SERVICE_META,
-            Self::PutFrontend(..) | Self::DeleteFrontend(_) => map_name::FRONTENDS,
+            Self::PutFrontend(k, _) | Self::DeleteFrontend(k) => frontends_map(k),
+            Self::PutBackends { .. } => MapId::Backends,
+            Self::PutMeta(..) | Self::DeleteMeta(_) => MapId::ServiceMeta,
+            Self::PutPorts { .. } => MapId::Ports,
         }
     }
 
     pub fn is_delete(&self) -> bool {
-        matches!(
-            self,
-            Self::DeleteBackend(_)
-                | Self::DeleteSlot(_)
-                | Self::DeleteMeta(_)
-                | Self::DeleteFrontend(_)
-        )
+        matches!(self, Self::DeleteFrontend(_) | Self::DeleteMeta(_))
+    }
+}
+
+/// Which frontend map holds a key.
+pub fn frontends_map(key: &FrontendKey) -> MapId {
+    if key.family == lb_common::FAMILY_IPV4 {
+        MapId::Frontends4
+    } else {
+        MapId::Frontends6
     }
 }
 
 impl std::fmt::Display for MapWrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        use super::abi::{Frontend as Fe, backend_from_abi, from_fixed};
-        let backend =
-            |b: &Backend| backend_from_abi(b).map_or_else(|| "<invalid>".into(), |a| a.to_string());
         let frontend =
-            |k: &FrontendKey| Fe::from_key(k).map_or_else(|| format!("{k:?}"), |f| f.to_string());
+            |k: &FrontendKey| service_addr(k).map_or_else(|| format!("{k:?}"), |a| a.to_string());
         match self {
-            Self::PutBackend(id, b) => write!(f, "put backend {id} = {}", backend(b)),
-            Self::DeleteBackend(id) => write!(f, "delete backend {id}"),
-            Self::PutSlot(k, id) => {
-                write!(f, "put slot {}#{} = backend {id}", k.service_id, k.slot)
-            }
-            Self::DeleteSlot(k) => write!(f, "delete slot {}#{}", k.service_id, k.slot),
-            Self::PutMeta(id, m) => write!(
-                f,
-                "put meta {id} = {}:{}",
-                from_fixed(&m.name),
-                from_fixed(&m.port_name)
-            ),
-            Self::DeleteMeta(id) => write!(f, "delete meta {id}"),
             Self::PutFrontend(k, v) => write!(
                 f,
-                "put frontend {} = service {} count {}",
+                "put frontend {} = service {} backends {}+{}",
                 frontend(k),
                 v.service_id,
+                v.base,
                 v.count
             ),
             Self::DeleteFrontend(k) => write!(f, "delete frontend {}", frontend(k)),
+            Self::PutBackends { base, backends } => {
+                let list: Vec<String> = backends
+                    .iter()
+                    .map(|b| backend_addr(b).map_or_else(|| "<empty>".into(), |a| a.to_string()))
+                    .collect();
+                write!(f, "put backends {base}.. = [{}]", list.join(", "))
+            }
+            Self::PutMeta(id, m) => write!(
+                f,
+                "put meta {id} = {}",
+                service_port_key(m).map_or_else(|| "<invalid>".into(), |k| k.to_string())
+            ),
+            Self::DeleteMeta(id) => write!(f, "delete meta {id}"),
+            Self::PutPorts { word, bits } => write!(f, "put ports word {word} = {bits:#018x}"),
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapWriteError {
-    #[error("map {map} is full ({capacity} entries)")]
-    Full { map: &'static str, capacity: u32 },
-    #[error("writing map {map}: {source}")]
+    #[error("map {} is full ({capacity} entries)", .map.name())]
+    Full { map: MapId, capacity: u32 },
+    #[error("map {} has no free range of {wanted} entries ({free} free, {waiting} waiting out their grace period)", MapId::Backends.name())]
+    NoRange {
+        wanted: u32,
+        free: u32,
+        waiting: u32,
+    },
+    #[error("writing map {}", .map.name())]
     Io {
-        map: &'static str,
+        map: MapId,
         #[source]
         source: std::io::Error,
     },
-    #[error("injected failure writing map {map}")]
-    Injected { map: &'static str },
+    #[error("injected failure writing map {}", .map.name())]
+    Injected { map: MapId },
 }
 
 impl MapWriteError {
-    /// A short label for metrics.
-    pub fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> crate::vocab::ErrorKind {
+        use crate::vocab::ErrorKind;
         match self {
-            Self::Full { .. } => "map_full",
-            Self::Io { .. } => "map_write",
-            Self::Injected { .. } => "injected",
+            Self::Full { .. } | Self::NoRange { .. } => ErrorKind::MapFull,
+            Self::Io { .. } => ErrorKind::MapWrite,
+            Self::Injected { .. } => ErrorKind::Injected,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("reading map {map}: {message}")]
+#[error("reading map {}", .map.name())]
 pub struct MapReadError {
-    pub map: &'static str,
-    pub message: String,
+    pub map: MapId,
+    #[source]
+    pub source: std::io::Error,
 }
 
-/// Everything the service maps hold, in key order.
+impl MapReadError {
+    pub fn new(map: MapId, source: impl Into<std::io::Error>) -> Self {
+        Self {
+            map,
+            source: source.into(),
+        }
+    }
+}
+
+/// What a service address reaches, read from a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reach {
+    pub service_id: u32,
+    pub frontend: Frontend,
+    /// The backend set, in slot order (`None` for an entry that holds no address).
+    pub backends: Vec<Option<SocketAddr>>,
+}
+
+/// What the service maps hold, in key order. `backends` holds the non-empty entries of the
+/// backend array that were read (the ranges frontends use, at least).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapSnapshot {
     pub frontends: BTreeMap<FrontendKey, Frontend>,
-    pub slots: BTreeMap<SlotKey, u32>,
     pub backends: BTreeMap<u32, Backend>,
     pub meta: BTreeMap<u32, ServiceMeta>,
+    /// Non-zero words of the port bitmaps.
+    pub ports: BTreeMap<u32, u64>,
 }
 
 impl MapSnapshot {
-    /// Applies one write, as the kernel would (deleting a missing key is not an error here; the
-    /// reconciler never asks for that).
+    /// Applies one write, as the kernel would.
     pub fn apply(&mut self, write: &MapWrite) {
         match write {
-            MapWrite::PutBackend(id, b) => {
-                self.backends.insert(*id, *b);
+            MapWrite::PutFrontend(k, f) => {
+                self.frontends.insert(*k, *f);
             }
-            MapWrite::DeleteBackend(id) => {
-                self.backends.remove(id);
+            MapWrite::DeleteFrontend(k) => {
+                self.frontends.remove(k);
             }
-            MapWrite::PutSlot(k, id) => {
-                self.slots.insert(*k, *id);
-            }
-            MapWrite::DeleteSlot(k) => {
-                self.slots.remove(k);
+            MapWrite::PutBackends { base, backends } => {
+                for (i, b) in backends.iter().enumerate() {
+                    let index = base + i as u32;
+                    if *b == Backend::default() {
+                        self.backends.remove(&index);
+                    } else {
+                        self.backends.insert(index, *b);
+                    }
+                }
             }
             MapWrite::PutMeta(id, m) => {
                 self.meta.insert(*id, *m);
@@ -138,71 +180,102 @@ impl MapSnapshot {
             MapWrite::DeleteMeta(id) => {
                 self.meta.remove(id);
             }
-            MapWrite::PutFrontend(k, f) => {
-                self.frontends.insert(*k, *f);
-            }
-            MapWrite::DeleteFrontend(k) => {
-                self.frontends.remove(k);
+            MapWrite::PutPorts { word, bits } => {
+                if *bits == 0 {
+                    self.ports.remove(word);
+                } else {
+                    self.ports.insert(*word, *bits);
+                }
             }
         }
     }
 
-    /// Whether a put would add a key (and so needs free capacity).
+    /// The backends `frontend` chooses among, in slot order.
+    pub fn range(&self, frontend: &Frontend) -> Vec<Option<SocketAddr>> {
+        (0..u32::from(frontend.count))
+            .map(|i| {
+                self.backends
+                    .get(&frontend.base.wrapping_add(i))
+                    .and_then(backend_addr)
+            })
+            .collect()
+    }
+
+    /// What a connect to `addr` would choose among: the one place that reads "which backends a
+    /// frontend reaches" from the maps.
+    pub fn reach(&self, addr: &ServiceAddr) -> Option<Reach> {
+        let frontend = *self.frontends.get(&frontend_key(*addr))?;
+        Some(Reach {
+            service_id: frontend.service_id,
+            frontend,
+            backends: self.range(&frontend),
+        })
+    }
+
+    /// The backend set a service id is, from its metadata.
+    pub fn service_port(&self, service_id: u32) -> Option<ServicePortKey> {
+        self.meta.get(&service_id).and_then(service_port_key)
+    }
+
+    /// Whether the bitmap word for `port` has its bit (see `lb_common::ports`).
+    pub fn port_bit(&self, bitmap: u32, udp: bool, port: u16) -> bool {
+        self.ports
+            .get(&ports::word(bitmap, udp, port))
+            .is_some_and(|w| w & ports::bit(port) != 0)
+    }
+
+    fn len_of(&self, map: MapId) -> usize {
+        match map {
+            MapId::Frontends4 | MapId::Frontends6 => self
+                .frontends
+                .keys()
+                .filter(|k| frontends_map(k) == map)
+                .count(),
+            MapId::ServiceMeta => self.meta.len(),
+            _ => 0,
+        }
+    }
+
+    /// Whether a write would add a key to a hash map (and so needs free capacity).
     fn adds_key(&self, write: &MapWrite) -> bool {
         match write {
-            MapWrite::PutBackend(id, _) => !self.backends.contains_key(id),
-            MapWrite::PutSlot(k, _) => !self.slots.contains_key(k),
-            MapWrite::PutMeta(id, _) => !self.meta.contains_key(id),
             MapWrite::PutFrontend(k, _) => !self.frontends.contains_key(k),
+            MapWrite::PutMeta(id, _) => !self.meta.contains_key(id),
             _ => false,
         }
     }
-
-    fn len_of(&self, map: &str) -> usize {
-        match map {
-            map_name::BACKENDS => self.backends.len(),
-            map_name::SLOTS => self.slots.len(),
-            map_name::SERVICE_META => self.meta.len(),
-            _ => self.frontends.len(),
-        }
-    }
 }
 
-/// Capacity of each service map.
+/// The capacity of every map, indexed by `MapId`, from the descriptor table unless changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacities {
-    pub frontends: u32,
-    pub slots: u32,
-    pub backends: u32,
-    pub service_meta: u32,
-}
+pub struct Capacities([u32; MapId::ALL.len()]);
 
 impl Default for Capacities {
     fn default() -> Self {
-        use lb_common::capacity;
-        Self {
-            frontends: capacity::FRONTENDS,
-            slots: capacity::SLOTS,
-            backends: capacity::BACKENDS,
-            service_meta: capacity::SERVICE_META,
+        let mut c = [0; MapId::ALL.len()];
+        for id in MapId::ALL {
+            c[id as usize] = id.default_capacity();
         }
+        Self(c)
     }
 }
 
 impl Capacities {
-    pub fn of(&self, map: &str) -> u32 {
-        match map {
-            map_name::BACKENDS => self.backends,
-            map_name::SLOTS => self.slots,
-            map_name::SERVICE_META => self.service_meta,
-            _ => self.frontends,
-        }
+    pub fn get(&self, map: MapId) -> u32 {
+        self.0[map as usize]
+    }
+
+    #[must_use]
+    pub fn with(mut self, map: MapId, capacity: u32) -> Self {
+        self.0[map as usize] = capacity;
+        self
     }
 }
 
 /// Where the reconciler's writes go.
 pub trait ServiceMaps {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError>;
+    /// Everything the maps hold (the backend array: the ranges frontends use).
     fn read_all(&self) -> Result<MapSnapshot, MapReadError>;
     fn capacities(&self) -> Capacities;
 }
@@ -212,6 +285,8 @@ pub trait ServiceMaps {
 pub type FailureRule = Box<dyn FnMut(usize, &MapWrite, bool) -> bool + Send>;
 /// Runs after every successful write with the maps' new content (invariant checks in tests).
 pub type WriteObserver = Box<dyn FnMut(&MapSnapshot, &MapWrite) + Send>;
+/// Runs before every write with the maps' current content (checks that a write is safe then).
+pub type WriteGuard = Box<dyn FnMut(&MapSnapshot, &MapWrite) + Send>;
 
 /// Maps in memory, with the kernel's capacity limits and optional injected failures.
 #[derive(Default)]
@@ -221,6 +296,7 @@ pub struct InMemoryMaps {
     writes: usize,
     fail: Option<FailureRule>,
     observer: Option<WriteObserver>,
+    guard: Option<WriteGuard>,
 }
 
 impl InMemoryMaps {
@@ -249,6 +325,11 @@ impl InMemoryMaps {
         self.observer = Some(Box::new(observer));
     }
 
+    /// Calls `guard` before every write, with the content the write applies to.
+    pub fn guard(&mut self, guard: impl FnMut(&MapSnapshot, &MapWrite) + Send + 'static) {
+        self.guard = Some(Box::new(guard));
+    }
+
     /// Writes attempted so far.
     pub fn writes(&self) -> usize {
         self.writes
@@ -259,15 +340,25 @@ impl ServiceMaps for InMemoryMaps {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let n = self.writes;
         self.writes += 1;
+        if let Some(guard) = self.guard.as_mut() {
+            guard(&self.content, write);
+        }
         let adds_key = self.content.adds_key(write);
+        let map = write.map();
         if let Some(rule) = self.fail.as_mut()
             && rule(n, write, adds_key)
         {
-            return Err(MapWriteError::Injected { map: write.map() });
+            return Err(MapWriteError::Injected { map });
         }
-        let map = write.map();
-        let capacity = self.capacities.of(map);
-        if adds_key && self.content.len_of(map) >= capacity as usize {
+        let capacity = self.capacities.get(map);
+        let fits = match write {
+            MapWrite::PutBackends { base, backends } => {
+                u64::from(*base) + backends.len() as u64 <= u64::from(capacity)
+            }
+            MapWrite::PutPorts { word, .. } => *word < capacity,
+            _ => !adds_key || self.content.len_of(map) < capacity as usize,
+        };
+        if !fits {
             return Err(MapWriteError::Full { map, capacity });
         }
         self.content.apply(write);

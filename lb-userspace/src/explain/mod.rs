@@ -1,9 +1,10 @@
 //! `socklb explain`: the chain from a Service to this node's maps, link by link, ending with
-//! the first broken one. Pure: objects, node identity and a map snapshot in, an
-//! `Explanation` out (rendered as text or JSON by the CLI).
-use std::{collections::BTreeMap, fmt::Write as _};
+//! the first broken one. Pure: objects, node identity, a map snapshot and the agent's status
+//! in, an `Explanation` out (rendered as text or JSON by the CLI). Everything is compared as
+//! typed values; digests are taken over the canonical (numeric) order.
+use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 mod render;
@@ -11,17 +12,18 @@ mod render;
 pub use render::render;
 
 use crate::{
-    agent::Status,
-    dataplane::{abi::Frontend, dump, maps::MapSnapshot},
-    model::{EndpointSlice, ObjectKey, Service, Store},
+    dataplane::maps::MapSnapshot,
+    model::{EndpointSlice, Service, Store},
+    status::Status,
     translate::{
-        Exclusion, NodeInfo, PortTranslation, ServiceTranslation, Verdict, translate_all,
-        translate_service,
+        Conflict, Exclusion, NodeInfo, Ownership, PortTranslation, Rule, ServiceTranslation,
+        Verdict, translate_service,
     },
+    vocab::{ObjectKey, ObjectRef, ServiceAddr},
 };
 
 /// The link that broke first, in the order the seeds teach.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Link {
     Service,
@@ -29,12 +31,14 @@ pub enum Link {
     Endpoints,
     Port,
     Candidates,
+    /// The address belongs to another Service.
+    Ownership,
     Maps,
     /// Nothing broken on socklb's side.
     None,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SliceSummary {
     pub name: String,
     pub resource_version: String,
@@ -43,67 +47,74 @@ pub struct SliceSummary {
     pub endpoints: usize,
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// One frontend: what the maps hold for it against what the Service asks for.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MapCheck {
-    pub frontend: String,
+    pub frontend: ServiceAddr,
     /// What the maps hold for the frontend: `None` when absent.
-    pub maps_backends: Option<Vec<String>>,
-    pub desired_backends: Vec<String>,
+    pub maps_backends: Option<Vec<SocketAddr>>,
+    pub desired_backends: Vec<SocketAddr>,
+    /// Another Service owns this address (it is not written for this one).
+    pub owned_by: Option<String>,
     pub matches: bool,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Explanation {
     pub target: String,
     pub service: Option<ObjectKey>,
     /// Why the Service was rejected by validation, if it was.
     pub rejected: Option<String>,
+    /// The translation with every endpoint's decision.
     pub translation: Option<ServiceTranslation>,
     pub selector: Option<BTreeMap<String, String>>,
     pub slices: Vec<SliceSummary>,
     pub maps: Vec<MapCheck>,
     /// Whether pinned maps were readable at all.
     pub maps_available: bool,
-    /// Whether the agent answered, and what it reports for this Service's ports.
+    /// Whether the agent answered, and what it reports for this Service's backend sets.
     pub agent_reachable: bool,
     pub agent_problems: Vec<String>,
     pub desired_digest: String,
     pub maps_digest: String,
-    /// `kind name` → resourceVersion of every object the desired state came from.
+    /// Every object the desired state came from, with its resourceVersion.
     pub resource_versions: BTreeMap<String, String>,
     pub broken: Link,
     pub verdict: String,
 }
 
-/// Finds the Service a target names: `namespace/name` (or `name` in default), or a frontend
-/// address `ADDR:PORT[/tcp|udp]`.
-pub fn resolve(store: &Store, node: &NodeInfo, target: &str) -> Option<ObjectKey> {
-    if let Ok(frontend) = Frontend::parse(target) {
-        let (_, reports) = translate_all(store, node);
-        return reports
-            .iter()
-            .find(|r| {
-                r.ports
-                    .iter()
-                    .any(|p| p.desired.frontends.contains(&frontend))
-            })
-            .map(|r| r.service.clone());
-    }
-    Some(ObjectKey::parse(target))
-}
-
-/// Walks the chain for `service`. `snapshot` is `None` when no maps are pinned.
 /// Where `explain` looks: the objects (as the agent's source has them), this node, the pinned
-/// maps, and the agent's own account (its /status), each when available.
+/// maps, the agent's own account (its /status), and who owns contested addresses, each when
+/// available.
 pub struct Sources<'a> {
     pub store: &'a Store,
-    /// Objects rejected by validation (`Kind namespace/name` → why).
-    pub rejected: &'a BTreeMap<String, String>,
+    /// Objects rejected by validation, and why.
+    pub rejected: &'a BTreeMap<ObjectRef, String>,
     pub node: &'a NodeInfo,
     /// `None` when no maps are pinned.
     pub maps: Option<&'a MapSnapshot>,
     /// `None` when the agent could not be asked.
     pub agent: Option<&'a Status>,
+    /// Every Service's claims, when the whole cluster was read (manifests); otherwise the
+    /// agent's status says who owns what.
+    pub ownership: Option<&'a Ownership>,
+}
+
+/// Finds the Service a target names: `namespace/name` (or `name` in default), or a frontend
+/// address `ADDR:PORT[/tcp|udp]`.
+pub fn resolve(store: &Store, node: &NodeInfo, target: &str) -> Option<ObjectKey> {
+    if let Ok(frontend) = ServiceAddr::parse(target) {
+        return store
+            .services()
+            .find(|svc| {
+                translate_service(svc, &store.slices_of(&svc.key), node)
+                    .ports
+                    .iter()
+                    .any(|p| p.desired.frontends.iter().any(|c| c.addr == frontend))
+            })
+            .map(|svc| svc.key.clone());
+    }
+    Some(ObjectKey::parse(target))
 }
 
 /// Walks the chain for `target` (a Service or one of its frontends).
@@ -114,6 +125,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         node,
         maps: snapshot,
         agent,
+        ownership,
     } = *sources;
     let service = resolve(store, node, target);
     let mut e = Explanation {
@@ -137,7 +149,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         return e.broken_at(Link::Service, format!("no Service has a frontend {target}"));
     };
     let Some(svc) = store.service(&key) else {
-        e.rejected = rejected.get(&format!("Service {key}")).cloned();
+        e.rejected = rejected.get(&ObjectRef::service(key.clone())).cloned();
         let why = e.rejected.as_ref().map_or_else(
             || "it does not exist".to_string(),
             |r| format!("it was rejected: {r}"),
@@ -150,16 +162,30 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         .insert(format!("Service {key}"), svc.resource_version.clone());
     e.summarize_slices(&slices);
     let translation = translate_service(svc, &slices, node);
-    if let Some(status) = agent {
-        for port in &translation.ports {
-            if let Some(problem) = status.problems.get(&port.key.to_string()) {
-                e.agent_problems.push(format!("{}: {problem}", port.key));
+    let mut conflicts: Vec<(String, Conflict)> = Vec::new();
+    for port in &translation.ports {
+        if let Some(status) = agent {
+            for p in status.problems_of(&port.key) {
+                e.agent_problems.push(format!("{}: {p}", port.key));
+            }
+            conflicts.extend(
+                status
+                    .conflicts
+                    .iter()
+                    .filter(|c| c.service_port == port.key)
+                    .map(|c| (port.key.to_string(), c.conflict.clone())),
+            );
+        }
+        if let Some(o) = ownership {
+            for c in o.conflicts(&port.key, &port.desired) {
+                if !conflicts.iter().any(|(_, x)| x.addr == c.addr) {
+                    conflicts.push((port.key.to_string(), c));
+                }
             }
         }
     }
-    e.check_maps(&translation, snapshot);
+    e.check_maps(&translation, snapshot, &conflicts);
     e.translation = Some(translation.clone());
-
     let (link, verdict) = first_broken_link(&key, svc, &slices, &translation, &e);
     e.broken_at(link, verdict)
 }
@@ -215,12 +241,23 @@ fn first_broken_link(
             return (
                 link,
                 format!(
-                    "{} ({}) has no candidate endpoint: {why}; connects are refused",
+                    "{} ({}) has no candidate endpoint: {why}; connects are refused (rule: {})",
                     port.key,
-                    frontends(port)
+                    frontends(port),
+                    port.rule
                 ),
             );
         }
+    }
+    if let Some(m) = e.maps.iter().find(|m| m.owned_by.is_some()) {
+        return (
+            Link::Ownership,
+            format!(
+                "{} is not served for this Service: {}",
+                m.frontend,
+                m.owned_by.as_deref().unwrap_or_default()
+            ),
+        );
     }
     if !e.maps_available {
         return (
@@ -232,7 +269,7 @@ fn first_broken_link(
         let held = bad
             .maps_backends
             .as_ref()
-            .map_or_else(|| "nothing".to_string(), |b| format!("{b:?}"));
+            .map_or_else(|| "nothing".to_string(), |b| list(b));
         let why = match (e.agent_problems.first(), e.agent_reachable) {
             (Some(problem), _) => format!("the agent reports {problem}"),
             (None, true) => "the agent reports no problem: it may be catching up".to_string(),
@@ -241,8 +278,9 @@ fn first_broken_link(
             }
         };
         let verdict = format!(
-            "this node's maps hold {held} for {}, the Service asks for {:?} ({why})",
-            bad.frontend, bad.desired_backends
+            "this node's maps hold {held} for {}, the Service asks for {} ({why})",
+            bad.frontend,
+            list(&bad.desired_backends)
         );
         return (Link::Maps, verdict);
     }
@@ -252,16 +290,27 @@ fn first_broken_link(
     )
 }
 
-fn frontends(port: &PortTranslation) -> String {
-    port.desired
-        .frontends
+fn list(addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return "no backend".into();
+    }
+    addrs
         .iter()
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
 }
 
-/// Why a backend set has no candidate: the port name, or the endpoints' conditions.
+fn frontends(port: &PortTranslation) -> String {
+    port.desired
+        .frontends
+        .iter()
+        .map(|c| c.addr.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Why a backend set has no candidate: the port name, the policy, or the endpoints' conditions.
 fn why_no_candidate(port: &PortTranslation) -> (Link, String) {
     let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
     for d in &port.endpoints {
@@ -290,6 +339,13 @@ fn why_no_candidate(port: &PortTranslation) -> (Link, String) {
         )
     } else if port.endpoints.is_empty() {
         (Link::Endpoints, "no endpoint".into())
+    } else if port.rule == Rule::NoLocalEndpoint {
+        (
+            Link::Candidates,
+            format!(
+                "internalTrafficPolicy is Local and no usable endpoint is on this node ({summary})"
+            ),
+        )
     } else {
         (
             Link::Candidates,
@@ -333,56 +389,53 @@ impl Explanation {
         self
     }
 
-    fn check_maps(&mut self, translation: &ServiceTranslation, snapshot: Option<&MapSnapshot>) {
-        let views = snapshot.map(dump::services).unwrap_or_default();
-        let mut desired_text = String::new();
-        let mut maps_text = String::new();
+    fn check_maps(
+        &mut self,
+        translation: &ServiceTranslation,
+        snapshot: Option<&MapSnapshot>,
+        conflicts: &[(String, Conflict)],
+    ) {
+        let mut checks: Vec<MapCheck> = Vec::new();
         for port in &translation.ports {
-            let desired: Vec<String> = port
-                .desired
-                .backends
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            for fe in &port.desired.frontends {
-                let held = held_backends(&views, fe);
-                let mut sorted = held.clone();
-                if let Some(s) = sorted.as_mut() {
-                    s.sort();
-                }
-                let _ = writeln!(desired_text, "{fe} {desired:?}");
-                let _ = writeln!(
-                    maps_text,
-                    "{fe} {}",
-                    sorted
-                        .as_ref()
-                        .map_or_else(|| "absent".into(), |b| format!("{b:?}"))
-                );
-                self.maps.push(MapCheck {
-                    frontend: fe.to_string(),
-                    matches: sorted.as_ref() == Some(&desired),
+            for claim in &port.desired.frontends {
+                let owned_by = conflicts
+                    .iter()
+                    .find(|(_, c)| c.addr == claim.addr)
+                    .map(|(_, c)| c.to_string());
+                let held = snapshot.and_then(|s| s.reach(&claim.addr)).map(|reach| {
+                    let mut b: Vec<SocketAddr> = reach.backends.into_iter().flatten().collect();
+                    crate::vocab::canonical(&mut b);
+                    b
+                });
+                checks.push(MapCheck {
+                    frontend: claim.addr,
+                    matches: owned_by.is_some() || held.as_ref() == Some(&port.desired.backends),
                     maps_backends: held,
-                    desired_backends: desired.clone(),
+                    desired_backends: port.desired.backends.clone(),
+                    owned_by,
                 });
             }
         }
+        checks.sort_by_key(|c| c.frontend);
+        // Digests over the typed values in canonical order: the same content always gives the
+        // same digest, however it was formatted or sorted as text.
+        let mut desired_text = String::new();
+        let mut maps_text = String::new();
+        for c in checks.iter().filter(|c| c.owned_by.is_none()) {
+            let _ = writeln!(desired_text, "{} {}", c.frontend, list(&c.desired_backends));
+            let _ = writeln!(
+                maps_text,
+                "{} {}",
+                c.frontend,
+                c.maps_backends
+                    .as_ref()
+                    .map_or_else(|| "absent".into(), |b| list(b))
+            );
+        }
         self.desired_digest = hex(&Sha256::digest(desired_text.as_bytes()));
         self.maps_digest = hex(&Sha256::digest(maps_text.as_bytes()));
+        self.maps = checks;
     }
-}
-
-fn held_backends(views: &[dump::ServiceView], fe: &Frontend) -> Option<Vec<String>> {
-    let name = fe.to_string();
-    views.iter().find_map(|v| {
-        let f = v.frontends.iter().find(|f| f.frontend == name)?;
-        Some(
-            v.slots
-                .iter()
-                .filter(|s| s.slot <= u32::from(f.active))
-                .filter_map(|s| s.backend.clone())
-                .collect(),
-        )
-    })
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -87,14 +87,15 @@ fn endpoints(out: &mut String, t: &ServiceTranslation) {
     for p in &t.ports {
         let _ = writeln!(
             out,
-            "   {} {} {} {}: port {} -> targetPort {} -> {} candidate(s)",
+            "   {} {} {} {}: port {} -> targetPort {} -> {} candidate(s), by rule: {}",
             p.key.port_name,
             p.key.protocol,
             p.key.family,
             p.key.scope,
             p.desired.port,
             p.target_port,
-            p.desired.backends.len()
+            p.desired.backends.len(),
+            p.rule
         );
         if p.endpoints.is_empty() {
             let _ = writeln!(out, "     (no endpoint)");
@@ -114,9 +115,17 @@ fn maps(out: &mut String, e: &Explanation) {
         let held = match &m.maps_backends {
             None => "absent".to_string(),
             Some(b) if b.is_empty() => "no backend (connects refused)".to_string(),
-            Some(b) => b.join(", "),
+            Some(b) => b
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
         };
-        let verdict = if m.matches { "matches" } else { "DIFFERS" };
+        let verdict = match (&m.owned_by, m.matches) {
+            (Some(owner), _) => format!("NOT SERVED: {owner}"),
+            (None, true) => "matches".into(),
+            (None, false) => "DIFFERS".into(),
+        };
         let _ = writeln!(out, "   {} -> {held} [{verdict}]", m.frontend);
     }
     if e.agent_reachable {

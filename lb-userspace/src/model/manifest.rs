@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_yaml::Value;
 
 use super::{EndpointSlice, LABEL_TOPOLOGY_ZONE, Service, service_from_api, slice_from_api};
+use crate::vocab::{Kind, ObjectKey, ObjectRef};
 
 /// A Node, as far as socklb cares: its name, zone and addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,8 +30,8 @@ pub enum ManifestObject {
 pub struct ManifestError {
     /// `file.yaml`, `file.yaml#2` (second document), `file.yaml#2.items[3]`.
     pub location: String,
-    /// `Service default/web` when the document got that far.
-    pub object: Option<String>,
+    /// The object, when the document got that far.
+    pub object: Option<ObjectRef>,
     /// The offending field, e.g. `spec.ports[0].port`.
     pub field: Option<String>,
     pub message: String,
@@ -101,10 +102,10 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
         .get("apiVersion")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let object = object_name(&kind, &value);
+    let object = object_ref(&kind, &value);
     let error = |field: Option<String>, message: String| ManifestError {
         location: location.to_string(),
-        object: Some(object.clone()),
+        object: object.clone(),
         field,
         message,
     };
@@ -112,7 +113,10 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
         ("v1", "Service") => match typed::<core::Service>(value) {
             Ok(svc) => match service_from_api(&svc) {
                 Ok(svc) => parsed.objects.push(ManifestObject::Service(Box::new(svc))),
-                Err(e) => parsed.errors.push(error(Some(e.field), e.message)),
+                Err(e) => parsed.errors.push(ManifestError {
+                    object: Some(e.object),
+                    ..error(Some(e.field), e.message)
+                }),
             },
             Err((field, message)) => parsed.errors.push(error(field, message)),
         },
@@ -122,7 +126,10 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
                     Ok(slice) => parsed
                         .objects
                         .push(ManifestObject::EndpointSlice(Box::new(slice))),
-                    Err(e) => parsed.errors.push(error(Some(e.field), e.message)),
+                    Err(e) => parsed.errors.push(ManifestError {
+                        object: Some(e.object),
+                        ..error(Some(e.field), e.message)
+                    }),
                 },
                 Err((field, message)) => parsed.errors.push(error(field, message)),
             }
@@ -167,20 +174,27 @@ fn typed<T: DeserializeOwned>(value: Value) -> Result<T, (Option<String>, String
     })
 }
 
-fn object_name(kind: &str, value: &Value) -> String {
+/// The object a document describes, when it is one of the kinds socklb reads.
+fn object_ref(kind: &str, value: &Value) -> Option<ObjectRef> {
+    let kind = match kind {
+        "Service" => Kind::Service,
+        "EndpointSlice" => Kind::EndpointSlice,
+        "Node" => Kind::Node,
+        _ => return None,
+    };
     let meta = value.get("metadata");
     let name = meta
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or("<unnamed>");
-    match meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
-    {
-        Some(ns) => format!("{kind} {ns}/{name}"),
-        None if kind == "Node" => format!("{kind} {name}"),
-        None => format!("{kind} default/{name}"),
-    }
+    let namespace = match kind {
+        Kind::Node => "",
+        _ => meta
+            .and_then(|m| m.get("namespace"))
+            .and_then(Value::as_str)
+            .unwrap_or("default"),
+    };
+    Some(ObjectRef::new(kind, ObjectKey::new(namespace, name)))
 }
 
 pub fn node_from_api(node: &core::Node) -> NodeObject {

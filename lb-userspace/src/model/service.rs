@@ -1,10 +1,13 @@
 //! The Service as socklb needs it, validated from the Kubernetes API type.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use k8s_openapi::{api::core::v1 as core, apimachinery::pkg::util::intstr::IntOrString};
 
-use super::{ObjectKey, ValidationError, validate::Checker};
-use crate::dataplane::abi::{Family, Protocol};
+use super::{
+    ValidationError,
+    validate::{Checker, Cidr, parse_ip_sloppy},
+};
+use crate::vocab::{Family, Kind, ObjectKey, ObjectRef, Protocol};
 
 /// sessionAffinityConfig.clientIP.timeoutSeconds when unset (3 hours), as the API defaults it.
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
@@ -45,23 +48,14 @@ impl std::fmt::Display for TargetPort {
 pub struct ServicePort {
     /// Empty for the single unnamed port of a one-port Service.
     pub name: String,
+    /// The name used in keys and output: the port name, or the port number when unnamed.
+    pub name_or_number: Arc<str>,
     /// None for protocols socklb does not translate (SCTP), kept so explain can say so.
     pub protocol: Option<Protocol>,
     pub protocol_name: String,
     pub port: u16,
     pub target_port: TargetPort,
     pub node_port: Option<u16>,
-}
-
-impl ServicePort {
-    /// The name used in keys and output: the port name, or the port number when unnamed.
-    pub fn display_name(&self) -> String {
-        if self.name.is_empty() {
-            self.port.to_string()
-        } else {
-            self.name.clone()
-        }
-    }
 }
 
 /// A load-balancer ingress address from `status.loadBalancer.ingress`.
@@ -76,6 +70,10 @@ pub struct LbIngress {
 pub struct Service {
     pub key: ObjectKey,
     pub resource_version: String,
+    /// `metadata.uid`: with `created`, decides which of two Services claiming one address owns it.
+    pub uid: String,
+    /// `metadata.creationTimestamp`, seconds since the epoch.
+    pub created: Option<i64>,
     pub labels: BTreeMap<String, String>,
     pub type_: ServiceType,
     /// `clusterIP: None`.
@@ -84,14 +82,20 @@ pub struct Service {
     pub cluster_ips: Vec<IpAddr>,
     pub external_ips: Vec<IpAddr>,
     pub lb_ingress: Vec<LbIngress>,
+    /// `spec.loadBalancerSourceRanges`, parsed; entries that do not parse are left out (noted).
+    pub source_ranges: Vec<Cidr>,
     pub ports: Vec<ServicePort>,
     pub selector: Option<BTreeMap<String, String>>,
     /// sessionAffinity ClientIP timeout, when affinity is on.
     pub affinity_timeout_s: Option<u32>,
     pub internal_traffic_policy: TrafficPolicy,
     pub external_traffic_policy: TrafficPolicy,
+    /// Applied by the EndpointSlice controller (endpoints arrive ready); kept for explain.
     pub publish_not_ready_addresses: bool,
     pub traffic_distribution: Option<String>,
+    /// Parts of the Service that were left out without rejecting it (an externalIP that does
+    /// not parse, say), as kube-proxy skips them one by one.
+    pub notes: Vec<String>,
 }
 
 impl Service {
@@ -117,10 +121,16 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
     let name = meta.name.clone().unwrap_or_default();
     let c = Checker {
-        kind: "Service",
-        object: format!(
-            "{namespace}/{}",
-            if name.is_empty() { "<unnamed>" } else { &name }
+        object: ObjectRef::new(
+            Kind::Service,
+            ObjectKey::new(
+                namespace.as_str(),
+                if name.is_empty() {
+                    "<unnamed>"
+                } else {
+                    name.as_str()
+                },
+            ),
         ),
     };
     c.dns_name("metadata.name", &name, 63)?;
@@ -140,15 +150,14 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
 
     let (cluster_ips, headless) = cluster_ips(&c, spec)?;
 
-    let external_ips = spec
-        .external_ips
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, ip)| c.ip(&format!("spec.externalIPs[{i}]"), ip))
-        .collect::<Result<Vec<_>, _>>()?;
-
-    let lb_ingress = lb_ingress(&c, svc)?;
+    let mut notes = Vec::new();
+    let external_ips = sloppy_ips(
+        "spec.externalIPs",
+        spec.external_ips.iter().flatten(),
+        &mut notes,
+    );
+    let source_ranges = source_ranges(spec, &mut notes);
+    let lb_ingress = lb_ingress(svc, &mut notes);
     let ports = validate_ports(&c, spec.ports.as_deref().unwrap_or_default())?;
 
     let affinity_timeout_s = affinity_timeout(&c, spec)?;
@@ -156,12 +165,15 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     Ok(Service {
         key: ObjectKey::new(namespace, name),
         resource_version: meta.resource_version.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         labels: meta.labels.clone().unwrap_or_default(),
         type_,
         headless,
         cluster_ips,
         external_ips,
         lb_ingress,
+        source_ranges,
         ports,
         selector: spec.selector.clone(),
         affinity_timeout_s,
@@ -177,6 +189,7 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         )?,
         publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
         traffic_distribution: spec.traffic_distribution.clone(),
+        notes,
     })
 }
 
@@ -218,8 +231,31 @@ fn cluster_ips(
     Ok((cluster_ips, headless))
 }
 
-/// `status.loadBalancer.ingress[].ip`, with their ipMode.
-fn lb_ingress(c: &Checker, svc: &core::Service) -> Result<Vec<LbIngress>, ValidationError> {
+/// Addresses of a list field, parsed as kube-proxy does (leading zeros allowed); one that does
+/// not parse is left out with a note, the others kept.
+fn sloppy_ips<'a>(
+    field: &str,
+    values: impl Iterator<Item = &'a String>,
+    notes: &mut Vec<String>,
+) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    for (i, value) in values.enumerate() {
+        if value.is_empty() {
+            continue;
+        }
+        match parse_ip_sloppy(value) {
+            Some(ip) => out.push(ip),
+            None => notes.push(format!(
+                "{field}[{i}] {value:?} is not an IP address: left out"
+            )),
+        }
+    }
+    out
+}
+
+/// `status.loadBalancer.ingress[].ip`, with their ipMode (hostname-only entries are not
+/// addresses and are skipped).
+fn lb_ingress(svc: &core::Service, notes: &mut Vec<String>) -> Vec<LbIngress> {
     let ingress = svc
         .status
         .as_ref()
@@ -227,14 +263,39 @@ fn lb_ingress(c: &Checker, svc: &core::Service) -> Result<Vec<LbIngress>, Valida
         .and_then(|lb| lb.ingress.as_ref());
     let mut out = Vec::new();
     for (i, ing) in ingress.into_iter().flatten().enumerate() {
-        if let Some(ip) = &ing.ip {
-            out.push(LbIngress {
-                ip: c.ip(&format!("status.loadBalancer.ingress[{i}].ip"), ip)?,
+        let Some(ip) = ing.ip.as_deref().filter(|ip| !ip.is_empty()) else {
+            continue;
+        };
+        match parse_ip_sloppy(ip) {
+            Some(ip) => out.push(LbIngress {
+                ip,
                 proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
-            });
+            }),
+            None => notes.push(format!(
+                "status.loadBalancer.ingress[{i}].ip {ip:?} is not an IP address: left out"
+            )),
         }
     }
-    Ok(out)
+    out
+}
+
+/// `spec.loadBalancerSourceRanges`: trimmed and parsed one by one, as kube-proxy does.
+fn source_ranges(spec: &core::ServiceSpec, notes: &mut Vec<String>) -> Vec<Cidr> {
+    let mut out = Vec::new();
+    for (i, value) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        match Cidr::parse(value.trim()) {
+            Some(cidr) => out.push(cidr),
+            None => notes.push(format!(
+                "spec.loadBalancerSourceRanges[{i}] {value:?} is not a CIDR: left out"
+            )),
+        }
+    }
+    out
 }
 
 /// sessionAffinity ClientIP's timeout, when affinity is on.
@@ -274,7 +335,7 @@ fn validate_ports(
         let field = |f: &str| format!("spec.ports[{i}].{f}");
         let name = p.name.clone().unwrap_or_default();
         if !name.is_empty() {
-            c.port_name(&field("name"), &name)?;
+            c.dns_label(&field("name"), &name)?;
         } else if ports.len() > 1 {
             return Err(c.error(
                 field("name"),
@@ -334,6 +395,11 @@ fn validate_ports(
             ));
         }
         out.push(ServicePort {
+            name_or_number: if name.is_empty() {
+                Arc::from(port.to_string())
+            } else {
+                Arc::from(name.as_str())
+            },
             name,
             protocol,
             protocol_name,

@@ -3,8 +3,12 @@ use std::{net::IpAddr, sync::Arc};
 
 use k8s_openapi::api::discovery::v1 as discovery;
 
-use super::{LABEL_SERVICE_NAME, ObjectKey, ValidationError, intern::intern, validate::Checker};
-use crate::dataplane::abi::{Family, Protocol};
+use super::{
+    LABEL_HEADLESS, LABEL_SERVICE_NAME, LABEL_SERVICE_PROXY_NAME, ValidationError,
+    intern::intern,
+    validate::{Checker, parse_ip_sloppy},
+};
+use crate::vocab::{Family, Kind, ObjectKey, ObjectRef, Protocol};
 
 /// The API's limit on endpoints in one slice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
@@ -49,8 +53,21 @@ pub struct EndpointDetails {
     pub zone_hints: Option<Vec<String>>,
     /// `hints.forNodes` names, when present.
     pub node_hints: Option<Vec<String>>,
-    /// `targetRef` as `Kind namespace/name`, for explain.
-    pub target: Option<String>,
+    /// `targetRef`, for explain.
+    pub target: Option<TargetRef>,
+}
+
+/// An endpoint's `targetRef` (usually a Pod).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TargetRef {
+    pub kind: Arc<str>,
+    pub key: ObjectKey,
+}
+
+impl std::fmt::Display for TargetRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind, self.key)
+    }
 }
 
 impl Endpoint {
@@ -70,8 +87,8 @@ impl Endpoint {
         self.details.as_ref()?.node_hints.as_deref()
     }
 
-    pub fn target(&self) -> Option<&str> {
-        self.details.as_ref()?.target.as_deref()
+    pub fn target(&self) -> Option<&TargetRef> {
+        self.details.as_ref()?.target.as_ref()
     }
 
     /// Absent `ready` counts as ready, as the API documents.
@@ -113,6 +130,12 @@ pub struct EndpointSlice {
     pub address_type: AddressType,
     pub endpoints: Vec<Endpoint>,
     pub ports: Vec<EndpointPort>,
+    /// `service.kubernetes.io/service-proxy-name`, when labelled.
+    pub proxy_name: Option<String>,
+    /// Labelled `service.kubernetes.io/headless` (kube-proxy ignores such slices).
+    pub headless_label: bool,
+    /// Endpoints left out without rejecting the slice (an address that does not parse, say).
+    pub notes: Vec<String>,
 }
 
 /// Validates an EndpointSlice from the API (or a manifest) into socklb's model.
@@ -121,10 +144,16 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
     let name = meta.name.clone().unwrap_or_default();
     let c = Checker {
-        kind: "EndpointSlice",
-        object: format!(
-            "{namespace}/{}",
-            if name.is_empty() { "<unnamed>" } else { &name }
+        object: ObjectRef::new(
+            Kind::EndpointSlice,
+            ObjectKey::new(
+                namespace.as_str(),
+                if name.is_empty() {
+                    "<unnamed>"
+                } else {
+                    name.as_str()
+                },
+            ),
         ),
     };
     c.dns_name("metadata.name", &name, 253)?;
@@ -156,8 +185,10 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
             ),
         ));
     }
-    let endpoints = endpoints(&c, address_type, slice, &namespace)?;
+    let mut notes = Vec::new();
+    let endpoints = endpoints(address_type, slice, &namespace, &mut notes);
     let ports = ports(&c, slice)?;
+    let labels = meta.labels.as_ref();
     Ok(EndpointSlice {
         key: ObjectKey::new(namespace, name),
         resource_version: meta.resource_version.clone().unwrap_or_default(),
@@ -165,31 +196,46 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         address_type,
         endpoints,
         ports,
+        proxy_name: labels
+            .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
+            .cloned(),
+        headless_label: labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
+        notes,
     })
 }
 
+/// The slice's endpoints, as kube-proxy reads them: the first address only; an endpoint without
+/// an address, or whose address does not parse or is of the other family, is left out with a
+/// note while the others stay.
 fn endpoints(
-    c: &Checker,
     address_type: AddressType,
     slice: &discovery::EndpointSlice,
     namespace: &str,
-) -> Result<Vec<Endpoint>, ValidationError> {
+    notes: &mut Vec<String>,
+) -> Vec<Endpoint> {
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, ep) in slice.endpoints.iter().enumerate() {
-        let field = format!("endpoints[{i}].addresses[0]");
         let address = match (address_type, ep.addresses.first()) {
-            (_, None) => return Err(c.error(format!("endpoints[{i}].addresses"), "empty")),
-            (AddressType::Fqdn, Some(_)) => None,
-            (AddressType::Ip(family), Some(a)) => {
-                let ip = c.ip(&field, a)?;
-                if Family::of(ip) != family {
-                    return Err(c.error(
-                        field,
-                        format!("{ip} is not an {family} address, as addressType says"),
-                    ));
-                }
-                Some(ip)
+            (_, None) => {
+                notes.push(format!("endpoints[{i}] has no address: left out"));
+                continue;
             }
+            (AddressType::Fqdn, Some(_)) => None,
+            (AddressType::Ip(family), Some(a)) => match parse_ip_sloppy(a) {
+                Some(ip) if Family::of(ip) == family => Some(ip),
+                Some(ip) => {
+                    notes.push(format!(
+                        "endpoints[{i}].addresses[0] {ip} is not an {family} address, as addressType says: left out"
+                    ));
+                    continue;
+                }
+                None => {
+                    notes.push(format!(
+                        "endpoints[{i}].addresses[0] {a:?} is not an IP address: left out"
+                    ));
+                    continue;
+                }
+            },
         };
         let conditions = ep.conditions.clone().unwrap_or_default();
         endpoints.push(Endpoint {
@@ -202,7 +248,7 @@ fn endpoints(
             details: details(ep, namespace),
         });
     }
-    Ok(endpoints)
+    endpoints
 }
 
 fn ports(
@@ -223,7 +269,7 @@ fn ports(
     for (i, p) in api_ports.iter().enumerate() {
         let name = p.name.clone().unwrap_or_default();
         if !name.is_empty() {
-            c.port_name(&format!("ports[{i}].name"), &name)?;
+            c.dns_label(&format!("ports[{i}].name"), &name)?;
         }
         let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
         if !matches!(protocol.as_str(), "TCP" | "UDP" | "SCTP") {
@@ -254,13 +300,12 @@ fn details(ep: &discovery::Endpoint, namespace: &str) -> Option<Box<EndpointDeta
         node_hints: hints
             .and_then(|h| h.for_nodes.as_ref())
             .map(|n| n.iter().map(|n| n.name.clone()).collect()),
-        target: ep.target_ref.as_ref().map(|t| {
-            format!(
-                "{} {}/{}",
-                t.kind.as_deref().unwrap_or("Object"),
-                t.namespace.as_deref().unwrap_or(namespace),
-                t.name.as_deref().unwrap_or("?")
-            )
+        target: ep.target_ref.as_ref().map(|t| TargetRef {
+            kind: intern(t.kind.as_deref().unwrap_or("Object")),
+            key: ObjectKey::new(
+                intern(t.namespace.as_deref().unwrap_or(namespace)),
+                t.name.as_deref().unwrap_or("?"),
+            ),
         }),
     };
     (d != EndpointDetails::default()).then(|| Box::new(d))

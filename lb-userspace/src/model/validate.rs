@@ -1,27 +1,29 @@
 //! Field checks shared by the Service and EndpointSlice validators. Every failure names the
 //! object and the field, so a user can find the line to fix.
-use std::{fmt, net::IpAddr};
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use crate::vocab::ObjectRef;
 
 /// One object rejected: which object, which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{kind} {object}: {field}: {message}")]
+#[error("{object}: {field}: {message}")]
 pub struct ValidationError {
-    pub kind: &'static str,
-    pub object: String,
+    pub object: ObjectRef,
     pub field: String,
     pub message: String,
 }
 
 /// Collects the object's identity so each check only states the field and the problem.
 pub(crate) struct Checker {
-    pub kind: &'static str,
-    pub object: String,
+    pub object: ObjectRef,
 }
 
 impl Checker {
     pub fn error(&self, field: impl fmt::Display, message: impl fmt::Display) -> ValidationError {
         ValidationError {
-            kind: self.kind,
             object: self.object.clone(),
             field: field.to_string(),
             message: message.to_string(),
@@ -68,7 +70,35 @@ impl Checker {
             .map_err(|_| self.error(field, format!("{value:?} is not an IP address")))
     }
 
-    /// A port name: an IANA service name, at most 15 characters.
+    /// A DNS-1123 label (a Service or EndpointSlice port name): lower-case letters, digits and
+    /// '-', starting and ending alphanumeric, at most 63 characters.
+    pub fn dns_label(&self, field: &str, value: &str) -> Result<(), ValidationError> {
+        if value.len() > 63 {
+            return Err(self.error(
+                field,
+                format!(
+                    "{value:?} is {} characters, at most 63 allowed",
+                    value.len()
+                ),
+            ));
+        }
+        let ok = !value.is_empty()
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && value.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if ok {
+            Ok(())
+        } else {
+            Err(self.error(
+                field,
+                format!("{value:?} is not a DNS label (lower-case letters, digits, '-')"),
+            ))
+        }
+    }
+
+    /// A named targetPort: an IANA service name, at most 15 characters.
     pub fn port_name(&self, field: &str, value: &str) -> Result<(), ValidationError> {
         if value.len() > 15 {
             return Err(self.error(
@@ -86,5 +116,76 @@ impl Checker {
             ));
         }
         Ok(())
+    }
+}
+
+/// Parses an IP address as kube-proxy does: IPv4 parts may carry leading zeros, which count as
+/// decimal (`192.168.099.022` is 192.168.99.22).
+pub fn parse_ip_sloppy(value: &str) -> Option<IpAddr> {
+    if let Ok(ip) = value.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = value.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts
+        .next()
+        .is_none()
+        .then(|| IpAddr::V4(Ipv4Addr::from(octets)))
+}
+
+/// An address block (`10.0.0.0/8`), for loadBalancerSourceRanges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `ADDR/PREFIX` (leading zeros allowed, as kube-proxy does).
+    pub fn parse(value: &str) -> Option<Self> {
+        let (addr, prefix) = value.split_once('/')?;
+        let addr = parse_ip_sloppy(addr)?;
+        let prefix: u8 = prefix.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (prefix <= max).then_some(Self { addr, prefix })
+    }
+
+    /// A block that holds every address of its family (`0.0.0.0/0`, `::/0`).
+    pub fn is_everything(&self) -> bool {
+        self.prefix == 0
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_like_kube_proxy() {
+        assert_eq!(
+            parse_ip_sloppy("192.168.099.022"),
+            Some("192.168.99.22".parse().unwrap())
+        );
+        assert_eq!(parse_ip_sloppy("fd00::1"), Some("fd00::1".parse().unwrap()));
+        assert_eq!(parse_ip_sloppy("300.1.1.1"), None);
+        assert_eq!(parse_ip_sloppy("1.2.3"), None);
+        assert_eq!(parse_ip_sloppy("junk"), None);
+        let c = Cidr::parse("203.0.113.000/025").unwrap();
+        assert_eq!(c.to_string(), "203.0.113.0/25");
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().is_everything());
+        assert_eq!(Cidr::parse("10.0.0.0/33"), None);
     }
 }

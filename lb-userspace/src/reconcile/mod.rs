@@ -1,66 +1,79 @@
-//! Writes the difference between the desired state and what the maps hold, one service port at
+//! Writes the difference between the desired state and what the maps hold, one backend set at
 //! a time, in an order that never lets a concurrent connect see a half-written service:
 //!
-//! 1. new backends; 2. slots (overwrites in place, then new ones beyond the old count);
-//! 3. metadata; 4. frontends with their new count, last; 5. slots beyond the new count deleted;
-//! 6. backends no slot names any more deleted.
+//! 1. a changed backend set is written into a fresh range of the backend array (no frontend
+//!    points there yet); 2. the port bitmaps gain the new ports; 3. metadata; 4. the frontends
+//!    flip to the new range and count; 5. frontends no longer wanted are deleted; 6. the
+//!    bitmaps lose ports nobody uses; 7. the old range waits out a grace period before reuse.
 //!
-//! Every intermediate state is valid (each frontend's slots `1..=count` exist and name existing
-//! backends of its family). When a write fails, the writes already done are undone in reverse
-//! order, which walks back through the same valid states, so the service is left exactly as it
-//! was; it is recorded as failed and retried later. Other services are unaffected.
+//! A range a frontend uses is never written, so no connect can read a half-written or deleted
+//! backend. When a write fails, the writes already done are undone in reverse order, which walks
+//! back through the same valid states, so the service is left exactly as it was; it is recorded
+//! as failed and retried later. Other services are unaffected.
 pub mod invariants;
 mod layout;
 mod mirror;
+mod ranges;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
 };
 
 use lb_common::{
-    FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_EXTERNAL, Frontend, SCOPE_EXTERNAL, SCOPE_INTERNAL,
-    ServiceMeta, SlotKey,
+    FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, MapId, ports,
 };
-pub use mirror::{Mirror, key_from_meta};
+pub use mirror::{Mirror, port_of};
+pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 
 use crate::{
     dataplane::{
-        abi::{Protocol, backend_to_abi, to_fixed},
+        abi::{backend, backend_addr, frontend_key, service_meta, service_port_key},
         maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
     },
-    translate::{DesiredService, DesiredState, Scope, ServicePortKey},
+    translate::{DesiredService, DesiredState},
+    vocab::{ErrorKind, Protocol, ServicePortKey},
 };
 
-/// Why a service port is not (fully) in the maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServiceProblem {
-    /// A write failed; the service stays on its previous state until a retry succeeds.
-    WriteFailed { kind: &'static str, message: String },
-    /// Another service already owns one of its frontends; that frontend is left to the owner.
-    FrontendConflict { frontend: String, owner: String },
+/// Why a backend set is not in the maps as desired: a write failed, and the set stays on its
+/// previous state until a retry succeeds.
+#[derive(Debug, Clone)]
+pub struct WriteFailed(pub Arc<MapWriteError>);
+
+impl WriteFailed {
+    pub fn kind(&self) -> ErrorKind {
+        self.0.kind()
+    }
 }
 
-impl std::fmt::Display for ServiceProblem {
+impl std::fmt::Display for WriteFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::WriteFailed { message, .. } => write!(f, "not applied: {message}"),
-            Self::FrontendConflict { frontend, owner } => {
-                write!(f, "frontend {frontend} is already served by {owner}")
-            }
-        }
+        write!(f, "not applied: {}", self.0)
     }
 }
 
 /// What one reconcile pass did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone)]
 pub struct SyncReport {
     pub writes: usize,
     pub services_changed: usize,
     pub services_removed: usize,
-    pub problems: BTreeMap<ServicePortKey, ServiceProblem>,
-    /// Backends that left a UDP service port (connected UDP sockets to them are stale).
-    pub udp_backends_removed: BTreeSet<SocketAddr>,
+    pub failed: BTreeMap<ServicePortKey, WriteFailed>,
+    /// UDP backend sets whose serving endpoints shrank or that went away: their connected
+    /// sockets may be stale.
+    pub udp_changed: bool,
+}
+
+impl SyncReport {
+    pub fn merge(&mut self, other: Self) {
+        self.writes += other.writes;
+        self.services_changed += other.services_changed;
+        self.services_removed += other.services_removed;
+        self.failed.extend(other.failed);
+        self.udp_changed |= other.udp_changed;
+    }
 }
 
 /// Counters over the reconciler's life, for metrics.
@@ -68,47 +81,94 @@ pub struct SyncReport {
 pub struct ReconcileStats {
     pub writes: u64,
     pub rollbacks: u64,
-    /// Failures by kind (`map_full`, `map_write`, `frontend_conflict`, ...).
-    pub errors: BTreeMap<&'static str, u64>,
+    pub errors: BTreeMap<ErrorKind, u64>,
+}
+
+/// A backend set as written: its id and the range its frontends use.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct SetState {
+    id: u32,
+    /// Start of its range in the backend array (meaningless when `layout` is empty).
+    base: u32,
+    /// The backends, in slot order (the range holds exactly these).
+    layout: Vec<SocketAddr>,
+    /// UDP: the serving endpoints last written (see `DesiredService::serving`).
+    serving: Vec<SocketAddr>,
 }
 
 pub struct Reconciler<M: ServiceMaps> {
     maps: M,
     mirror: Mirror,
-    ids: BTreeMap<ServicePortKey, u32>,
+    sets: BTreeMap<ServicePortKey, SetState>,
+    keys: HashMap<u32, ServicePortKey>,
     next_service_id: u32,
-    next_backend_id: u32,
-    problems: BTreeMap<ServicePortKey, ServiceProblem>,
+    ranges: Ranges,
+    failed: BTreeMap<ServicePortKey, WriteFailed>,
     stats: ReconcileStats,
+    clock: fn() -> Instant,
 }
 
 impl<M: ServiceMaps> Reconciler<M> {
     /// Adopts whatever the maps already hold (pinned maps after a restart): service ids come
-    /// back from the metadata, backend ids from the backend map. Nothing is written.
+    /// back from the metadata, ranges and backends from the frontends. Nothing is written.
     pub fn new(maps: M) -> Result<Self, MapReadError> {
+        Self::with_grace(maps, DEFAULT_GRACE)
+    }
+
+    /// The same, with the time a released range waits before reuse.
+    pub fn with_grace(maps: M, grace: Duration) -> Result<Self, MapReadError> {
         let snap = maps.read_all()?;
-        let ids: BTreeMap<ServicePortKey, u32> = snap
-            .meta
-            .iter()
-            .filter_map(|(id, meta)| key_from_meta(meta).map(|k| (k, *id)))
-            .collect();
-        let max_service = snap
+        let capacity = maps.capacities().get(MapId::Backends);
+        let mut ranges = Ranges::new(capacity, grace);
+        let mut sets = BTreeMap::new();
+        let mut keys = HashMap::new();
+        for (id, meta) in &snap.meta {
+            if let Some(key) = service_port_key(meta) {
+                keys.insert(*id, key.clone());
+                sets.insert(
+                    key,
+                    SetState {
+                        id: *id,
+                        ..SetState::default()
+                    },
+                );
+            }
+        }
+        // A set's range: the one its frontends use (all of them, when a previous agent
+        // finished its last write; otherwise the first, and the next sync rewrites the set).
+        let mut adopted: HashMap<u32, (u32, u16)> = HashMap::new();
+        for fe in snap.frontends.values() {
+            adopted.entry(fe.service_id).or_insert((fe.base, fe.count));
+        }
+        for (id, (base, count)) in &adopted {
+            let Some(key) = keys.get(id) else { continue };
+            let layout: Option<Vec<SocketAddr>> = (0..u32::from(*count))
+                .map(|i| snap.backends.get(&(base + i)).and_then(backend_addr))
+                .collect();
+            if let (Some(layout), Some(set)) = (layout, sets.get_mut(key))
+                && ranges.reserve(*base, u32::from(*count))
+            {
+                set.base = *base;
+                set.layout = layout;
+            }
+        }
+        let max_id = snap
             .meta
             .keys()
             .chain(snap.frontends.values().map(|f| &f.service_id))
-            .chain(snap.slots.keys().map(|k| &k.service_id))
             .copied()
             .max()
             .unwrap_or(0);
-        let max_backend = snap.backends.keys().copied().max().unwrap_or(0);
         Ok(Self {
             maps,
             mirror: Mirror::from_snapshot(snap),
-            ids,
-            next_service_id: max_service.wrapping_add(1).max(1),
-            next_backend_id: max_backend.wrapping_add(1).max(1),
-            problems: BTreeMap::new(),
+            sets,
+            keys,
+            next_service_id: max_id.wrapping_add(1).max(1),
+            ranges,
+            failed: BTreeMap::new(),
             stats: ReconcileStats::default(),
+            clock: Instant::now,
         })
     }
 
@@ -126,32 +186,56 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     pub fn service_id(&self, key: &ServicePortKey) -> Option<u32> {
-        self.ids.get(key).copied()
+        self.sets.get(key).map(|s| s.id)
     }
 
-    pub fn service_ids(&self) -> &BTreeMap<ServicePortKey, u32> {
-        &self.ids
+    /// Every backend set in the maps, with its service id.
+    pub fn service_ids(&self) -> impl Iterator<Item = (&ServicePortKey, u32)> {
+        self.sets.iter().map(|(k, s)| (k, s.id))
     }
 
-    pub fn problems(&self) -> &BTreeMap<ServicePortKey, ServiceProblem> {
-        &self.problems
+    pub fn service_count(&self) -> usize {
+        self.sets.len()
+    }
+
+    /// Backend sets whose last write failed (they stay on their previous state).
+    pub fn failed(&self) -> &BTreeMap<ServicePortKey, WriteFailed> {
+        &self.failed
     }
 
     pub fn stats(&self) -> &ReconcileStats {
         &self.stats
     }
 
-    /// Makes the maps hold exactly `desired`: every service port in it is written, and every
-    /// one the maps hold that it lacks is removed, as are orphaned entries. Call it only with a
+    /// The backend array's ranges (free, waiting, used): for capacity reporting and tests.
+    pub fn ranges(&self) -> &Ranges {
+        &self.ranges
+    }
+
+    /// UDP frontends and the serving endpoints of the backend set behind each: a connected UDP
+    /// socket whose backend is not in its frontend's list is stale.
+    pub fn udp_serving(&self) -> HashMap<FrontendKey, Arc<[SocketAddr]>> {
+        let mut out = HashMap::new();
+        for (key, set) in &self.sets {
+            if key.protocol != Protocol::Udp {
+                continue;
+            }
+            let serving: Arc<[SocketAddr]> = set.serving.iter().copied().collect();
+            for fe in self.mirror.frontends_of(set.id) {
+                out.insert(*fe, Arc::clone(&serving));
+            }
+        }
+        out
+    }
+
+    /// Makes the maps hold exactly `desired`: every backend set in it is written, and every one
+    /// the maps hold that it lacks is removed, as are orphaned entries. Call it only with a
     /// complete view of the cluster (after the initial lists), never with a partial one.
     pub fn sync_all(&mut self, desired: &DesiredState) -> SyncReport {
         let mut report = SyncReport::default();
-        // Problems of service ports that are neither wanted nor in the maps are moot.
-        let ids = &self.ids;
-        self.problems
-            .retain(|k, _| desired.services.contains_key(k) || ids.contains_key(k));
+        self.failed.retain(|k, _| desired.services.contains_key(k));
         let stale: Vec<ServicePortKey> = self
-            .ids
+            .sets
             .keys()
             .filter(|k| !desired.services.contains_key(*k))
             .cloned()
@@ -163,11 +247,12 @@ impl<M: ServiceMaps> Reconciler<M> {
         for (key, service) in &desired.services {
             self.sync_one_into(key, Some(service), &mut report);
         }
-        self.free_unreferenced_backends(&mut report);
+        self.sweep_ports(&mut report);
         report
     }
 
-    /// Brings one service port to `desired` (`None`: remove it).
+    /// Brings one backend set to `desired` (`None`: remove it). `desired.frontends` must hold
+    /// only the addresses this set owns.
     pub fn sync_one(
         &mut self,
         key: &ServicePortKey,
@@ -184,279 +269,325 @@ impl<M: ServiceMaps> Reconciler<M> {
         desired: Option<&DesiredService>,
         report: &mut SyncReport,
     ) {
-        self.problems.remove(key);
+        self.failed.remove(key);
         let Some(id) = self.id_for(key, desired.is_some()) else {
             return;
         };
-        let (phase1, conflicts) = self.plan(id, key, desired);
-        for (frontend, owner) in conflicts {
-            *self.stats.errors.entry("frontend_conflict").or_default() += 1;
-            report.problems.insert(
-                key.clone(),
-                ServiceProblem::FrontendConflict { frontend, owner },
-            );
-        }
-        let old_backends: BTreeSet<u32> = self.mirror.slots_of(id).into_values().collect();
-        let old_active = self.active_backends(id);
+        let now = (self.clock)();
+        let old = self.sets.get(key).cloned().unwrap_or(SetState {
+            id,
+            ..SetState::default()
+        });
+        let plan = match self.plan(key, &old, desired, now) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.record_failure(key, e, report);
+                return;
+            }
+        };
         let mut undo = Vec::new();
-        let mut result = self.execute(&phase1, &mut undo);
-        if result.is_ok() {
-            // Backends this service no longer names and nobody else does.
-            let frees: Vec<MapWrite> = old_backends
-                .into_iter()
-                .filter(|b| !self.mirror.is_referenced(*b))
-                .map(MapWrite::DeleteBackend)
-                .collect();
-            result = self.execute(&frees, &mut undo);
-        }
-        let writes = undo.len();
+        let mut writes = 0;
+        let result = self.execute(&plan.writes, &mut undo, &mut writes);
+        report.writes += writes;
         match result {
             Ok(()) => {
-                report.writes += writes;
+                if plan.new_range {
+                    self.ranges.release(old.base, old.layout.len() as u32, now);
+                }
+
                 if key.protocol == Protocol::Udp {
-                    let now = self.active_backends(id);
-                    report
-                        .udp_backends_removed
-                        .extend(old_active.difference(&now).copied());
+                    let serving = desired.map(|d| d.serving.clone()).unwrap_or_default();
+                    if desired.is_none() || old.serving.iter().any(|b| !serving.contains(b)) {
+                        report.udp_changed = true;
+                    }
                 }
-                if desired.is_none() {
-                    self.ids.remove(key);
-                    report.services_removed += 1;
-                } else if writes > 0 {
-                    report.services_changed += 1;
+                match desired {
+                    None => {
+                        self.sets.remove(key);
+                        self.keys.remove(&id);
+                        report.services_removed += 1;
+                    }
+                    Some(d) => {
+                        self.sets.insert(
+                            key.clone(),
+                            SetState {
+                                id,
+                                base: plan.base,
+                                layout: plan.layout,
+                                serving: d.serving.clone(),
+                            },
+                        );
+                        if writes > 0 {
+                            report.services_changed += 1;
+                        }
+                    }
                 }
+                // Frontend ports this set stopped using, now that its frontends are gone.
+                self.release_ports(&plan.released_ports, report);
             }
             Err(e) => {
                 self.rollback(undo);
-                report.writes += writes;
-                if !self.mirror.snap.meta.contains_key(&id)
-                    && self.mirror.frontends_of(id).next().is_none()
-                {
-                    self.ids.remove(key);
+                let claimed: Vec<(bool, u16)> = plan
+                    .writes
+                    .iter()
+                    .filter_map(|w| match w {
+                        MapWrite::PutFrontend(k, _) => Some(port_of(k)),
+                        _ => None,
+                    })
+                    .collect();
+                self.release_ports(&claimed, report);
+                if plan.new_range {
+                    // Frontends may have pointed there for a moment: let it wait like any other.
+                    self.ranges
+                        .release(plan.base, plan.layout.len() as u32, now);
                 }
-                *self.stats.errors.entry(e.kind()).or_default() += 1;
-                tracing::warn!(service = %key, error = %e, "service left on its previous state");
-                report.problems.insert(
-                    key.clone(),
-                    ServiceProblem::WriteFailed {
-                        kind: e.kind(),
-                        message: e.to_string(),
-                    },
-                );
+                if !self.sets.contains_key(key) {
+                    self.keys.remove(&id);
+                }
+                self.record_failure(key, e, report);
             }
         }
-        if let Some(problem) = report.problems.get(key) {
-            self.problems.insert(key.clone(), problem.clone());
-        }
     }
 
-    /// The backend addresses a service id's frontends currently spread over.
-    fn active_backends(&self, id: u32) -> BTreeSet<SocketAddr> {
-        let slots = self.mirror.slots_of(id);
-        (1..=u32::from(self.mirror.active_count(id)))
-            .filter_map(|s| slots.get(&s).and_then(|b| self.mirror.backend_addr(*b)))
-            .collect()
-    }
-
-    /// Every backend address some UDP frontend currently spreads over.
-    pub fn active_udp_backends(&self) -> BTreeSet<SocketAddr> {
-        self.ids
-            .iter()
-            .filter(|(k, _)| k.protocol == Protocol::Udp)
-            .flat_map(|(_, id)| self.active_backends(*id))
-            .collect()
+    fn record_failure(&mut self, key: &ServicePortKey, e: MapWriteError, report: &mut SyncReport) {
+        *self.stats.errors.entry(e.kind()).or_default() += 1;
+        tracing::warn!(service = %key, error = %e, "service left on its previous state");
+        let failed = WriteFailed(Arc::new(e));
+        report.failed.insert(key.clone(), failed.clone());
+        self.failed.insert(key.clone(), failed);
     }
 
     fn id_for(&mut self, key: &ServicePortKey, create: bool) -> Option<u32> {
-        if let Some(id) = self.ids.get(key) {
-            return Some(*id);
+        if let Some(set) = self.sets.get(key) {
+            return Some(set.id);
         }
         if !create {
             return None;
         }
-        let used: BTreeSet<u32> = self.ids.values().copied().collect();
         let mut id = self.next_service_id;
-        while id == 0 || used.contains(&id) || self.mirror.snap.meta.contains_key(&id) {
+        while id == 0 || self.keys.contains_key(&id) || self.mirror.snap.meta.contains_key(&id) {
             id = id.wrapping_add(1);
         }
         self.next_service_id = id.wrapping_add(1);
-        self.ids.insert(key.clone(), id);
+        self.keys.insert(id, key.clone());
+        self.sets.insert(
+            key.clone(),
+            SetState {
+                id,
+                ..SetState::default()
+            },
+        );
         Some(id)
     }
 
-    fn new_backend_id(&mut self, planned: &BTreeSet<u32>) -> u32 {
-        let mut id = self.next_backend_id;
-        while id == 0 || self.mirror.snap.backends.contains_key(&id) || planned.contains(&id) {
-            id = id.wrapping_add(1);
-        }
-        self.next_backend_id = id.wrapping_add(1);
-        id
-    }
-
-    /// The ordered writes (steps 1-5) for one service port, and its frontend conflicts.
+    /// The ordered writes for one backend set.
     fn plan(
         &mut self,
-        id: u32,
         key: &ServicePortKey,
+        old: &SetState,
         desired: Option<&DesiredService>,
-    ) -> (Vec<MapWrite>, Vec<(String, String)>) {
-        let mut writes = Vec::new();
-        let mut conflicts = Vec::new();
-        let old_slots = self.mirror.slots_of(id);
+        now: Instant,
+    ) -> Result<Plan, MapWriteError> {
+        let id = old.id;
         let empty = DesiredService::default();
         let want = desired.unwrap_or(&empty);
+        let udp = key.protocol == Protocol::Udp;
+        let mut writes = Vec::new();
 
-        // 1. Backends, and where each sits.
-        let old_count = u32::from(self.mirror.active_count(id));
-        let old_active: Vec<Option<SocketAddr>> = (1..=old_count)
-            .map(|s| old_slots.get(&s).and_then(|b| self.mirror.backend_addr(*b)))
+        // 1. The backends, positions kept where they stay; a changed set gets a fresh range.
+        let old_slots: Vec<Option<SocketAddr>> = old.layout.iter().copied().map(Some).collect();
+        let layout = layout::layout(&old_slots, &want.backends);
+        let new_range = layout != old.layout;
+        let base = if new_range {
+            let len = layout.len() as u32;
+            let base = self
+                .ranges
+                .alloc(len, now)
+                .map_err(|e| MapWriteError::NoRange {
+                    wanted: e.wanted,
+                    free: e.free,
+                    waiting: e.waiting,
+                })?;
+            if len > 0 {
+                writes.push(MapWrite::PutBackends {
+                    base,
+                    backends: layout.iter().map(|a| backend(*a)).collect(),
+                });
+            }
+            base
+        } else {
+            old.base
+        };
+
+        // 2. Port bitmaps: the ports of new frontends, and of the backends (set only: a socket
+        // may keep a backend long after the backend left its set).
+        let wanted: BTreeSet<FrontendKey> = want
+            .frontends
+            .iter()
+            .map(|c| frontend_key(c.addr))
             .collect();
-        let new_layout = layout::layout(&old_active, &want.backends);
-        let mut planned = BTreeSet::new();
-        let mut layout_ids = Vec::with_capacity(new_layout.len());
-        for addr in &new_layout {
-            let backend_id = if let Some(b) = self.mirror.backend_id(addr) {
-                b
-            } else {
-                let b = self.new_backend_id(&planned);
-                planned.insert(b);
-                writes.push(MapWrite::PutBackend(b, backend_to_abi(*addr)));
-                b
-            };
-            layout_ids.push(backend_id);
+        let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
+        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
+        for k in &wanted {
+            let (_, port) = port_of(k);
+            let w = ports::word(ports::FRONTEND, udp, port);
+            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(port);
         }
-
-        // 2. Slots: in place first (visible at once, each names a valid backend), then the
-        // new ones beyond the old count (invisible until the frontend's count grows).
-        let mut beyond = Vec::new();
-        for (i, backend_id) in layout_ids.iter().enumerate() {
-            let slot = i as u32 + 1;
-            if old_slots.get(&slot) != Some(backend_id) {
-                let write = MapWrite::PutSlot(
-                    SlotKey {
-                        service_id: id,
-                        slot,
-                    },
-                    *backend_id,
-                );
-                if slot <= old_count {
-                    writes.push(write);
-                } else {
-                    beyond.push(write);
-                }
+        for b in &layout {
+            let w = ports::word(ports::BACKEND, udp, b.port());
+            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(b.port());
+        }
+        for (word, bits) in words {
+            if bits != self.word(word) {
+                writes.push(MapWrite::PutPorts { word, bits });
             }
         }
-        writes.extend(beyond);
 
         // 3. Metadata, before any frontend points at the id.
-        if let Some(meta) = desired.map(|d| service_meta(key, d.port))
-            && self.mirror.snap.meta.get(&id) != Some(&meta)
-        {
-            writes.push(MapWrite::PutMeta(id, meta));
-        }
-
-        // 4. Frontends with the new count, last.
-        let count = u16::try_from(layout_ids.len()).unwrap_or(u16::MAX);
-        let value = Frontend {
-            service_id: id,
-            count,
-            flags: frontend_flags(key, want),
-            affinity_timeout_s: want.affinity_timeout_s.unwrap_or(0),
-            _pad: 0,
-        };
-        let wanted: BTreeSet<_> = want.frontends.iter().map(|f| f.to_key()).collect();
-        for fe in &want.frontends {
-            let fk = fe.to_key();
-            match self.mirror.snap.frontends.get(&fk) {
-                Some(cur) if cur.service_id != id && self.is_owned_elsewhere(cur.service_id) => {
-                    let owner = self.owner_name(cur.service_id);
-                    conflicts.push((fe.to_string(), owner));
-                }
-                Some(cur) if *cur == value => {}
-                _ => writes.push(MapWrite::PutFrontend(fk, value)),
+        if let Some(d) = desired {
+            let meta = service_meta(key, d.port);
+            if self.mirror.snap.meta.get(&id) != Some(&meta) {
+                writes.push(MapWrite::PutMeta(id, meta));
             }
         }
-        let gone: Vec<_> = self
-            .mirror
-            .frontends_of(id)
-            .filter(|k| !wanted.contains(k))
-            .copied()
-            .collect();
-        writes.extend(gone.into_iter().map(MapWrite::DeleteFrontend));
 
-        // 5. Slots the data path can no longer reach.
-        let keep = u32::try_from(layout_ids.len()).unwrap_or(u32::MAX);
+        // 4. Frontends with the new range and count.
+        let mut flags = 0;
+        if want.affinity_timeout_s.is_some() {
+            flags |= FRONTEND_FLAG_AFFINITY;
+        }
+        if want.no_local_endpoint {
+            flags |= FRONTEND_FLAG_NO_LOCAL;
+        }
+        let value = Frontend {
+            service_id: id,
+            base,
+            count: u16::try_from(layout.len()).unwrap_or(u16::MAX),
+            flags,
+            affinity_timeout_s: want.affinity_timeout_s.unwrap_or(0),
+        };
+        for k in &wanted {
+            if self.mirror.snap.frontends.get(k) != Some(&value) {
+                writes.push(MapWrite::PutFrontend(*k, value));
+            }
+        }
+        // 5. Frontends no longer wanted.
         writes.extend(
-            old_slots
-                .keys()
-                .filter(|s| **s == 0 || **s > keep)
-                .map(|s| {
-                    MapWrite::DeleteSlot(SlotKey {
-                        service_id: id,
-                        slot: *s,
-                    })
-                }),
+            current
+                .iter()
+                .filter(|k| !wanted.contains(k))
+                .map(|k| MapWrite::DeleteFrontend(*k)),
         );
         if desired.is_none() && self.mirror.snap.meta.contains_key(&id) {
             writes.push(MapWrite::DeleteMeta(id));
         }
-        (writes, conflicts)
+        Ok(Plan {
+            writes,
+            base,
+            layout,
+            new_range,
+            released_ports: current
+                .iter()
+                .filter(|k| !wanted.contains(k))
+                .map(port_of)
+                .collect(),
+        })
     }
 
-    fn is_owned_elsewhere(&self, service_id: u32) -> bool {
-        self.ids.values().any(|id| *id == service_id)
+    fn word(&self, word: u32) -> u64 {
+        self.mirror.snap.ports.get(&word).copied().unwrap_or(0)
     }
 
-    fn owner_name(&self, service_id: u32) -> String {
-        self.ids
-            .iter()
-            .find(|(_, id)| **id == service_id)
-            .map_or_else(
-                || format!("service id {service_id}"),
-                |(k, _)| k.to_string(),
-            )
+    /// Clears the bits of these ports where no frontend uses them any more (after the
+    /// frontends are gone).
+    fn release_ports(&mut self, released: &[(bool, u16)], report: &mut SyncReport) {
+        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
+        for &(udp, port) in released {
+            if !self.mirror.port_in_use(udp, port) {
+                let w = ports::word(ports::FRONTEND, udp, port);
+                let current = self.word(w);
+                *words.entry(w).or_insert(current) &= !ports::bit(port);
+            }
+        }
+        let writes: Vec<MapWrite> = words
+            .into_iter()
+            .filter(|(w, bits)| *bits != self.word(*w))
+            .map(|(word, bits)| MapWrite::PutPorts { word, bits })
+            .collect();
+        self.write_ports(&writes, report);
     }
 
-    /// Runs writes in order, recording for each the write that undoes it.
+    /// Clears every frontend port bit no frontend uses (after a full sync, and for bits an
+    /// earlier agent left).
+    fn sweep_ports(&mut self, report: &mut SyncReport) {
+        let mut writes = Vec::new();
+        for (&word, &bits) in &self.mirror.snap.ports {
+            if word >= ports::BACKEND {
+                continue;
+            }
+            let udp = word >= ports::UDP;
+            let first = ((word - if udp { ports::UDP } else { 0 }) << 6) as u16;
+            let mut keep = 0u64;
+            for bit in 0..64u16 {
+                if bits & (1 << bit) != 0 && self.mirror.port_in_use(udp, first + bit) {
+                    keep |= 1 << bit;
+                }
+            }
+            if keep != bits {
+                writes.push(MapWrite::PutPorts { word, bits: keep });
+            }
+        }
+        self.write_ports(&writes, report);
+    }
+
+    fn write_ports(&mut self, writes: &[MapWrite], report: &mut SyncReport) {
+        let mut undo = Vec::new();
+        let mut done = 0;
+        if let Err(e) = self.execute(writes, &mut undo, &mut done) {
+            *self.stats.errors.entry(e.kind()).or_default() += 1;
+            tracing::warn!(error = %e, "could not clear unused port bits (harmless: costs a lookup)");
+        }
+        report.writes += done;
+    }
+
+    /// Runs writes in order, recording for each the write that undoes it; `done` counts them.
     fn execute(
         &mut self,
         writes: &[MapWrite],
         undo: &mut Vec<MapWrite>,
+        done: &mut usize,
     ) -> Result<(), MapWriteError> {
         for write in writes {
             let inverse = self.inverse(write);
             self.maps.write(write)?;
             self.mirror.apply(write);
             self.stats.writes += 1;
-            undo.push(inverse);
+            *done += 1;
+            undo.extend(inverse);
         }
         Ok(())
     }
 
-    fn inverse(&self, write: &MapWrite) -> MapWrite {
+    /// The write that undoes `write` (`None`: nothing to undo, a range no frontend used).
+    fn inverse(&self, write: &MapWrite) -> Option<MapWrite> {
         let snap = &self.mirror.snap;
-        match write {
-            MapWrite::PutBackend(id, _) | MapWrite::DeleteBackend(id) => snap
-                .backends
-                .get(id)
-                .map_or(MapWrite::DeleteBackend(*id), |b| {
-                    MapWrite::PutBackend(*id, *b)
-                }),
-            MapWrite::PutSlot(k, _) | MapWrite::DeleteSlot(k) => snap
-                .slots
-                .get(k)
-                .map_or(MapWrite::DeleteSlot(*k), |b| MapWrite::PutSlot(*k, *b)),
-            MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => snap
-                .meta
-                .get(id)
-                .map_or(MapWrite::DeleteMeta(*id), |m| MapWrite::PutMeta(*id, *m)),
+        Some(match write {
+            MapWrite::PutBackends { .. } => return None,
             MapWrite::PutFrontend(k, _) | MapWrite::DeleteFrontend(k) => snap
                 .frontends
                 .get(k)
                 .map_or(MapWrite::DeleteFrontend(*k), |f| {
                     MapWrite::PutFrontend(*k, *f)
                 }),
-        }
+            MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => snap
+                .meta
+                .get(id)
+                .map_or(MapWrite::DeleteMeta(*id), |m| MapWrite::PutMeta(*id, *m)),
+            MapWrite::PutPorts { word, .. } => MapWrite::PutPorts {
+                word: *word,
+                bits: self.word(*word),
+            },
+        })
     }
 
     /// Undoes writes newest first. Undoing frees or rewrites existing keys, so it does not need
@@ -470,19 +601,18 @@ impl<M: ServiceMaps> Reconciler<M> {
                     self.stats.writes += 1;
                 }
                 Err(e) => {
-                    *self.stats.errors.entry("rollback").or_default() += 1;
-                    tracing::error!(error = %e, ?write, "rollback write failed");
+                    *self.stats.errors.entry(ErrorKind::Rollback).or_default() += 1;
+                    tracing::error!(error = %e, %write, "rollback write failed");
                 }
             }
         }
     }
 
-    /// Frontends, slots and metadata of service ids no desired service owns (left by a crash
-    /// or by an older agent).
+    /// Frontends and metadata of service ids no backend set owns (left by a crash or by an
+    /// older agent).
     fn sweep_orphans(&mut self, report: &mut SyncReport) {
-        let owned: BTreeSet<u32> = self.ids.values().copied().collect();
+        let owned: BTreeSet<u32> = self.sets.values().map(|s| s.id).collect();
         let mut orphans: BTreeSet<u32> = self.mirror.frontend_service_ids().collect();
-        orphans.extend(self.mirror.snap.slots.keys().map(|k| k.service_id));
         orphans.extend(self.mirror.snap.meta.keys().copied());
         orphans.retain(|id| !owned.contains(id));
         for id in orphans {
@@ -492,62 +622,28 @@ impl<M: ServiceMaps> Reconciler<M> {
                 .copied()
                 .map(MapWrite::DeleteFrontend)
                 .collect();
-            writes.extend(self.mirror.slots_of(id).keys().map(|s| {
-                MapWrite::DeleteSlot(SlotKey {
-                    service_id: id,
-                    slot: *s,
-                })
-            }));
             if self.mirror.snap.meta.contains_key(&id) {
                 writes.push(MapWrite::DeleteMeta(id));
             }
             let mut undo = Vec::new();
-            if let Err(e) = self.execute(&writes, &mut undo) {
+            let mut done = 0;
+            if let Err(e) = self.execute(&writes, &mut undo, &mut done) {
                 *self.stats.errors.entry(e.kind()).or_default() += 1;
                 tracing::warn!(service_id = id, error = %e, "could not remove orphaned service");
             }
-            report.writes += undo.len();
+            report.writes += done;
             report.services_removed += 1;
         }
     }
-
-    fn free_unreferenced_backends(&mut self, report: &mut SyncReport) {
-        let frees: Vec<MapWrite> = self
-            .mirror
-            .unreferenced_backends()
-            .into_iter()
-            .map(MapWrite::DeleteBackend)
-            .collect();
-        let mut undo = Vec::new();
-        if let Err(e) = self.execute(&frees, &mut undo) {
-            *self.stats.errors.entry(e.kind()).or_default() += 1;
-        }
-        report.writes += undo.len();
-    }
 }
 
-fn frontend_flags(key: &ServicePortKey, desired: &DesiredService) -> u16 {
-    let mut flags = 0;
-    if desired.affinity_timeout_s.is_some() {
-        flags |= FRONTEND_FLAG_AFFINITY;
-    }
-    if key.scope == Scope::External {
-        flags |= FRONTEND_FLAG_EXTERNAL;
-    }
-    flags
-}
-
-fn service_meta(key: &ServicePortKey, port: u16) -> ServiceMeta {
-    ServiceMeta {
-        name: to_fixed(&key.service.to_string()),
-        port_name: to_fixed(&key.port_name),
-        port,
-        protocol: key.protocol.number(),
-        family: key.family.number(),
-        scope: match key.scope {
-            Scope::Internal => SCOPE_INTERNAL,
-            Scope::External => SCOPE_EXTERNAL,
-        },
-        _pad: [0; 3],
-    }
+/// The writes for one backend set, and what they lead to.
+struct Plan {
+    writes: Vec<MapWrite>,
+    base: u32,
+    layout: Vec<SocketAddr>,
+    /// The set moved to a new range (the old one is released after a successful write).
+    new_range: bool,
+    /// Ports of the frontends the plan deletes: their bits go once nobody uses them.
+    released_ports: Vec<(bool, u16)>,
 }

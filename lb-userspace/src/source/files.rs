@@ -11,8 +11,11 @@ use std::{
 
 use tokio::sync::mpsc;
 
-use super::{Kind, Object, SourceEvent};
-use crate::model::{ManifestObject, NodeObject, ObjectKey, parse_manifests};
+use super::{Object, SourceEvent, Subject};
+use crate::{
+    model::{ManifestError, ManifestObject, NodeObject, parse_manifests},
+    vocab::{Kind, ObjectRef},
+};
 
 /// Everything read from the folder at one moment.
 #[derive(Debug, Default)]
@@ -20,8 +23,8 @@ pub struct FolderContents {
     pub services: Vec<Object>,
     pub slices: Vec<Object>,
     pub nodes: Vec<NodeObject>,
-    /// (object, message) for every document or object that could not be used.
-    pub errors: Vec<(Option<String>, String)>,
+    /// Every document or object that could not be used.
+    pub errors: Vec<ManifestError>,
 }
 
 fn is_manifest(path: &Path) -> bool {
@@ -60,17 +63,10 @@ fn fingerprint(dir: &Path) -> std::io::Result<Vec<(PathBuf, u64, Option<SystemTi
         .collect()
 }
 
-fn object_label(object: &Object) -> String {
-    match object {
-        Object::Service(s) => format!("Service {}", s.key),
-        Object::EndpointSlice(s) => format!("EndpointSlice {}", s.key),
-    }
-}
-
 /// Reads and validates every manifest under `dir`.
 pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
     let mut contents = FolderContents::default();
-    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut seen: BTreeMap<ObjectRef, PathBuf> = BTreeMap::new();
     for path in manifest_files(dir)? {
         let bytes = fs::read(&path)?;
         let location = path
@@ -79,9 +75,7 @@ pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
             .display()
             .to_string();
         let parsed = parse_manifests(&location, &bytes);
-        for e in parsed.errors {
-            contents.errors.push((e.object.clone(), e.to_string()));
-        }
+        contents.errors.extend(parsed.errors);
         for object in parsed.objects {
             let object = match object {
                 ManifestObject::Service(s) => Object::Service(s),
@@ -91,15 +85,14 @@ pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
                     continue;
                 }
             };
-            let label = object_label(&object);
+            let label = object.object_ref();
             if let Some(first) = seen.get(&label) {
-                contents.errors.push((
-                    Some(label.clone()),
-                    format!(
-                        "{location}: {label} is also defined in {}; that one is used",
-                        first.display()
-                    ),
-                ));
+                contents.errors.push(ManifestError {
+                    location: location.clone(),
+                    object: Some(label.clone()),
+                    field: None,
+                    message: format!("also defined in {}; that one is used", first.display()),
+                });
                 continue;
             }
             seen.insert(label, path.clone());
@@ -114,12 +107,8 @@ pub fn read_folder(dir: &Path) -> std::io::Result<FolderContents> {
 
 /// Polls `dir` every `interval` and sends listings whenever it changed. Runs on its own thread
 /// until the receiver is gone.
-pub fn watch(
-    dir: &Path,
-    node_name: Option<&str>,
-    interval: Duration,
-    tx: &mpsc::Sender<SourceEvent>,
-) {
+pub fn watch(dir: &Path, node_name: Option<&str>, tx: &mpsc::Sender<SourceEvent>) {
+    let interval = Duration::from_millis(200);
     let mut last = None;
     loop {
         let fp = fingerprint(dir).map_err(|e| e.to_string());
@@ -127,7 +116,7 @@ pub fn watch(
             let events = match read_folder(dir) {
                 Ok(contents) => listing(contents, node_name),
                 Err(e) => vec![SourceEvent::Rejected {
-                    object: None,
+                    subject: Subject::File(dir.to_path_buf()),
                     message: format!("reading {}: {e}", dir.display()),
                 }],
             };
@@ -154,32 +143,41 @@ fn listing(contents: FolderContents, node_name: Option<&str>) -> Vec<SourceEvent
     }
     let services = contents.services;
     let slices = contents.slices;
-    let present: BTreeSet<String> = services.iter().chain(&slices).map(object_label).collect();
+    let present: BTreeSet<ObjectRef> = services
+        .iter()
+        .chain(&slices)
+        .map(Object::object_ref)
+        .collect();
     // A rejected object that is not also present in good form keeps its last good version,
     // which the agent's store still holds.
     let (mut keep_services, mut keep_slices) = (Vec::new(), Vec::new());
-    for (object, message) in contents.errors {
-        if let Some(label) = &object
-            && !present.contains(label)
+    for error in contents.errors {
+        if let Some(object) = &error.object
+            && !present.contains(object)
         {
-            match label.split_once(' ') {
-                Some(("Service", key)) => keep_services.push(ObjectKey::parse(key)),
-                Some(("EndpointSlice", key)) => keep_slices.push(ObjectKey::parse(key)),
-                _ => {}
+            match object.kind {
+                Kind::Service => keep_services.push(object.key.clone()),
+                Kind::EndpointSlice => keep_slices.push(object.key.clone()),
+                Kind::Node => {}
             }
         }
-        events.push(SourceEvent::Rejected { object, message });
+        let subject = error.object.clone().map_or_else(
+            || Subject::File(PathBuf::from(&error.location)),
+            Subject::Object,
+        );
+        events.push(SourceEvent::Rejected {
+            subject,
+            message: error.to_string(),
+        });
     }
     events.push(SourceEvent::Listed {
         kind: Kind::Service,
         objects: services,
-        resource_version: None,
         keep: keep_services,
     });
     events.push(SourceEvent::Listed {
         kind: Kind::EndpointSlice,
         objects: slices,
-        resource_version: None,
         keep: keep_slices,
     });
     events

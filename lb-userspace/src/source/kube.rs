@@ -14,33 +14,65 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use super::{Kind, Object, SourceEvent};
-use crate::model::{ObjectKey, node_from_api, service_from_api, slice_from_api};
+use super::{Object, SourceEvent, Subject};
+use crate::{
+    model::{LABEL_HEADLESS, node_from_api, service_from_api, slice_from_api},
+    vocab::{Kind, ObjectKey},
+};
 
 /// A client from the kubeconfig at `path`, or in-cluster / `$KUBECONFIG` when `None`.
-pub async fn client(path: Option<&Path>) -> anyhow::Result<Client> {
-    let config = match path {
+/// `api_server` replaces the server address (replace mode: the API server's real address, never
+/// the `kubernetes` Service's ClusterIP, which only this agent could translate).
+pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<Client> {
+    let mut config = match path {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?
         }
         None => kube::Config::infer().await?,
     };
+    if let Some(server) = api_server {
+        config.cluster_url = server
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--api-server {server:?}: {e}"))?;
+    } else if path.is_none() && std::env::var_os("KUBECONFIG").is_none() {
+        warn_if_through_cluster_ip(&config);
+    }
     Ok(Client::try_from(config)?)
+}
+
+/// In-cluster config reaches the API through the `kubernetes` Service's ClusterIP. Next to
+/// kube-proxy that works; replacing it, nothing translates that address until this agent has
+/// listed the API through it: after a reboot it never would.
+fn warn_if_through_cluster_ip(config: &kube::Config) {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
+    if config.cluster_url.host() == Some(host.as_str()) && !host.is_empty() {
+        tracing::warn!(
+            server = %config.cluster_url,
+            "reaching the API server through the kubernetes Service's ClusterIP: fine next to kube-proxy, \
+             but without another proxy on this node the agent can never reach it (set --api-server / \
+             SOCKLB_API_SERVER to the API server's real address)"
+        );
+    }
 }
 
 /// Watches everything the agent needs until the receiver is gone.
 pub async fn watch(client: Client, node_name: Option<String>, tx: mpsc::Sender<SourceEvent>) {
+    // As kube-proxy's informers: Services and slices labelled headless are none of a proxy's
+    // business. Lists are served from the API server's cache.
+    let config = watcher::Config::default()
+        .labels(&format!("!{LABEL_HEADLESS}"))
+        .any_semantic();
     let services = watch_kind::<core::Service>(
         Api::all(client.clone()),
-        watcher::Config::default(),
+        config.clone(),
         Kind::Service,
         |s| service_from_api(s).map(|s| Object::Service(Box::new(s))),
         tx.clone(),
     );
     let slices = watch_kind::<discovery::EndpointSlice>(
         Api::all(client.clone()),
-        watcher::Config::default(),
+        config,
         Kind::EndpointSlice,
         |s| slice_from_api(s).map(|s| Object::EndpointSlice(Box::new(s))),
         tx.clone(),
@@ -64,6 +96,7 @@ async fn watch_kind<K>(
 {
     let mut stream = watcher(api, config).default_backoff().boxed();
     let mut listing: Option<Vec<Object>> = None;
+    let mut healthy = true;
     loop {
         let event = match stream.try_next().await {
             Ok(Some(event)) => event,
@@ -71,9 +104,15 @@ async fn watch_kind<K>(
             Err(e) => {
                 // The backoff keeps the stream alive; report and go on.
                 tracing::warn!(%kind, error = %e, "watch failed; retrying");
+                healthy = false;
+                send(&tx, SourceEvent::Health { kind, ok: false }).await;
                 continue;
             }
         };
+        if !healthy {
+            healthy = true;
+            send(&tx, SourceEvent::Health { kind, ok: true }).await;
+        }
         let out = match event {
             watcher::Event::Init => {
                 listing = Some(Vec::new());
@@ -89,7 +128,6 @@ async fn watch_kind<K>(
             watcher::Event::InitDone => SourceEvent::Listed {
                 kind,
                 objects: listing.take().unwrap_or_default(),
-                resource_version: None,
                 keep: Vec::new(),
             },
             watcher::Event::Apply(obj) => match convert(&obj) {
@@ -132,7 +170,7 @@ async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEve
 
 fn rejected(e: &crate::model::ValidationError) -> SourceEvent {
     SourceEvent::Rejected {
-        object: Some(format!("{} {}", e.kind, e.object)),
+        subject: Subject::Object(e.object.clone()),
         message: e.to_string(),
     }
 }

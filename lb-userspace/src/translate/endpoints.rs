@@ -1,149 +1,110 @@
-//! Which endpoints of a Service's slices become backends of one backend set, following
-//! kube-proxy's reading of EndpointSlices: port by the Service port's name, ready endpoints
-//! first, serving-and-terminating ones when none is ready (KEP-1669), traffic policy Local,
-//! and topology hints.
-use std::{
-    collections::BTreeMap,
-    net::{IpAddr, SocketAddr},
-};
+//! Which endpoints of a Service's slices become backends, as kube-proxy's
+//! `EndpointSliceCache` and `CategorizeEndpoints` (pkg/proxy/topology.go) decide it:
+//!
+//! - only slices of the backend set's family, the first address of each endpoint, the port of
+//!   the slice port named like the Service port (with the same protocol);
+//! - one entry per address and port: a later copy replaces an earlier one unless the later one
+//!   is terminating (a running pod wins over a terminating one with a reused IP);
+//! - the cluster set: ready endpoints, narrowed by topology hints when every ready endpoint has
+//!   hints and some are for this node (forNodes) or its zone (forZones); if none is ready, every
+//!   serving and terminating endpoint (topology ignored);
+//! - the local set (internalTrafficPolicy Local): this node's ready endpoints, else this node's
+//!   serving and terminating ones; topology never applies.
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
 
 use super::{
     NodeInfo,
-    types::{Candidacy, EndpointDecision, Exclusion, Verdict},
+    types::{Candidacy, EndpointDecision, Exclusion, Rule, Verdict},
 };
 use crate::{
-    dataplane::abi::Family,
-    model::{AddressType, Endpoint, EndpointSlice, Service, ServicePort},
+    model::{AddressType, Endpoint, EndpointSlice, ServicePort},
+    vocab::Family,
 };
 
-/// The inputs that select among endpoints for one backend set.
-pub struct Selection<'a> {
-    pub service: &'a Service,
-    pub port: &'a ServicePort,
-    pub family: Family,
-    /// Traffic policy Local: only endpoints on this node.
-    pub local_only: bool,
-    pub node: &'a NodeInfo,
-}
-
-struct Pending<'a> {
-    index: usize,
-    addr: SocketAddr,
-    endpoint: &'a Endpoint,
-}
-
-/// One endpoint of one slice as considered for a backend set, and its verdict so far.
+/// One endpoint of one slice as considered, and its verdict so far.
 struct Seen<'a> {
     slice: &'a EndpointSlice,
     endpoint: &'a Endpoint,
     port: Option<u16>,
-    verdict: Verdict,
+    /// Set when the endpoint is usable at all (address, port, family) and not a duplicate.
+    addr: Option<SocketAddr>,
+    /// Why it is out before any set is chosen (port, family, duplicate).
+    early: Option<Exclusion>,
 }
 
-impl Seen<'_> {
-    fn decision(self) -> EndpointDecision {
-        EndpointDecision {
-            slice: self.slice.key.name.to_string(),
-            address: self.endpoint.address,
-            port: self.port,
-            ready: self.endpoint.ready,
-            serving: self.endpoint.serving,
-            terminating: self.endpoint.terminating,
-            node_name: self.endpoint.node_name().map(str::to_string),
-            zone: self.endpoint.zone().map(str::to_string),
-            target: self.endpoint.target().map(str::to_string),
-            verdict: self.verdict,
-        }
-    }
+/// The endpoints of one Service port and family, merged as kube-proxy merges slices.
+pub struct Merged<'a> {
+    seen: Vec<Seen<'a>>,
 }
 
-/// Returns the backends (sorted) and, with `detail`, a decision for every endpoint
-/// considered (the agent does not need them; `explain` and the golden tests do).
-pub fn select(
-    sel: &Selection<'_>,
-    slices: &[&EndpointSlice],
-    detail: bool,
-) -> (Vec<SocketAddr>, Vec<EndpointDecision>) {
-    let mut decisions: Vec<Seen<'_>> = Vec::new();
-    let mut pending: Vec<Pending<'_>> = Vec::new();
+/// A chosen set: the endpoints (indexes into `Merged::seen`) and the rule that chose them.
+pub struct Chosen {
+    pub members: Vec<usize>,
+    pub rule: Rule,
+    pub why: Candidacy,
+}
 
+/// Merges the slices for one Service port in one family.
+pub fn merge<'a>(port: &ServicePort, family: Family, slices: &[&'a EndpointSlice]) -> Merged<'a> {
+    let mut seen = Vec::new();
+    let mut by_addr: BTreeMap<SocketAddr, usize> = BTreeMap::new();
     for slice in slices {
-        let target = target_port(sel.port, slice);
+        let target = target_port(port, slice);
         for endpoint in &slice.endpoints {
-            let index = decisions.len();
-            decisions.push(Seen {
+            let index = seen.len();
+            let (addr, early) = match (slice.address_type, endpoint.address, target) {
+                (AddressType::Ip(f), Some(ip), Some(p)) if f == family => {
+                    (Some(SocketAddr::new(ip, p)), None)
+                }
+                (AddressType::Ip(f), Some(_), None) if f == family => (
+                    None,
+                    Some(Exclusion::PortNameMissing {
+                        port_name: Arc::clone(&port.name_or_number),
+                        protocol: port.protocol_name.clone(),
+                    }),
+                ),
+                _ => (
+                    None,
+                    Some(Exclusion::WrongFamily {
+                        address_type: slice.address_type.to_string(),
+                    }),
+                ),
+            };
+            seen.push(Seen {
                 slice,
                 endpoint,
                 port: target,
-                verdict: Verdict::Candidate {
-                    why: Candidacy::Ready,
-                },
+                addr,
+                early,
             });
-            let exclusion = match (slice.address_type, endpoint.address, target) {
-                (AddressType::Ip(family), Some(ip), Some(port)) if family == sel.family => {
-                    pending.push(Pending {
-                        index,
-                        addr: SocketAddr::new(ip, port),
-                        endpoint,
-                    });
-                    continue;
-                }
-                (AddressType::Ip(family), Some(_), None) if family == sel.family => {
-                    Exclusion::PortNameMissing {
-                        port_name: sel.port.name.clone(),
-                        protocol: sel.port.protocol_name.clone(),
-                    }
-                }
-                _ => Exclusion::WrongFamily {
-                    address_type: slice.address_type.to_string(),
-                },
+            let Some(addr) = addr else {
+                continue;
             };
-            decisions[index].verdict = Verdict::Excluded(exclusion);
-        }
-    }
-
-    let pending = dedup(pending, &mut decisions);
-    let pending = if sel.local_only {
-        let node = sel.node.name.as_deref();
-        let (local, other): (Vec<_>, Vec<_>) = pending
-            .into_iter()
-            .partition(|p| node.is_some() && p.endpoint.node_name() == node);
-        for p in other {
-            decisions[p.index].verdict = Verdict::Excluded(Exclusion::OtherNode {
-                node: p.endpoint.node_name().map(str::to_string),
-            });
-        }
-        local
-    } else {
-        pending
-    };
-
-    let chosen = if sel.service.publish_not_ready_addresses {
-        for p in &pending {
-            if !p.endpoint.is_ready() {
-                decisions[p.index].verdict = Verdict::Candidate {
-                    why: Candidacy::PublishNotReady,
-                };
+            match by_addr.get(&addr).copied() {
+                None => {
+                    by_addr.insert(addr, index);
+                }
+                Some(kept) => {
+                    // A later copy replaces the kept one unless the later one is terminating.
+                    let (winner, loser) = if endpoint.is_terminating() {
+                        (kept, index)
+                    } else {
+                        (index, kept)
+                    };
+                    by_addr.insert(addr, winner);
+                    let slice = Arc::clone(&seen[winner].slice.key.name);
+                    seen[loser].addr = None;
+                    seen[loser].early = Some(Exclusion::Duplicate { slice });
+                }
             }
         }
-        pending.iter().collect::<Vec<_>>()
-    } else {
-        by_readiness(sel, &pending, &mut decisions)
-    };
-
-    let mut backends: Vec<SocketAddr> = chosen.iter().map(|p| p.addr).collect();
-    backends.sort_unstable();
-    let decisions = if detail {
-        decisions.into_iter().map(Seen::decision).collect()
-    } else {
-        Vec::new()
-    };
-    (backends, decisions)
+    }
+    Merged { seen }
 }
 
-/// The port number this slice gives for the Service port: the slice port whose name is the
-/// Service port's name (targetPort names are resolved per pod by the EndpointSlice controller,
-/// so two slices may give the same name different numbers).
+/// The port number this slice gives for the Service port: the slice port whose name and
+/// protocol are the Service port's (named targetPorts resolve per pod, so two slices may give
+/// the same name different numbers).
 fn target_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
     slice
         .ports
@@ -152,134 +113,214 @@ fn target_port(port: &ServicePort, slice: &EndpointSlice) -> Option<u16> {
         .and_then(|p| p.port)
 }
 
-/// Keeps one entry per address and port, preferring the best conditions.
-fn dedup<'a>(pending: Vec<Pending<'a>>, decisions: &mut [Seen<'_>]) -> Vec<Pending<'a>> {
-    let rank = |e: &Endpoint| match (e.is_ready(), e.is_serving()) {
-        (true, _) => 0,
-        (false, true) => 1,
-        (false, false) => 2,
-    };
-    let mut best: BTreeMap<SocketAddr, Pending<'a>> = BTreeMap::new();
-    for p in pending {
-        match best.get(&p.addr) {
-            Some(kept) if rank(kept.endpoint) <= rank(p.endpoint) => {
-                let slice = decisions[kept.index].slice.key.name.to_string();
-                decisions[p.index].verdict = Verdict::Excluded(Exclusion::Duplicate { slice });
-            }
-            _ => {
-                if let Some(replaced) = best.insert(p.addr, p) {
-                    let slice = decisions[best[&replaced.addr].index]
-                        .slice
-                        .key
-                        .name
-                        .to_string();
-                    decisions[replaced.index].verdict =
-                        Verdict::Excluded(Exclusion::Duplicate { slice });
-                }
-            }
-        }
-    }
-    let mut kept: Vec<_> = best.into_values().collect();
-    kept.sort_by_key(|p| p.index);
-    kept
-}
-
-/// Ready endpoints (narrowed by topology when the policy is Cluster); if there are none,
-/// serving-and-terminating ones.
-fn by_readiness<'p, 'a>(
-    sel: &Selection<'_>,
-    pending: &'p [Pending<'a>],
-    decisions: &mut [Seen<'_>],
-) -> Vec<&'p Pending<'a>> {
-    let ready: Vec<&Pending<'a>> = pending.iter().filter(|p| p.endpoint.is_ready()).collect();
-    let chosen = if ready.is_empty() {
-        let fallback: Vec<_> = pending
+impl Merged<'_> {
+    fn usable(&self) -> impl Iterator<Item = (usize, &Endpoint)> + '_ {
+        self.seen
             .iter()
-            .filter(|p| p.endpoint.is_serving() && p.endpoint.is_terminating())
+            .enumerate()
+            .filter(|(_, s)| s.addr.is_some())
+            .map(|(i, s)| (i, s.endpoint))
+    }
+
+    /// Some endpoint, anywhere, is ready or serving and terminating.
+    pub fn has_any(&self) -> bool {
+        self.usable().any(|(_, e)| usable(e))
+    }
+
+    pub fn addr(&self, index: usize) -> Option<SocketAddr> {
+        self.seen[index].addr
+    }
+
+    /// Every serving endpoint (for stale UDP socket termination).
+    pub fn serving(&self) -> Vec<SocketAddr> {
+        let mut out: Vec<SocketAddr> = self
+            .usable()
+            .filter(|(_, e)| e.is_serving())
+            .filter_map(|(i, _)| self.seen[i].addr)
             .collect();
-        for p in &fallback {
-            decisions[p.index].verdict = Verdict::Candidate {
+        crate::vocab::canonical(&mut out);
+        out
+    }
+
+    /// The cluster set: ready endpoints narrowed by topology, else the serving terminating ones.
+    pub fn cluster(&self, node: &NodeInfo) -> Chosen {
+        let ready: Vec<usize> = self
+            .usable()
+            .filter(|(_, e)| e.is_ready())
+            .map(|(i, _)| i)
+            .collect();
+        if ready.is_empty() {
+            let members: Vec<usize> = self
+                .usable()
+                .filter(|(_, e)| e.is_serving() && e.is_terminating())
+                .map(|(i, _)| i)
+                .collect();
+            let rule = if members.is_empty() {
+                Rule::NoEndpoint
+            } else {
+                Rule::TerminatingFallback
+            };
+            return Chosen {
+                members,
+                rule,
                 why: Candidacy::ServingTerminating,
             };
         }
-        fallback
-    } else if sel.local_only {
-        ready
-    } else {
-        by_topology(sel, ready, decisions)
-    };
-    for p in pending {
-        if !chosen.iter().any(|c| c.index == p.index)
-            && matches!(decisions[p.index].verdict, Verdict::Candidate { .. })
+        let endpoint = |i: &usize| self.seen[*i].endpoint;
+        let for_me = |hints: Option<&[String]>, me: Option<&str>| {
+            me.is_some_and(|me| !me.is_empty() && hints.is_some_and(|h| h.iter().any(|x| x == me)))
+        };
+        let all_hinted = |f: fn(&Endpoint) -> Option<&[String]>| {
+            ready
+                .iter()
+                .all(|i| f(endpoint(i)).is_some_and(|h| !h.is_empty()))
+        };
+        let node_name = node.name.as_deref();
+        let zone = node.zone.as_deref();
+        if all_hinted(Endpoint::node_hints)
+            && ready
+                .iter()
+                .any(|i| for_me(endpoint(i).node_hints(), node_name))
         {
-            decisions[p.index].verdict = Verdict::Excluded(if p.endpoint.is_terminating() {
+            return Chosen {
+                members: ready
+                    .into_iter()
+                    .filter(|i| for_me(endpoint(i).node_hints(), node_name))
+                    .collect(),
+                rule: Rule::NodeHints,
+                why: Candidacy::Ready,
+            };
+        }
+        if all_hinted(Endpoint::zone_hints)
+            && ready.iter().any(|i| for_me(endpoint(i).zone_hints(), zone))
+        {
+            return Chosen {
+                members: ready
+                    .into_iter()
+                    .filter(|i| for_me(endpoint(i).zone_hints(), zone))
+                    .collect(),
+                rule: Rule::ZoneHints,
+                why: Candidacy::Ready,
+            };
+        }
+        Chosen {
+            members: ready,
+            rule: Rule::Ready,
+            why: Candidacy::Ready,
+        }
+    }
+
+    /// The local set: this node's ready endpoints, else its serving terminating ones.
+    pub fn local(&self, node: &NodeInfo) -> Chosen {
+        let local: Vec<(usize, &Endpoint)> =
+            self.usable().filter(|(_, e)| is_local(e, node)).collect();
+        let ready: Vec<usize> = local
+            .iter()
+            .filter(|(_, e)| e.is_ready())
+            .map(|(i, _)| *i)
+            .collect();
+        if !ready.is_empty() {
+            return Chosen {
+                members: ready,
+                rule: Rule::LocalReady,
+                why: Candidacy::Ready,
+            };
+        }
+        let members: Vec<usize> = local
+            .iter()
+            .filter(|(_, e)| e.is_serving() && e.is_terminating())
+            .map(|(i, _)| *i)
+            .collect();
+        let rule = match (members.is_empty(), self.has_any()) {
+            (false, _) => Rule::LocalTerminatingFallback,
+            (true, true) => Rule::NoLocalEndpoint,
+            (true, false) => Rule::NoEndpoint,
+        };
+        Chosen {
+            members,
+            rule,
+            why: Candidacy::ServingTerminating,
+        }
+    }
+
+    /// Each endpoint's verdict for a chosen set (for explain and golden files).
+    pub fn decisions(
+        &self,
+        chosen: &Chosen,
+        node: &NodeInfo,
+        local: bool,
+    ) -> Vec<EndpointDecision> {
+        self.seen
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let verdict = if let Some(x) = &s.early {
+                    Verdict::Excluded(x.clone())
+                } else if chosen.members.contains(&i) {
+                    Verdict::Candidate {
+                        why: if s.endpoint.is_ready() {
+                            Candidacy::Ready
+                        } else {
+                            chosen.why
+                        },
+                    }
+                } else {
+                    Verdict::Excluded(Self::why_out(s.endpoint, chosen, node, local))
+                };
+                EndpointDecision {
+                    slice: Arc::clone(&s.slice.key.name),
+                    address: s.endpoint.address,
+                    port: s.port,
+                    ready: s.endpoint.ready,
+                    serving: s.endpoint.serving,
+                    terminating: s.endpoint.terminating,
+                    node_name: s.endpoint.node_name.clone(),
+                    zone: s.endpoint.zone.clone(),
+                    target: s.endpoint.target().cloned(),
+                    verdict,
+                }
+            })
+            .collect()
+    }
+
+    fn why_out(e: &Endpoint, chosen: &Chosen, node: &NodeInfo, local: bool) -> Exclusion {
+        if local && !is_local(e, node) {
+            return Exclusion::OtherNode {
+                node: e.node_name.clone(),
+            };
+        }
+        if !usable(e) {
+            return if e.is_terminating() {
                 Exclusion::Terminating {
-                    serving: p.endpoint.is_serving(),
+                    still_serving: false,
                 }
             } else {
                 Exclusion::NotReady
-            });
+            };
+        }
+        if !e.is_ready() {
+            return Exclusion::Terminating {
+                still_serving: true,
+            };
+        }
+        match chosen.rule {
+            Rule::NodeHints => Exclusion::HintedForOtherNode {
+                hints: e.node_hints().unwrap_or_default().to_vec(),
+            },
+            Rule::ZoneHints => Exclusion::OtherZone {
+                hints: e.zone_hints().unwrap_or_default().to_vec(),
+            },
+            _ => Exclusion::NotReady,
         }
     }
-    chosen
 }
 
-/// Topology-aware routing: when every ready endpoint carries hints and some are for this node
-/// (hints.forNodes, PreferSameNode) or this node's zone (hints.forZones), keep only those.
-fn by_topology<'p, 'a>(
-    sel: &Selection<'_>,
-    ready: Vec<&'p Pending<'a>>,
-    decisions: &mut [Seen<'_>],
-) -> Vec<&'p Pending<'a>> {
-    let hinted_for = |hints: Option<&[String]>, me: Option<&str>| {
-        me.is_some_and(|me| hints.is_some_and(|h| h.iter().any(|x| x == me)))
-    };
-    let all_have = |f: fn(&Endpoint) -> Option<&[String]>| {
-        ready
-            .iter()
-            .all(|p| f(p.endpoint).is_some_and(|h| !h.is_empty()))
-    };
-    let node = sel.node.name.as_deref();
-    let zone = sel.node.zone.as_deref();
-    let prefer_node = sel.service.traffic_distribution.as_deref() == Some("PreferSameNode");
-    if prefer_node
-        && all_have(Endpoint::node_hints)
-        && ready
-            .iter()
-            .any(|p| hinted_for(p.endpoint.node_hints(), node))
-    {
-        let (keep, drop): (Vec<_>, Vec<_>) = ready
-            .into_iter()
-            .partition(|p| hinted_for(p.endpoint.node_hints(), node));
-        for p in drop {
-            decisions[p.index].verdict = Verdict::Excluded(Exclusion::HintedForOtherNode {
-                hints: p.endpoint.node_hints().unwrap_or_default().to_vec(),
-            });
-        }
-        return keep;
-    }
-    if all_have(Endpoint::zone_hints)
-        && ready
-            .iter()
-            .any(|p| hinted_for(p.endpoint.zone_hints(), zone))
-    {
-        let (keep, drop): (Vec<_>, Vec<_>) = ready
-            .into_iter()
-            .partition(|p| hinted_for(p.endpoint.zone_hints(), zone));
-        for p in drop {
-            decisions[p.index].verdict = Verdict::Excluded(Exclusion::OtherZone {
-                hints: p.endpoint.zone_hints().unwrap_or_default().to_vec(),
-            });
-        }
-        return keep;
-    }
-    ready
+/// Ready, or serving while terminating: kube-proxy would route to it in some case.
+fn usable(e: &Endpoint) -> bool {
+    e.is_ready() || (e.is_serving() && e.is_terminating())
 }
 
-/// All addresses of one family among the given ones.
-pub fn of_family(addrs: &[IpAddr], family: Family) -> impl Iterator<Item = IpAddr> + '_ {
-    addrs
-        .iter()
-        .copied()
-        .filter(move |ip| Family::of(*ip) == family)
+/// On this node: the endpoint's nodeName is exactly this node's name.
+fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {
+    matches!((e.node_name(), node.name.as_deref()), (Some(a), Some(b)) if !b.is_empty() && a == b)
 }

@@ -1,33 +1,35 @@
 //! Services + EndpointSlices + this node's identity → the desired state of the maps.
 //!
 //! Pure functions: no IO, no clock, no randomness. The same inputs always give the same tables,
-//! which is what the golden tests and `socklb explain` rely on.
+//! which is what the golden tests and `socklb explain` rely on. The rules are kube-proxy's
+//! (`pkg/proxy`), as a socket on this node can observe them; where socklb differs on purpose,
+//! the README's compatibility table says so.
 mod endpoints;
+mod ownership;
 pub mod report;
 mod types;
 
+pub use ownership::{Conflict, Ownership};
 pub use types::{
-    Candidacy, DesiredService, DesiredState, EndpointDecision, Exclusion, PortTranslation, Scope,
-    ServicePortKey, ServiceTranslation, Verdict,
+    Candidacy, ClaimKind, DesiredService, DesiredState, EndpointDecision, Exclusion, FrontendClaim,
+    PortTranslation, Rule, Seniority, ServiceTranslation, Verdict,
 };
 
-use std::{collections::BTreeSet, net::IpAddr};
-
-use endpoints::{Selection, of_family, select};
+use std::{net::IpAddr, sync::Arc};
 
 use crate::{
-    dataplane::abi::{Family, Frontend},
     model::{
-        EndpointSlice, LABEL_SERVICE_PROXY_NAME, Service, ServicePort, ServiceType, Store,
-        TrafficPolicy,
+        EndpointSlice, LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, NodeObject, Service, ServicePort,
+        ServiceType, Store, TrafficPolicy,
     },
     vec_set::VecSet,
+    vocab::{Family, Protocol, Scope, ServiceAddr, ServicePortKey},
 };
 
 /// The proxy name socklb answers to in the `service.kubernetes.io/service-proxy-name` label.
 pub const DEFAULT_PROXY_NAME: &str = "socklb";
 
-/// Who "this node" is: for traffic policy Local, topology hints and NodePort frontends.
+/// Who "this node" is: for internalTrafficPolicy Local, topology hints and NodePort frontends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
     pub name: Option<String>,
@@ -35,6 +37,8 @@ pub struct NodeInfo {
     /// Addresses on which NodePorts are served.
     pub addresses: Vec<IpAddr>,
     pub proxy_name: String,
+    /// Serve `spec.externalIPs` (off: as the `DenyServiceExternalIPs` admission plugin would).
+    pub external_ips: bool,
 }
 
 impl Default for NodeInfo {
@@ -44,6 +48,42 @@ impl Default for NodeInfo {
             zone: None,
             addresses: Vec::new(),
             proxy_name: DEFAULT_PROXY_NAME.into(),
+            external_ips: true,
+        }
+    }
+}
+
+/// What the operator said about this node (flags), before the Node object is known.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeFlags {
+    pub name: Option<String>,
+    /// `--zone`: wins over the Node's label.
+    pub zone: Option<String>,
+    /// `--node-address`: win over the Node's addresses.
+    pub addresses: Vec<IpAddr>,
+    pub proxy_name: String,
+    pub external_ips: bool,
+}
+
+impl NodeInfo {
+    /// The one rule for who this node is, used by the agent and by explain alike: a flag the
+    /// operator gave wins; otherwise the Node object says (its zone label, its `InternalIP` and
+    /// `ExternalIP` addresses). A zone label removed from the Node clears the zone, as in
+    /// kube-proxy.
+    pub fn resolve(flags: &NodeFlags, node: Option<&NodeObject>) -> Self {
+        Self {
+            name: flags.name.clone(),
+            zone: flags
+                .zone
+                .clone()
+                .or_else(|| node.and_then(|n| n.zone.clone())),
+            addresses: if flags.addresses.is_empty() {
+                node.map(|n| n.addresses.clone()).unwrap_or_default()
+            } else {
+                flags.addresses.clone()
+            },
+            proxy_name: flags.proxy_name.clone(),
+            external_ips: flags.external_ips,
         }
     }
 }
@@ -57,12 +97,13 @@ pub enum Detail {
     Decisions,
 }
 
-/// Translates every Service in the store, with every endpoint's decision.
+/// Translates every Service in the store, with every endpoint's decision, and decides which
+/// Service owns each contested address.
 pub fn translate_all(store: &Store, node: &NodeInfo) -> (DesiredState, Vec<ServiceTranslation>) {
     translate_all_with(store, node, Detail::Decisions)
 }
 
-/// Translates every Service in the store.
+/// Translates every Service in the store and resolves address ownership.
 pub fn translate_all_with(
     store: &Store,
     node: &NodeInfo,
@@ -70,15 +111,18 @@ pub fn translate_all_with(
 ) -> (DesiredState, Vec<ServiceTranslation>) {
     let mut desired = DesiredState::default();
     let mut reports = Vec::with_capacity(store.service_count());
+    let mut ownership = Ownership::default();
     for svc in store.services() {
         let report = translate_service_with(svc, &store.slices_of(&svc.key), node, detail);
         for port in &report.ports {
+            ownership.claim(&port.key, &port.desired);
             desired
                 .services
                 .insert(port.key.clone(), port.desired.clone());
         }
         reports.push(report);
     }
+    ownership.apply(&mut desired);
     (desired, reports)
 }
 
@@ -91,7 +135,8 @@ pub fn translate_service(
     translate_service_with(svc, slices, node, Detail::Decisions)
 }
 
-/// Translates one Service with the slices labelled for it.
+/// Translates one Service with the slices labelled for it. The frontends are every address the
+/// Service claims; `Ownership` decides which of them it gets when Services contend.
 pub fn translate_service_with(
     svc: &Service,
     slices: &[&EndpointSlice],
@@ -103,62 +148,45 @@ pub fn translate_service_with(
         resource_version: svc.resource_version.clone(),
         skipped: None,
         ports: Vec::new(),
-        notes: Vec::new(),
+        notes: svc.notes.clone(),
     };
     if let Some(skip) = skip_reason(svc, node) {
         out.skipped = Some(skip);
         return out;
     }
+    let slices = own_slices(slices, node, &mut out.notes);
+    if svc.publish_not_ready_addresses {
+        out.notes.push(
+            "publishNotReadyAddresses: the EndpointSlice controller writes not-ready pods as ready; the proxy reads only the conditions"
+                .into(),
+        );
+    }
+    let seniority = Seniority {
+        created: svc.created,
+        uid: Arc::from(svc.uid.as_str()),
+    };
     for port in &svc.ports {
         let Some(protocol) = port.protocol else {
             out.notes.push(format!(
                 "port {} is {}: socklb translates TCP and UDP only",
-                port.display_name(),
-                port.protocol_name
+                port.name_or_number, port.protocol_name
             ));
             continue;
         };
         // Only the families the Service has (its cluster IPs): kube-proxy's per-family proxiers
-        // leave a single-stack Service's other family alone, NodePorts included.
+        // leave a single-stack Service's other family alone, NodePorts and external IPs included.
         for family in svc.cluster_ips.iter().map(|ip| Family::of(*ip)) {
-            for scope in [Scope::Internal, Scope::External] {
-                let frontends: VecSet<Frontend> = frontend_addrs(svc, port, family, scope, node)
-                    .into_iter()
-                    .map(|(ip, p)| Frontend::new(ip, p, protocol))
-                    .collect();
-                if frontends.is_empty() {
-                    continue;
-                }
-                let policy = match scope {
-                    Scope::Internal => svc.internal_traffic_policy,
-                    Scope::External => svc.external_traffic_policy,
-                };
-                let selection = Selection {
-                    service: svc,
-                    port,
-                    family,
-                    local_only: policy == TrafficPolicy::Local,
-                    node,
-                };
-                let (backends, endpoints) = select(&selection, slices, detail == Detail::Decisions);
-                out.ports.push(PortTranslation {
-                    key: ServicePortKey {
-                        service: svc.key.clone(),
-                        port_name: port.display_name(),
-                        protocol,
-                        family,
-                        scope,
-                    },
-                    desired: DesiredService {
-                        port: port.port,
-                        frontends,
-                        backends,
-                        affinity_timeout_s: svc.affinity_timeout_s,
-                    },
-                    target_port: port.target_port.to_string(),
-                    endpoints,
-                });
-            }
+            let ctx = PortContext {
+                svc,
+                port,
+                protocol,
+                family,
+                slices: &slices,
+                node,
+                detail,
+                seniority: &seniority,
+            };
+            out.ports.extend(ctx.translate(&mut out.notes));
         }
     }
     let families: Vec<Family> = svc.cluster_ips.iter().map(|ip| Family::of(*ip)).collect();
@@ -178,12 +206,107 @@ pub fn translate_service_with(
     out
 }
 
+/// One Service port in one family: everything its backend sets need.
+struct PortContext<'a> {
+    svc: &'a Service,
+    port: &'a ServicePort,
+    protocol: Protocol,
+    family: Family,
+    slices: &'a [&'a EndpointSlice],
+    node: &'a NodeInfo,
+    detail: Detail,
+    seniority: &'a Seniority,
+}
+
+impl PortContext<'_> {
+    /// The backend sets of this port and family: the cluster set for every frontend, or the
+    /// local set for the ClusterIP and the cluster set for the others (internalTrafficPolicy
+    /// Local).
+    fn translate(&self, notes: &mut Vec<String>) -> Vec<PortTranslation> {
+        let (svc, port, protocol, family, node) =
+            (self.svc, self.port, self.protocol, self.family, self.node);
+        let mut out = Vec::new();
+        let merged = endpoints::merge(port, family, self.slices);
+        let local_policy = svc.internal_traffic_policy == TrafficPolicy::Local;
+        let claims = claims(svc, port, protocol, family, node, notes);
+        let (internal, external): (Vec<FrontendClaim>, Vec<FrontendClaim>) = claims
+            .into_iter()
+            .partition(|c| c.kind == ClaimKind::ClusterIp);
+        // The ClusterIP uses the local set under internalTrafficPolicy Local. Every other
+        // frontend uses the cluster set: kube-proxy applies externalTrafficPolicy Local only to
+        // traffic from outside the node, and every client socklb serves is on the node.
+        let mut sets = Vec::new();
+        if local_policy {
+            sets.push((Scope::Local, internal));
+            sets.push((Scope::Cluster, external));
+        } else {
+            let mut all = internal;
+            all.extend(external);
+            sets.push((Scope::Cluster, all));
+        }
+        for (scope, frontends) in sets {
+            if frontends.is_empty() {
+                continue;
+            }
+            let chosen = match scope {
+                Scope::Cluster => merged.cluster(node),
+                Scope::Local => merged.local(node),
+            };
+            let mut backends: Vec<_> = chosen
+                .members
+                .iter()
+                .filter_map(|i| merged.addr(*i))
+                .collect();
+            crate::vocab::canonical(&mut backends);
+            backends.dedup();
+            let endpoints = if self.detail == Detail::Decisions {
+                merged.decisions(&chosen, node, scope == Scope::Local)
+            } else {
+                Vec::new()
+            };
+            out.push(PortTranslation {
+                key: ServicePortKey {
+                    service: svc.key.clone(),
+                    port_name: Arc::clone(&port.name_or_number),
+                    protocol,
+                    family,
+                    scope,
+                },
+                desired: DesiredService {
+                    port: port.port,
+                    frontends: frontends.into_iter().collect(),
+                    no_local_endpoint: chosen.rule == Rule::NoLocalEndpoint,
+                    backends,
+                    affinity_timeout_s: svc.affinity_timeout_s,
+                    serving: if protocol == Protocol::Udp {
+                        merged.serving()
+                    } else {
+                        Vec::new()
+                    },
+                    seniority: self.seniority.clone(),
+                },
+                target_port: port.target_port.to_string(),
+                rule: chosen.rule,
+                endpoints,
+            });
+        }
+        out
+    }
+}
+
+/// Why a Service produces nothing at all, as kube-proxy's informers and `ShouldSkipService`
+/// decide.
 fn skip_reason(svc: &Service, node: &NodeInfo) -> Option<String> {
     if let Some(proxy) = svc.labels.get(LABEL_SERVICE_PROXY_NAME)
         && *proxy != node.proxy_name
     {
         return Some(format!(
             "labelled {LABEL_SERVICE_PROXY_NAME}={proxy}: handled by another proxy"
+        ));
+    }
+    if svc.labels.contains_key(LABEL_HEADLESS) {
+        return Some(format!(
+            "labelled {LABEL_HEADLESS}: no proxy serves it (kube-proxy's informers skip it)"
         ));
     }
     if svc.type_ == ServiceType::ExternalName {
@@ -198,41 +321,106 @@ fn skip_reason(svc: &Service, node: &NodeInfo) -> Option<String> {
     None
 }
 
-/// The addresses and ports where one Service port is reached, per family and scope.
-fn frontend_addrs(
-    svc: &Service,
-    port: &ServicePort,
-    family: Family,
-    scope: Scope,
+/// The slices kube-proxy would see: those labelled for another proxy, or headless, are left out.
+fn own_slices<'a>(
+    slices: &[&'a EndpointSlice],
     node: &NodeInfo,
-) -> BTreeSet<(IpAddr, u16)> {
-    let mut out = BTreeSet::new();
-    match scope {
-        Scope::Internal => {
-            if let Some(ip) = svc.cluster_ip_of(family) {
-                out.insert((ip, port.port));
+    notes: &mut Vec<String>,
+) -> Vec<&'a EndpointSlice> {
+    let mut out = Vec::with_capacity(slices.len());
+    for slice in slices {
+        if let Some(proxy) = slice.proxy_name.as_ref().filter(|p| **p != node.proxy_name) {
+            notes.push(format!(
+                "EndpointSlice {} is labelled {LABEL_SERVICE_PROXY_NAME}={proxy}: ignored",
+                slice.key.name
+            ));
+        } else if slice.headless_label {
+            notes.push(format!(
+                "EndpointSlice {} is labelled {LABEL_HEADLESS}: ignored",
+                slice.key.name
+            ));
+        } else {
+            for note in &slice.notes {
+                notes.push(format!("EndpointSlice {}: {note}", slice.key.name));
             }
-        }
-        Scope::External => {
-            if matches!(svc.type_, ServiceType::NodePort | ServiceType::LoadBalancer)
-                && let Some(node_port) = port.node_port
-            {
-                out.extend(of_family(&node.addresses, family).map(|ip| (ip, node_port)));
-            }
-            out.extend(of_family(&svc.external_ips, family).map(|ip| (ip, port.port)));
-            if svc.type_ == ServiceType::LoadBalancer {
-                out.extend(
-                    svc.lb_ingress
-                        .iter()
-                        .filter(|i| !i.proxy_mode && Family::of(i.ip) == family)
-                        .map(|i| (i.ip, port.port)),
-                );
-            }
-            // A cluster IP is always internal, even if also listed as external.
-            if let Some(ip) = svc.cluster_ip_of(family) {
-                out.remove(&(ip, port.port));
-            }
+            out.push(*slice);
         }
     }
     out
+}
+
+/// Every address one Service port claims in one family.
+fn claims(
+    svc: &Service,
+    port: &ServicePort,
+    protocol: Protocol,
+    family: Family,
+    node: &NodeInfo,
+    notes: &mut Vec<String>,
+) -> VecSet<FrontendClaim> {
+    let mut out: Vec<FrontendClaim> = Vec::new();
+    let claim = |ip: IpAddr, p: u16, kind: ClaimKind| FrontendClaim {
+        addr: ServiceAddr::new(ip, p, protocol),
+        kind,
+    };
+    let cluster_ip = svc.cluster_ip_of(family);
+    if let Some(ip) = cluster_ip {
+        out.push(claim(ip, port.port, ClaimKind::ClusterIp));
+    }
+    if let Some(node_port) = port.node_port {
+        out.extend(
+            of_family(&node.addresses, family).map(|ip| claim(ip, node_port, ClaimKind::NodePort)),
+        );
+    }
+    if node.external_ips {
+        out.extend(
+            of_family(&svc.external_ips, family)
+                .map(|ip| claim(ip, port.port, ClaimKind::ExternalIp)),
+        );
+    } else if !svc.external_ips.is_empty() && family == first_family(svc) {
+        notes.push(
+            "spec.externalIPs are not served: the agent runs with --external-ips ignore".into(),
+        );
+    }
+    let ranges: Vec<_> = svc
+        .source_ranges
+        .iter()
+        .filter(|r| Family::of(r.addr) == family)
+        .collect();
+    let firewalled = !ranges.is_empty() && !ranges.iter().any(|r| r.is_everything());
+    for ingress in svc.lb_ingress.iter().filter(|i| Family::of(i.ip) == family) {
+        if ingress.proxy_mode {
+            continue;
+        }
+        if firewalled {
+            let firewall_note = format!(
+                "load-balancer IP {} is not translated: loadBalancerSourceRanges apply to it, so connects go to the load balancer, which enforces them",
+                ingress.ip
+            );
+            if !notes.contains(&firewall_note) {
+                notes.push(firewall_note);
+            }
+            continue;
+        }
+        out.push(claim(ingress.ip, port.port, ClaimKind::LoadBalancer));
+    }
+    // One claim per address: the strongest kind (a ClusterIP also listed as an external IP is
+    // still the ClusterIP).
+    out.sort_by_key(|c| (c.addr, c.kind));
+    out.dedup_by_key(|c| c.addr);
+    out.into_iter().collect()
+}
+
+fn first_family(svc: &Service) -> Family {
+    svc.cluster_ips
+        .first()
+        .map_or(Family::IPv4, |ip| Family::of(*ip))
+}
+
+/// All addresses of one family among the given ones.
+pub fn of_family(addrs: &[IpAddr], family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+    addrs
+        .iter()
+        .copied()
+        .filter(move |ip| Family::of(*ip) == family)
 }

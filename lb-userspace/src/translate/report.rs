@@ -25,7 +25,6 @@ pub fn endpoint_line(e: &EndpointDecision) -> String {
             match why {
                 Candidacy::Ready => "ready",
                 Candidacy::ServingTerminating => "serving while terminating; nothing is ready",
-                Candidacy::PublishNotReady => "publishNotReadyAddresses",
             }
         ),
         Verdict::Excluded(x) => format!("excluded, {}: {x}", x.code()),
@@ -63,7 +62,7 @@ pub fn render(translations: &[ServiceTranslation]) -> String {
                 .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {} {} {} {}: port {} -> targetPort {}, {} backend(s){affinity}",
+                "  {} {} {} {}: port {} -> targetPort {}, {} backend(s){affinity}, rule {:?}",
                 p.key.port_name,
                 p.key.protocol,
                 p.key.family,
@@ -71,9 +70,10 @@ pub fn render(translations: &[ServiceTranslation]) -> String {
                 d.port,
                 p.target_port,
                 d.backends.len(),
+                p.rule,
             );
             for f in &d.frontends {
-                let _ = writeln!(out, "    frontend {f}");
+                let _ = writeln!(out, "    frontend {} ({})", f.addr, f.kind);
             }
             for e in &p.endpoints {
                 let _ = writeln!(out, "    endpoint {}", endpoint_line(e));

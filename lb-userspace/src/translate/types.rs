@@ -3,66 +3,85 @@ use std::{
     collections::BTreeMap,
     fmt,
     net::{IpAddr, SocketAddr},
+    sync::Arc,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{
-    dataplane::abi::{Family, Frontend, Protocol},
-    model::ObjectKey,
+    model::TargetRef,
     vec_set::VecSet,
+    vocab::{ObjectKey, ServiceAddr, ServicePortKey},
 };
 
-/// Which clients a backend set serves: pods dialling the cluster IP, or traffic to the node's
-/// ports and external addresses (where externalTrafficPolicy applies).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    Internal,
-    External,
+/// How a Service claims an address: its ClusterIP (allocated and made unique by the API server)
+/// or an address anyone who can write a Service may name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClaimKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancer,
 }
 
-impl fmt::Display for Scope {
+impl fmt::Display for ClaimKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Internal => "internal",
-            Self::External => "external",
+            Self::ClusterIp => "clusterIP",
+            Self::NodePort => "nodePort",
+            Self::ExternalIp => "externalIP",
+            Self::LoadBalancer => "loadBalancer ingress",
         })
     }
 }
 
-/// One backend set: a Service port, in one family, for one scope. It owns a service id in the
-/// maps, and every frontend of it shares its slots.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct ServicePortKey {
-    pub service: ObjectKey,
-    /// The port's name, or its number when the Service's only port is unnamed.
-    pub port_name: String,
-    pub protocol: Protocol,
-    pub family: Family,
-    pub scope: Scope,
+/// One address a backend set wants to serve, and how it came by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FrontendClaim {
+    pub addr: ServiceAddr,
+    pub kind: ClaimKind,
 }
 
-impl fmt::Display for ServicePortKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}/{} {} {}",
-            self.service, self.port_name, self.protocol, self.family, self.scope
+/// Who wins between two non-ClusterIP claims on one address: the older Service, then the
+/// smaller uid. Nothing a Service author chooses (its name, its namespace) decides.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Seniority {
+    /// `creationTimestamp` in seconds; `None` sorts last.
+    pub created: Option<i64>,
+    pub uid: Arc<str>,
+}
+
+impl Seniority {
+    /// The ordering key: ClusterIP claims first, then age, then uid.
+    pub fn rank(&self, kind: ClaimKind) -> (bool, i64, Arc<str>) {
+        (
+            kind != ClaimKind::ClusterIp,
+            self.created.unwrap_or(i64::MAX),
+            Arc::clone(&self.uid),
         )
     }
 }
 
 /// What the maps should hold for one `ServicePortKey`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesiredService {
     /// The Service port number (kept in the maps' metadata for inspect).
     pub port: u16,
-    pub frontends: VecSet<Frontend>,
-    /// Sorted, without duplicates. Empty means connects are refused.
+    /// Every address this backend set claims (before ownership between Services is decided).
+    pub frontends: VecSet<FrontendClaim>,
+    /// In canonical (numeric) order, without duplicates. Empty means connects are refused.
     pub backends: Vec<SocketAddr>,
     /// sessionAffinity ClientIP timeout.
     pub affinity_timeout_s: Option<u32>,
+    /// `backends` is empty only because this node has no usable endpoint under
+    /// internalTrafficPolicy Local (others have some).
+    pub no_local_endpoint: bool,
+    /// UDP: every serving endpoint of the port, whatever policy or topology chose; a connected
+    /// UDP socket is terminated only when its backend leaves this set (as kube-proxy clears
+    /// conntrack entries).
+    pub serving: Vec<SocketAddr>,
+    pub seniority: Seniority,
 }
 
 /// The desired state for every service port.
@@ -72,45 +91,45 @@ pub struct DesiredState {
 }
 
 /// Why an endpoint is a candidate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Candidacy {
     /// `ready` (or absent).
     Ready,
-    /// No endpoint was ready, and this one is serving and terminating (KEP-1669).
+    /// No endpoint of the set was ready, and this one is serving and terminating (KEP-1669).
     ServingTerminating,
-    /// The Service has publishNotReadyAddresses: conditions are disregarded.
-    PublishNotReady,
 }
 
 /// Why an endpoint is not a candidate.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "reason", rename_all = "kebab-case")]
 pub enum Exclusion {
+    /// Neither ready nor (serving and terminating).
     NotReady,
     /// Terminating: not a candidate while others are ready, nor when it stopped serving.
     Terminating {
-        serving: bool,
+        still_serving: bool,
     },
+    /// internalTrafficPolicy Local keeps this node's endpoints only.
     OtherNode {
-        node: Option<String>,
+        node: Option<Arc<str>>,
     },
     OtherZone {
         hints: Vec<String>,
     },
-    /// trafficDistribution PreferSameNode, and hinted for another node.
+    /// Hinted for other nodes (hints.forNodes, trafficDistribution PreferSameNode).
     HintedForOtherNode {
         hints: Vec<String>,
     },
     PortNameMissing {
-        port_name: String,
+        port_name: Arc<str>,
         protocol: String,
     },
     WrongFamily {
         address_type: String,
     },
     Duplicate {
-        slice: String,
+        slice: Arc<str>,
     },
 }
 
@@ -132,24 +151,22 @@ impl Exclusion {
 impl fmt::Display for Exclusion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::NotReady => f.write_str("not ready"),
-            Self::Terminating { serving: true } => {
-                f.write_str("terminating while other endpoints are ready")
-            }
-            Self::Terminating { serving: false } => {
-                f.write_str("terminating and no longer serving")
-            }
+            Self::NotReady => f.write_str("not ready, and not serving while terminating"),
+            Self::Terminating {
+                still_serving: true,
+            } => f.write_str("terminating while other endpoints are ready"),
+            Self::Terminating {
+                still_serving: false,
+            } => f.write_str("terminating and no longer serving"),
             Self::OtherNode { node } => write!(
                 f,
-                "on node {}, and traffic policy Local keeps this node's endpoints only",
+                "on node {}, and internalTrafficPolicy Local keeps this node's endpoints only",
                 node.as_deref().unwrap_or("<none>")
             ),
             Self::OtherZone { hints } => write!(f, "hinted for zone(s) {}", hints.join(",")),
-            Self::HintedForOtherNode { hints } => write!(
-                f,
-                "hinted for node(s) {} (trafficDistribution PreferSameNode)",
-                hints.join(",")
-            ),
+            Self::HintedForOtherNode { hints } => {
+                write!(f, "hinted for node(s) {}", hints.join(","))
+            }
             Self::PortNameMissing {
                 port_name,
                 protocol,
@@ -167,7 +184,7 @@ impl fmt::Display for Exclusion {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "verdict")]
 pub enum Verdict {
     Candidate { why: Candidacy },
@@ -175,18 +192,18 @@ pub enum Verdict {
 }
 
 /// One endpoint of one slice, as seen for one backend set, with the verdict and its reason.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointDecision {
-    pub slice: String,
+    pub slice: Arc<str>,
     pub address: Option<IpAddr>,
     /// The target port this slice gives for the Service port, if it has one.
     pub port: Option<u16>,
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
-    pub target: Option<String>,
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
+    pub target: Option<TargetRef>,
     #[serde(flatten)]
     pub verdict: Verdict,
 }
@@ -197,18 +214,63 @@ impl EndpointDecision {
     }
 }
 
+/// Which kube-proxy rule decided a backend set's contents, for explain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// Ready endpoints, cluster-wide.
+    Ready,
+    /// Ready endpoints hinted for this zone (hints.forZones).
+    ZoneHints,
+    /// Ready endpoints hinted for this node (hints.forNodes).
+    NodeHints,
+    /// Nothing ready: the serving and terminating endpoints (KEP-1669).
+    TerminatingFallback,
+    /// internalTrafficPolicy Local: this node's ready endpoints.
+    LocalReady,
+    /// internalTrafficPolicy Local: nothing ready here, this node's serving and terminating ones.
+    LocalTerminatingFallback,
+    /// No usable endpoint: connects are refused.
+    NoEndpoint,
+    /// internalTrafficPolicy Local and no usable endpoint on this node (there are some
+    /// elsewhere): refused at once, where kube-proxy drops.
+    NoLocalEndpoint,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ready => "ready endpoints (kube-proxy CategorizeEndpoints)",
+            Self::ZoneHints => "ready endpoints hinted for this node's zone (topology hints)",
+            Self::NodeHints => "ready endpoints hinted for this node (PreferSameNode)",
+            Self::TerminatingFallback => {
+                "no endpoint is ready: serving terminating endpoints (KEP-1669)"
+            }
+            Self::LocalReady => "internalTrafficPolicy Local: this node's ready endpoints",
+            Self::LocalTerminatingFallback => {
+                "internalTrafficPolicy Local: nothing ready here, this node's serving terminating endpoints"
+            }
+            Self::NoEndpoint => "no usable endpoint: connects are refused (kube-proxy REJECT)",
+            Self::NoLocalEndpoint => {
+                "internalTrafficPolicy Local and no usable endpoint on this node: refused at once (kube-proxy drops)"
+            }
+        })
+    }
+}
+
 /// One backend set of a Service: its desired state and how it was derived.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortTranslation {
     pub key: ServicePortKey,
     pub desired: DesiredService,
     /// The Service's targetPort as written (number or name).
     pub target_port: String,
+    pub rule: Rule,
     pub endpoints: Vec<EndpointDecision>,
 }
 
 /// Everything one Service produces, or why it produces nothing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceTranslation {
     pub service: ObjectKey,
     pub resource_version: String,

@@ -15,8 +15,9 @@ use socklb::{
     },
     model::{EndpointSlice, ManifestObject, parse_manifests},
     reconcile::Reconciler,
-    source::{Kind, Object, SourceEvent},
-    translate::NodeInfo,
+    source::{Object, SourceEvent},
+    translate::{DEFAULT_PROXY_NAME, NodeFlags},
+    vocab::Kind,
 };
 
 use super::{stats::percentile_f64, world::manifests};
@@ -54,13 +55,11 @@ pub fn world_events(services: usize, endpoints: usize) -> anyhow::Result<Vec<Sou
         SourceEvent::Listed {
             kind: Kind::Service,
             objects: svcs,
-            resource_version: None,
             keep: Vec::new(),
         },
         SourceEvent::Listed {
             kind: Kind::EndpointSlice,
             objects: slices,
-            resource_version: None,
             keep: Vec::new(),
         },
     ])
@@ -83,11 +82,7 @@ fn apply(
     let start = Instant::now();
     engine.handle(SourceEvent::Applied(Object::EndpointSlice(Box::new(slice))));
     let pass = engine.reconcile().context("a change to reconcile")?;
-    anyhow::ensure!(
-        pass.report.problems.is_empty(),
-        "{:?}",
-        pass.report.problems
-    );
+    anyhow::ensure!(pass.report.failed.is_empty(), "{:?}", pass.report.failed);
     Ok((start.elapsed(), pass.report.writes))
 }
 
@@ -101,7 +96,12 @@ pub fn run(
     rolling: usize,
 ) -> anyhow::Result<ControlPlaneResult> {
     let events = world_events(services, endpoints)?;
-    let mut engine = Engine::new(Reconciler::new(maps)?, NodeInfo::default());
+    let flags = NodeFlags {
+        proxy_name: DEFAULT_PROXY_NAME.into(),
+        external_ips: true,
+        ..NodeFlags::default()
+    };
+    let mut engine = Engine::new(Reconciler::new(maps)?, flags);
     let start = Instant::now();
     for e in events {
         engine.handle(e);
@@ -109,9 +109,9 @@ pub fn run(
     let pass = engine.reconcile().context("the full sync")?;
     let full_sync_s = start.elapsed().as_secs_f64();
     anyhow::ensure!(
-        pass.report.problems.is_empty(),
+        pass.report.failed.is_empty(),
         "{:?}",
-        pass.report.problems.iter().next()
+        pass.report.failed.iter().next()
     );
 
     // One EndpointSlice change at a time: an endpoint goes not-ready, later ready again.
@@ -186,9 +186,8 @@ pub fn bpf_maps(
         pin_folder: pins.clone(),
         cgroup,
         capacities: Capacities::default(),
-        affinity_capacity: lb_common::capacity::AFFINITY,
-        sock_state_capacity: lb_common::capacity::SOCK_STATE,
         log_level: 0,
+        record_tcp: true,
     })?;
     let maps = dataplane.service_maps()?;
     let result = run("BPF maps", maps, services, endpoints, changes, rolling);

@@ -1,0 +1,55 @@
+//! The agent's own account of what it could not do, served as JSON on /status and read back by
+//! `socklb explain` (which therefore does not depend on the agent module).
+use serde::{Deserialize, Serialize};
+
+use crate::{translate::Conflict, vocab::ServicePortKey};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    pub version: String,
+    pub commit: String,
+    /// The first complete sync is written and every watch works.
+    pub ready: bool,
+    /// Backend sets whose last write failed (they stay on their previous state), and why.
+    pub failed: Vec<Failed>,
+    /// Addresses a backend set claims that another owns (not written for the loser).
+    pub conflicts: Vec<Owned>,
+    /// Objects and files that could not be used (their last good version stays in effect).
+    pub rejected: Vec<Rejected>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failed {
+    pub service_port: ServicePortKey,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owned {
+    pub service_port: ServicePortKey,
+    pub conflict: Conflict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejected {
+    /// `Service ns/name`, `EndpointSlice ns/name` or `file PATH`.
+    pub subject: String,
+    pub message: String,
+}
+
+impl Status {
+    /// The problems the agent reports for one backend set.
+    pub fn problems_of(&self, key: &ServicePortKey) -> Vec<String> {
+        let failed = self
+            .failed
+            .iter()
+            .filter(|f| &f.service_port == key)
+            .map(|f| f.error.clone());
+        let conflicts = self
+            .conflicts
+            .iter()
+            .filter(|c| &c.service_port == key)
+            .map(|c| c.conflict.to_string());
+        failed.chain(conflicts).collect()
+    }
+}

@@ -1,0 +1,153 @@
+//! Which Service owns an address that several claim (CVE-2020-8554 class: anyone who can write a
+//! Service can name any address as an externalIP or get it as a load-balancer ingress IP).
+//!
+//! The rule, the same whatever order Services arrive in: a ClusterIP claim (allocated and made
+//! unique by the API server) always wins; between other claims the older Service wins
+//! (`creationTimestamp`), then the smaller uid. Names and namespaces never decide. The losing
+//! claim is not written and is reported.
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{ClaimKind, DesiredService, DesiredState, FrontendClaim};
+use crate::{
+    vec_set::VecSet,
+    vocab::{ServiceAddr, ServicePortKey},
+};
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Claimant {
+    rank: (bool, i64, Arc<str>),
+    kind: ClaimKind,
+    key: ServicePortKey,
+}
+
+/// A claim that lost: the address, who claimed it and how, and who owns it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Conflict {
+    pub addr: ServiceAddr,
+    pub kind: ClaimKind,
+    pub owner: ServicePortKey,
+    pub owner_kind: ClaimKind,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (its {}) belongs to {} (its {})",
+            self.addr, self.kind, self.owner, self.owner_kind
+        )
+    }
+}
+
+/// Every claim on every address, kept up to date one backend set at a time.
+#[derive(Clone, Debug, Default)]
+pub struct Ownership {
+    claims: BTreeMap<ServiceAddr, BTreeSet<Claimant>>,
+    by_key: HashMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
+}
+
+impl Ownership {
+    /// Records (or replaces) the claims of one backend set. Returns every backend set whose owned
+    /// addresses may have changed (this one, and the former and new owners of what it claims).
+    pub fn claim(
+        &mut self,
+        key: &ServicePortKey,
+        desired: &DesiredService,
+    ) -> BTreeSet<ServicePortKey> {
+        let claimants: Vec<(ServiceAddr, Claimant)> = desired
+            .frontends
+            .iter()
+            .map(|c| {
+                (
+                    c.addr,
+                    Claimant {
+                        rank: desired.seniority.rank(c.kind),
+                        kind: c.kind,
+                        key: key.clone(),
+                    },
+                )
+            })
+            .collect();
+        let mut affected = self.release(key);
+        for (addr, claimant) in claimants {
+            let set = self.claims.entry(addr).or_default();
+            if let Some(first) = set.first() {
+                affected.insert(first.key.clone());
+            }
+            set.insert(claimant.clone());
+            self.by_key
+                .entry(key.clone())
+                .or_default()
+                .push((addr, claimant));
+        }
+        affected.insert(key.clone());
+        affected
+    }
+
+    /// Forgets the claims of a backend set; returns those whose owned addresses may change.
+    pub fn release(&mut self, key: &ServicePortKey) -> BTreeSet<ServicePortKey> {
+        let mut affected = BTreeSet::new();
+        let Some(old) = self.by_key.remove(key) else {
+            return affected;
+        };
+        for (addr, claimant) in old {
+            if let Some(set) = self.claims.get_mut(&addr) {
+                set.remove(&claimant);
+                if let Some(next) = set.first() {
+                    affected.insert(next.key.clone());
+                }
+                if set.is_empty() {
+                    self.claims.remove(&addr);
+                }
+            }
+        }
+        affected
+    }
+
+    /// The backend set that owns `addr`, and how it claims it.
+    pub fn owner(&self, addr: &ServiceAddr) -> Option<(&ServicePortKey, ClaimKind)> {
+        self.claims
+            .get(addr)
+            .and_then(BTreeSet::first)
+            .map(|c| (&c.key, c.kind))
+    }
+
+    /// The claims of `desired` that `key` owns.
+    pub fn granted(&self, key: &ServicePortKey, desired: &DesiredService) -> VecSet<FrontendClaim> {
+        desired
+            .frontends
+            .iter()
+            .filter(|c| self.owner(&c.addr).is_none_or(|(owner, _)| owner == key))
+            .copied()
+            .collect()
+    }
+
+    /// The claims of `desired` that `key` lost, and to whom.
+    pub fn conflicts(&self, key: &ServicePortKey, desired: &DesiredService) -> Vec<Conflict> {
+        desired
+            .frontends
+            .iter()
+            .filter_map(|c| {
+                let (owner, owner_kind) = self.owner(&c.addr)?;
+                (owner != key).then(|| Conflict {
+                    addr: c.addr,
+                    kind: c.kind,
+                    owner: owner.clone(),
+                    owner_kind,
+                })
+            })
+            .collect()
+    }
+
+    /// Leaves each backend set in `desired` with only the addresses it owns.
+    pub fn apply(&self, desired: &mut DesiredState) {
+        for (key, service) in &mut desired.services {
+            service.frontends = self.granted(key, service);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The words every layer speaks: which object, which service address, which backend set, which
+//! kind of error. Typed values compare, sort and key maps; they become strings only at the edges
+//! (CLI, JSON, metrics, logs) through `Display`.
+//!
+//! This module depends on nothing else in the crate, so every layer can use it.
+use std::{
+    fmt,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// The Kubernetes kinds socklb reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Node => "Node",
+        })
+    }
+}
+
+/// `namespace/name` of a namespaced object. Shared strings: the agent keeps a Service's key in
+/// several indexes, and a clone is a reference count, not an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectKey {
+    pub namespace: Arc<str>,
+    pub name: Arc<str>,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// Parses `namespace/name`, or a bare name in `default` (CLI input).
+    pub fn parse(s: &str) -> Self {
+        match s.split_once('/') {
+            Some((ns, name)) => Self::new(ns, name),
+            None => Self::new("default", s),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One object: its kind and key. `Display` gives `Kind namespace/name` (`Node name` for Nodes).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectRef {
+    pub kind: Kind,
+    pub key: ObjectKey,
+}
+
+impl ObjectRef {
+    pub fn new(kind: Kind, key: ObjectKey) -> Self {
+        Self { kind, key }
+    }
+
+    pub fn service(key: ObjectKey) -> Self {
+        Self::new(Kind::Service, key)
+    }
+
+    pub fn slice(key: ObjectKey) -> Self {
+        Self::new(Kind::EndpointSlice, key)
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::Node => write!(f, "Node {}", self.key.name),
+            kind => write!(f, "{kind} {}", self.key),
+        }
+    }
+}
+
+/// The transport protocols socklb translates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+impl Protocol {
+    /// Parses "TCP"/"tcp", as Kubernetes and the CLI write it.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "TCP" => Some(Self::Tcp),
+            "UDP" => Some(Self::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+        })
+    }
+}
+
+/// IPv4 or IPv6, as Kubernetes names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Family {
+    IPv4,
+    IPv6,
+}
+
+impl Family {
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv4() { Self::IPv4 } else { Self::IPv6 }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::IPv4 => "IPv4",
+            Self::IPv6 => "IPv6",
+        })
+    }
+}
+
+/// A service address with its protocol: where a client connects (`10.96.0.10:53/UDP`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServiceAddr {
+    pub addr: SocketAddr,
+    pub protocol: Protocol,
+}
+
+impl ServiceAddr {
+    pub fn new(ip: IpAddr, port: u16, protocol: Protocol) -> Self {
+        Self {
+            addr: SocketAddr::new(ip, port),
+            protocol,
+        }
+    }
+
+    pub fn family(&self) -> Family {
+        Family::of(self.addr.ip())
+    }
+
+    /// Parses `ADDR:PORT[/tcp|udp]` (IPv6 as `[ADDR]:PORT`); TCP when no protocol is given.
+    pub fn parse(target: &str) -> Result<Self, AddrParseError> {
+        let (addr, protocol) = match target.rsplit_once('/') {
+            Some((a, p)) => (
+                a,
+                Protocol::parse(p).ok_or_else(|| AddrParseError::Protocol(p.to_string()))?,
+            ),
+            None => (target, Protocol::Tcp),
+        };
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| AddrParseError::Address(addr.to_string()))?;
+        Ok(Self::new(addr.ip(), addr.port(), protocol))
+    }
+}
+
+impl fmt::Display for ServiceAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.protocol)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddrParseError {
+    #[error("{0:?} is not tcp or udp")]
+    Protocol(String),
+    #[error("{0:?} is not ADDR:PORT (IPv6: [ADDR]:PORT)")]
+    Address(String),
+}
+
+/// Which endpoints a backend set holds: the cluster-wide ones, or only this node's
+/// (internalTrafficPolicy Local, for the ClusterIP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Cluster,
+    Local,
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cluster => "cluster",
+            Self::Local => "local",
+        })
+    }
+}
+
+/// One backend set: a Service port, in one family, for one scope. It owns a service id in the
+/// maps, and every frontend of it shares its backends.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServicePortKey {
+    pub service: ObjectKey,
+    /// The port's name, or its number when the Service's only port is unnamed.
+    pub port_name: Arc<str>,
+    pub protocol: Protocol,
+    pub family: Family,
+    pub scope: Scope,
+}
+
+impl fmt::Display for ServicePortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}/{} {} {}",
+            self.service, self.port_name, self.protocol, self.family, self.scope
+        )
+    }
+}
+
+/// What went wrong, as a closed set: metrics label errors with `metric_label`, never with
+/// message text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// A map had no room (a full hash map, or no free range in the backend array).
+    MapFull,
+    /// A map write failed for another reason.
+    MapWrite,
+    /// A write failed on purpose (tests).
+    Injected,
+    /// Undoing a failed change failed too.
+    Rollback,
+    /// A service address claimed by another service that owns it.
+    AddressConflict,
+    /// Terminating stale connected UDP sockets failed.
+    UdpTerminate,
+    /// A watch or a manifests folder read failed.
+    Source,
+    /// An object was rejected by validation.
+    Rejected,
+}
+
+impl ErrorKind {
+    pub const ALL: [Self; 8] = [
+        Self::MapFull,
+        Self::MapWrite,
+        Self::Injected,
+        Self::Rollback,
+        Self::AddressConflict,
+        Self::UdpTerminate,
+        Self::Source,
+        Self::Rejected,
+    ];
+
+    /// The `kind` label of `socklb_errors_total`.
+    pub const fn metric_label(self) -> &'static str {
+        match self {
+            Self::MapFull => "map_full",
+            Self::MapWrite => "map_write",
+            Self::Injected => "injected",
+            Self::Rollback => "rollback",
+            Self::AddressConflict => "address_conflict",
+            Self::UdpTerminate => "udp_terminate",
+            Self::Source => "source",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.metric_label())
+    }
+}
+
+/// Sorts addresses in the one canonical order everything compares and digests in: numeric
+/// (IPv4 before IPv6, then address, then port), never text order.
+pub fn canonical(addrs: &mut [SocketAddr]) {
+    addrs.sort_unstable();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn service_addresses_parse_and_print() {
+        let a = ServiceAddr::parse("10.96.0.10:53/udp").unwrap();
+        assert_eq!(a.to_string(), "10.96.0.10:53/UDP");
+        assert_eq!(
+            ServiceAddr::parse("[fd00::1]:80").unwrap().family(),
+            Family::IPv6
+        );
+        assert!(ServiceAddr::parse("10.96.0.10:53/sctp").is_err());
+        assert!(ServiceAddr::parse("10.96.0.10").is_err());
+    }
+
+    #[test]
+    fn object_refs_read_as_humans_write_them() {
+        let r = ObjectRef::service(ObjectKey::new("kube-system", "dns"));
+        assert_eq!(r.to_string(), "Service kube-system/dns");
+        let n = ObjectRef::new(Kind::Node, ObjectKey::new("", "node-a"));
+        assert_eq!(n.to_string(), "Node node-a");
+    }
+
+    #[test]
+    fn canonical_order_is_numeric() {
+        let mut v: Vec<SocketAddr> = ["10.0.0.10:80", "10.0.0.9:80", "[::1]:80", "10.0.0.9:8"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        canonical(&mut v);
+        let text: Vec<String> = v.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            ["10.0.0.9:8", "10.0.0.9:80", "10.0.0.10:80", "[::1]:80"]
+        );
+    }
+}
