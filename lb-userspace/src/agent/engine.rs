@@ -5,12 +5,12 @@
 //! Services it touches, and the Services whose contested addresses change hands with it.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use crate::{
     dataplane::{abi::frontend_key, maps::ServiceMaps},
-    model::{NodeObject, Store},
+    model::{EndpointSlice, NodeObject, Store},
     reconcile::{Reconciler, SyncReport},
     source::{Object, SourceEvent, Subject},
     translate::{
@@ -32,6 +32,9 @@ pub struct Pass {
     pub lag: Option<Duration>,
     /// Address conflicts that appeared with this pass (each logged once).
     pub new_conflicts: Vec<(ServicePortKey, Conflict)>,
+    /// For each EndpointSlice change this pass made effective: from its
+    /// `last-change-trigger-time` to now (network programming latency, as kube-proxy).
+    pub programming_latencies: Vec<Duration>,
 }
 
 pub struct Engine<M: ServiceMaps> {
@@ -52,6 +55,10 @@ pub struct Engine<M: ServiceMaps> {
     rejected: BTreeMap<Subject, String>,
     rejected_total: u64,
     unhealthy: BTreeSet<Kind>,
+    /// Slice changes not yet written, by Service: their trigger times (Unix ms).
+    triggers: HashMap<ObjectKey, Vec<i64>>,
+    /// Trigger times before this (Unix ms) are not latencies of ours (as kube-proxy).
+    started_ms: i64,
 }
 
 impl<M: ServiceMaps> Engine<M> {
@@ -72,6 +79,8 @@ impl<M: ServiceMaps> Engine<M> {
             rejected: BTreeMap::new(),
             rejected_total: 0,
             unhealthy: BTreeSet::new(),
+            triggers: HashMap::new(),
+            started_ms: unix_ms(),
         }
     }
 
@@ -130,6 +139,13 @@ impl<M: ServiceMaps> Engine<M> {
                 for o in &objects {
                     self.rejected.remove(&Subject::Object(o.object_ref()));
                 }
+                if kind == Kind::EndpointSlice {
+                    for o in &objects {
+                        if let Object::EndpointSlice(s) = o {
+                            self.note_trigger(s);
+                        }
+                    }
+                }
                 let affected = match kind {
                     Kind::EndpointSlice => self.store.replace_slices(
                         objects
@@ -163,6 +179,7 @@ impl<M: ServiceMaps> Engine<M> {
                         self.dirty.insert(key);
                     }
                     Object::EndpointSlice(s) => {
+                        self.note_trigger(&s);
                         let affected = self.store.upsert_slice(*s);
                         self.dirty.extend(affected);
                     }
@@ -199,6 +216,38 @@ impl<M: ServiceMaps> Engine<M> {
                 }
             }
         }
+    }
+
+    /// Remembers when a slice's change was triggered, if it is new and happened after start.
+    fn note_trigger(&mut self, slice: &EndpointSlice) {
+        let (Some(at), Some(service)) = (slice.last_change_trigger_ms, &slice.service) else {
+            return;
+        };
+        let known = self
+            .store
+            .slice(&slice.key)
+            .and_then(|s| s.last_change_trigger_ms);
+        if at >= self.started_ms && known != Some(at) {
+            self.triggers.entry(service.clone()).or_default().push(at);
+        }
+    }
+
+    /// The latencies of the slice changes of `services` that are now written (Services with a
+    /// failed backend set keep theirs until the retry writes them).
+    fn programmed(&mut self, services: impl IntoIterator<Item = ObjectKey>) -> Vec<Duration> {
+        let now = unix_ms();
+        let mut latencies = Vec::new();
+        for svc in services {
+            if self.reconciler.failed().keys().any(|k| k.service == svc) {
+                continue;
+            }
+            for at in self.triggers.remove(&svc).unwrap_or_default() {
+                latencies.push(Duration::from_millis(
+                    u64::try_from(now.saturating_sub(at)).unwrap_or(0),
+                ));
+            }
+        }
+        latencies
     }
 
     fn set_node(&mut self, node: &NodeObject) {
@@ -241,6 +290,8 @@ impl<M: ServiceMaps> Engine<M> {
             drop(desired);
             super::memory::release_free_memory();
             pass.full = true;
+            let all: Vec<ObjectKey> = self.triggers.keys().cloned().collect();
+            pass.programming_latencies = self.programmed(all);
             self.dirty.clear();
             self.full_sync_needed = false;
             self.synced = true;
@@ -248,6 +299,7 @@ impl<M: ServiceMaps> Engine<M> {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
             pass.report = self.sync_services(&dirty);
+            pass.programming_latencies = self.programmed(dirty);
         }
         for (key, list) in &self.conflicts {
             for c in list {
@@ -388,4 +440,11 @@ impl<M: ServiceMaps> Engine<M> {
             })
             .unwrap_or_default()
     }
+}
+
+/// Wall-clock time in Unix milliseconds (trigger times are wall-clock).
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

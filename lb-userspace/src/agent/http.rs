@@ -1,29 +1,128 @@
 //! The two listeners: health (/healthz, /livez, /readyz) for the kubelet's probes, and
 //! metrics (/metrics, /status) for Prometheus and `socklb explain`.
-use std::sync::{Arc, PoisonError, atomic::Ordering};
+//!
+//! Neither can stall the agent or the other: each has its own accept loop that always accepts,
+//! keeps at most `MAX_CONNECTIONS` connections (a new one closes the oldest, which on a healthy
+//! listener is an idle keep-alive or a client that never sent its request), closes a connection
+//! whose request headers take longer than `HEADER_TIMEOUT`, and answers 503 to a request not
+//! handled within `REQUEST_TIMEOUT`. A scrape reads only cached values and the per-CPU counter
+//! array, off the async workers.
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, PoisonError, atomic::Ordering},
+    time::Duration,
+};
 
-use axum::{Router, extract::State, http::StatusCode, routing::get};
+use axum::{
+    Router,
+    extract::{Request, State},
+    http::{HeaderMap, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse as _, Response},
+    routing::get,
+};
+use hyper_util::{
+    rt::{TokioIo, TokioTimer},
+    service::TowerToHyperService,
+};
+use tokio::sync::oneshot;
 
-use super::Shared;
+use super::{Shared, metrics::Format};
+
+/// Connections kept open per listener.
+pub const MAX_CONNECTIONS: usize = 32;
+/// A request's headers must arrive within this (from the connection's start, or from the end
+/// of the previous response on a keep-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A request must be handled within this.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let app = Router::new()
         .route("/healthz", get(livez))
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .layer(middleware::from_fn(deadline))
         .with_state(shared);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "health server stopped");
-    }
+    serve(listener, app, "health").await;
 }
 
 pub async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    tokio::spawn(refresh_affinity(shared.clone()));
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .layer(middleware::from_fn(deadline))
         .with_state(shared);
-    if let Err(e) = axum::serve(listener, app).await {
-        tracing::error!(error = %e, "metrics server stopped");
+    serve(listener, app, "metrics").await;
+}
+
+/// Counts AFFINITY's clients now and every `AFFINITY_REFRESH` (a bounded key walk, on a
+/// blocking thread): the scrape only reads the result.
+async fn refresh_affinity(shared: Arc<Shared>) {
+    let mut tick = tokio::time::interval(super::metrics::AFFINITY_REFRESH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let shared = shared.clone();
+        let _ = tokio::task::spawn_blocking(move || shared.metrics.refresh_affinity()).await;
+    }
+}
+
+/// The accept loop: every connection served by hyper with a header timeout, at most
+/// `MAX_CONNECTIONS` at once (the oldest goes when a new one comes).
+async fn serve(listener: tokio::net::TcpListener, app: Router, what: &'static str) {
+    let live: Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>> = Arc::default();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(64 * 1024);
+    let builder = Arc::new(builder);
+    for id in 0_u64.. {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: wait rather than spin.
+                tracing::warn!(listener = what, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (close, closed) = oneshot::channel();
+        {
+            let mut live = live.lock().unwrap_or_else(PoisonError::into_inner);
+            while live.len() >= MAX_CONNECTIONS {
+                // Dropping its sender closes the oldest connection.
+                if live.pop_first().is_some() {
+                    tracing::debug!(
+                        listener = what,
+                        "connection limit reached: closed the oldest"
+                    );
+                }
+            }
+            live.insert(id, close);
+        }
+        let (live, builder, app) = (live.clone(), builder.clone(), app.clone());
+        tokio::spawn(async move {
+            let conn =
+                builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+            tokio::select! {
+                _ = conn => {}
+                _ = closed => {}
+            }
+            live.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&id);
+        });
+    }
+}
+
+/// Answers 503 to a request its handler did not finish within `REQUEST_TIMEOUT`.
+async fn deadline(request: Request, next: Next) -> Response {
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "the request timed out\n").into_response(),
     }
 }
 
@@ -57,12 +156,16 @@ async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static 
     )
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static str); 1], String) {
-    (
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        shared.metrics.encode(),
-    )
+/// The Prometheus text format, or `OpenMetrics` when the `Accept` header prefers it.
+async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    let accept: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let format = Format::negotiate((!accept.is_empty()).then(|| accept.join(",")).as_deref());
+    match tokio::task::spawn_blocking(move || shared.metrics.encode(format)).await {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
+    }
 }

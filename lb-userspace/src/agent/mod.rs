@@ -14,7 +14,7 @@ mod security;
 
 pub use engine::{Engine, Pass};
 pub use memory::limit_arenas;
-pub use metrics::Metrics;
+pub use metrics::{Format, Metrics};
 
 use std::{
     net::SocketAddr,

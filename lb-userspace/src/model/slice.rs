@@ -14,6 +14,10 @@ use crate::vocab::{Family, Kind, ObjectKey, ObjectRef, Protocol};
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
 /// The API's limit on ports in one slice.
 pub const MAX_PORTS_PER_SLICE: usize = 100;
+/// When the change a slice carries was triggered (RFC 3339), set by the EndpointSlice
+/// controller; kube-proxy's network programming latency starts there.
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AddressType {
@@ -136,6 +140,9 @@ pub struct EndpointSlice {
     pub headless_label: bool,
     /// Endpoints left out without rejecting the slice (an address that does not parse, say).
     pub notes: Vec<String>,
+    /// `endpoints.kubernetes.io/last-change-trigger-time`, in Unix milliseconds, when present
+    /// and valid (for the network programming latency metric).
+    pub last_change_trigger_ms: Option<i64>,
 }
 
 /// Validates an EndpointSlice from the API (or a manifest) into socklb's model.
@@ -201,6 +208,12 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
             .cloned(),
         headless_label: labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
         notes,
+        last_change_trigger_ms: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME))
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(k8s_openapi::jiff::Timestamp::as_millisecond),
     })
 }
 
@@ -309,4 +322,39 @@ fn details(ep: &discovery::Endpoint, namespace: &str) -> Option<Box<EndpointDeta
         }),
     };
     (d != EndpointDetails::default()).then(|| Box::new(d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice_with_annotation(value: &str) -> discovery::EndpointSlice {
+        discovery::EndpointSlice {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("web-abc12".into()),
+                namespace: Some("default".into()),
+                annotations: Some(
+                    [(
+                        ANNOTATION_LAST_CHANGE_TRIGGER_TIME.to_string(),
+                        value.to_string(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_last_change_trigger_time_is_read_in_unix_milliseconds() {
+        let s = slice_from_api(&slice_with_annotation("2024-01-02T03:04:05.678901Z")).unwrap();
+        assert_eq!(s.last_change_trigger_ms, Some(1_704_164_645_678));
+        let s = slice_from_api(&slice_with_annotation("2024-01-02T04:04:05+01:00")).unwrap();
+        assert_eq!(s.last_change_trigger_ms, Some(1_704_164_645_000));
+        // Not a time: the slice is still used, without it.
+        let s = slice_from_api(&slice_with_annotation("yesterday")).unwrap();
+        assert_eq!(s.last_change_trigger_ms, None);
+    }
 }
