@@ -35,7 +35,7 @@ pub struct ExplainArgs {
     #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_AGENT")]
     pub agent: String,
     /// Output format.
-    #[arg(short, long, value_enum, default_value_t)]
+    #[arg(short, long, value_enum, default_value_t, env = "SOCKLB_OUTPUT")]
     pub output: Output,
 }
 

@@ -22,10 +22,17 @@ pub struct InspectArgs {
     #[command(flatten)]
     pub pins: PinArgs,
     /// Output format.
-    #[arg(short, long, value_enum, default_value_t, global = true)]
+    #[arg(
+        short,
+        long,
+        value_enum,
+        default_value_t,
+        global = true,
+        env = "SOCKLB_OUTPUT"
+    )]
     pub output: Output,
     /// Only backend sets of Services in this namespace.
-    #[arg(short = 'n', long, global = true)]
+    #[arg(short = 'n', long, global = true, env = "SOCKLB_NAMESPACE")]
     pub namespace: Option<String>,
     #[command(subcommand)]
     pub what: What,

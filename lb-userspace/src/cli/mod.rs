@@ -1,17 +1,23 @@
 //! The `socklb` command line: a thin layer over the library, one file per subcommand.
 mod agent;
+mod completion;
 mod explain;
 mod inspect;
 mod reset;
 mod table;
+mod version;
 
 pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
 
-use std::{net::IpAddr, path::PathBuf};
+use std::{net::IpAddr, path::PathBuf, time::Duration};
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::translate::{DEFAULT_PROXY_NAME, NodeFlags};
+use crate::{
+    status::Status,
+    translate::{DEFAULT_PROXY_NAME, NodeFlags},
+};
 
 pub const DEFAULT_PIN_FOLDER: &str = "/sys/fs/bpf/socklb";
 /// Where the agent serves /healthz, /livez and /readyz. kube-proxy uses 10249 and 10256,
@@ -27,7 +33,7 @@ pub const COMMIT: &str = env!("SOCKLB_GIT_COMMIT");
 #[derive(Parser, Debug)]
 #[command(
     name = "socklb",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("SOCKLB_GIT_COMMIT"), ")"),
     about = "Socket-level load balancing for Kubernetes Services",
     long_about = "socklb translates a Service's ClusterIP:port to one of its endpoints when a socket \
                   connects (cgroup sock_addr hooks), so no packet is ever translated."
@@ -47,6 +53,14 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Detach the programs and remove every pin: services stop being translated.
     Reset(reset::ResetArgs),
+    /// Print the version and git commit of this binary (and of a running agent, with --agent).
+    Version(version::VersionArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(long_about = "Print a shell completion script.\n\n\
+        bash:  source <(socklb completion bash)    (or save it in /etc/bash_completion.d/socklb)\n\
+        zsh:   socklb completion zsh > \"${fpath[1]}/_socklb\"\n\
+        fish:  socklb completion fish > ~/.config/fish/completions/socklb.fish")]
+    Completion(completion::CompletionArgs),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -162,5 +176,87 @@ pub fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Inspect(args) => inspect::run(&args),
         Command::Explain(args) => explain::run(&args),
         Command::Reset(args) => reset::run(&args),
+        Command::Version(args) => version::run(&args),
+        Command::Completion(args) => Ok(completion::run(&args)),
+    }
+}
+
+/// An HTTP GET on the agent's metrics address (`HOST:PORT`, `http://` allowed): the status
+/// code and the body.
+pub fn agent_get(addr: &str, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
+    use std::{
+        io::{Read as _, Write as _},
+        net::ToSocketAddrs as _,
+    };
+    let host = addr.trim_start_matches("http://").trim_end_matches('/');
+    let target = host
+        .to_socket_addrs()
+        .with_context(|| format!("{addr}: not HOST:PORT"))?
+        .next()
+        .with_context(|| format!("{addr}: no address"))?;
+    let mut s = std::net::TcpStream::connect_timeout(&target, timeout)
+        .with_context(|| format!("connecting to {target}"))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n")?;
+    let mut response = Vec::new();
+    s.read_to_end(&mut response)
+        .with_context(|| format!("reading the answer from {target}"))?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("{target} did not answer HTTP"))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("{target} did not answer HTTP"))?;
+    Ok((code, body.to_string()))
+}
+
+/// The agent's /status.
+pub fn agent_status(addr: &str, timeout: Duration) -> anyhow::Result<Status> {
+    let (code, body) = agent_get(addr, "/status", timeout)?;
+    anyhow::ensure!(code == 200, "GET /status on {addr}: HTTP {code}");
+    serde_json::from_str(&body)
+        .with_context(|| format!("GET /status on {addr}: not socklb's status"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Cli;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every flag of every subcommand can come from a `SOCKLB_*` variable (so a `ConfigMap`
+    /// can feed it); positional arguments, --help and --version excepted.
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if arg.is_positional() || id == "help" || id == "version" {
+                    continue;
+                }
+                match arg.get_env().and_then(|e| e.to_str()) {
+                    Some(env) if env.starts_with("SOCKLB_") => {}
+                    other => missing.push(format!("{path} --{id}: {other:?}")),
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "socklb", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "flags without SOCKLB_* env: {missing:#?}"
+        );
     }
 }
