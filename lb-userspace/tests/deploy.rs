@@ -2,7 +2,7 @@
 use std::path::PathBuf;
 
 use clap::Parser as _;
-use serde_yaml::Value;
+use serde_json::Value;
 use socklb::cli::Cli;
 
 fn documents(file: &str) -> Vec<Value> {
@@ -10,9 +10,7 @@ fn documents(file: &str) -> Vec<Value> {
         .join("../deploy")
         .join(file);
     let text = std::fs::read_to_string(&path).expect("deploy file");
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde::Deserialize::deserialize(d).expect("YAML"))
-        .collect()
+    serde_saphyr::from_multiple(&text).expect("YAML")
 }
 
 #[test]
@@ -22,7 +20,7 @@ fn the_daemonset_runs_the_agent_with_arguments_it_accepts() {
     let mut argv = vec!["socklb".to_string()];
     argv.extend(
         container["args"]
-            .as_sequence()
+            .as_array()
             .expect("args")
             .iter()
             .map(|a| a.as_str().expect("string arg").to_string()),
@@ -47,9 +45,9 @@ fn rbac_only_reads_services_endpointslices_and_nodes() {
         .find(|d| d["kind"] == "ClusterRole")
         .expect("ClusterRole");
     let mut seen = Vec::new();
-    for rule in role["rules"].as_sequence().expect("rules") {
+    for rule in role["rules"].as_array().expect("rules") {
         let verbs: Vec<&str> = rule["verbs"]
-            .as_sequence()
+            .as_array()
             .expect("verbs")
             .iter()
             .filter_map(Value::as_str)
@@ -57,7 +55,7 @@ fn rbac_only_reads_services_endpointslices_and_nodes() {
         assert_eq!(verbs, ["get", "list", "watch"], "read-only verbs");
         seen.extend(
             rule["resources"]
-                .as_sequence()
+                .as_array()
                 .expect("resources")
                 .iter()
                 .filter_map(Value::as_str),

@@ -120,7 +120,7 @@ impl ApiServer {
 
     /// Creates or replaces an object (given as YAML or JSON text of one object).
     pub fn apply(&self, manifest: &str) -> anyhow::Result<()> {
-        let object: Value = serde_yaml::from_str(manifest)?;
+        let object: Value = serde_saphyr::from_str(manifest)?;
         let resource =
             Resource::of_object(&object).ok_or_else(|| anyhow::anyhow!("unsupported kind"))?;
         let mut state = self.lock();

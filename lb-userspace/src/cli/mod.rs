@@ -80,7 +80,7 @@ pub fn print_output<T: serde::Serialize>(
 ) -> anyhow::Result<()> {
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
-        Output::Yaml => print!("{}", serde_yaml::to_string(value)?),
+        Output::Yaml => print!("{}", serde_saphyr::to_string(value)?),
         Output::Table => print!("{}", text()),
     }
     Ok(())

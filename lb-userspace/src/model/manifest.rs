@@ -1,11 +1,17 @@
 //! Multi-document YAML manifests (Services, EndpointSlices, Nodes, and `List`s of them) parsed
 //! into validated objects. A bad document is reported with its file, document number, object and
 //! field, and never stops the others from loading.
+//!
+//! The file is cut into documents at its `---` and `...` marker lines first (YAML forbids those
+//! lines inside a document's content, so the cut is exact), and each document is parsed on its
+//! own: a syntax error (an operator's half-finished edit) loses only its own document, and the
+//! documents before and after it still load. The broken document is named when its `kind` and
+//! `metadata` still parse, so its last good version can be kept by name.
 use std::{fmt, net::IpAddr};
 
 use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use serde::de::DeserializeOwned;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use super::{EndpointSlice, LABEL_TOPOLOGY_ZONE, Service, service_from_api, slice_from_api};
 use crate::vocab::{Kind, ObjectKey, ObjectRef};
@@ -55,6 +61,9 @@ impl fmt::Display for ManifestError {
 pub struct Parsed {
     pub objects: Vec<ManifestObject>,
     pub errors: Vec<ManifestError>,
+    /// Numbers of the documents that are not valid YAML (or the whole file, as document 0, when
+    /// it is not UTF-8): what they held is unknown, so their objects' last good versions stay.
+    pub unreadable: Vec<usize>,
 }
 
 /// Parses one file's contents. `location` names the file in errors.
@@ -69,27 +78,198 @@ pub fn parse_manifests(location: &str, bytes: &[u8]) -> Parsed {
                 field: None,
                 message: format!("not UTF-8 (invalid byte at offset {})", e.valid_up_to()),
             });
+            parsed.unreadable.push(0);
             return parsed;
         }
     };
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let here = format!("{location}#{}", i + 1);
-        match serde::Deserialize::deserialize(document) {
-            Ok(Value::Null) => {}
-            Ok(value) => parse_value(&here, value, &mut parsed),
+    let documents = documents(text);
+    let workers = if text.len() < PARALLEL_FROM_BYTES {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS))
+    };
+    if workers <= 1 || documents.len() < 2 {
+        parse_documents(location, &documents, &mut parsed);
+        return parsed;
+    }
+    // A big file: its documents are independent, so groups of them are parsed side by side
+    // (YAML parsing is most of the cost), then put back in order.
+    let parts: Vec<Parsed> = std::thread::scope(|scope| {
+        let handles: Vec<_> = documents
+            .chunks(documents.len().div_ceil(workers))
+            .map(|group| {
+                let parse = move || {
+                    let mut part = Parsed::default();
+                    parse_documents(location, group, &mut part);
+                    part
+                };
+                std::thread::Builder::new()
+                    .name("manifest-parse".into())
+                    .spawn_scoped(scope, parse)
+                    .map_err(|_| group)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle {
+                Ok(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+                // No thread to be had: parse this group here.
+                Err(group) => {
+                    let mut part = Parsed::default();
+                    parse_documents(location, group, &mut part);
+                    part
+                }
+            })
+            .collect()
+    });
+    for part in parts {
+        parsed.objects.extend(part.objects);
+        parsed.errors.extend(part.errors);
+        parsed.unreadable.extend(part.unreadable);
+    }
+    parsed
+}
+
+/// Files at least this big are parsed on several threads.
+const PARALLEL_FROM_BYTES: usize = 1 << 20;
+const MAX_WORKERS: usize = 4;
+
+fn parse_documents(location: &str, documents: &[Document<'_>], parsed: &mut Parsed) {
+    for document in documents {
+        let here = format!("{location}#{}", document.number);
+        match parse_yaml(document.text) {
+            Ok(values) => {
+                for value in values {
+                    if !value.is_null() {
+                        parse_value(&here, value, parsed);
+                    }
+                }
+            }
             Err(e) => {
                 parsed.errors.push(ManifestError {
                     location: here,
-                    object: None,
+                    object: name_broken_document(document.text),
                     field: None,
-                    message: format!("invalid YAML: {e}"),
+                    message: format!(
+                        "invalid YAML (document starting at line {}): {}",
+                        document.first_line,
+                        render_yaml_error(&e, document.first_line - 1)
+                    ),
                 });
-                // The YAML stream cannot be resynchronised after a syntax error.
-                break;
+                parsed.unreadable.push(document.number);
             }
         }
     }
-    parsed
+}
+
+/// One document of a multi-document YAML file, as text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Document<'a> {
+    /// 1-based, counting empty documents (as YAML parsers do).
+    number: usize,
+    /// 1-based line of the file where the document's text starts.
+    first_line: usize,
+    text: &'a str,
+}
+
+/// A `---` or `...` marker line: the marker at column 0, then nothing or whitespace.
+fn is_marker(line: &str, marker: &str) -> bool {
+    line.strip_prefix(marker)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+}
+
+/// Cuts a YAML stream into its documents at the marker lines. Comments, blank lines and
+/// directives before a `---` belong to the document it starts; `...` ends a document.
+fn documents(text: &str) -> Vec<Document<'_>> {
+    let body = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let bom = text.len() - body.len();
+    let mut out = Vec::new();
+    let (mut start, mut start_line, mut has_content) = (bom, 1, false);
+    let (mut offset, mut line_no) = (bom, 1);
+    let mut close = |from: usize, to: usize, first_line: usize| {
+        out.push(Document {
+            number: out.len() + 1,
+            first_line,
+            text: &text[from..to],
+        });
+    };
+    for line in body.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if is_marker(bare, "---") {
+            if has_content {
+                close(start, offset, start_line);
+                (start, start_line) = (offset, line_no);
+            }
+            has_content = true;
+        } else if is_marker(bare, "...") {
+            if has_content {
+                close(start, offset + line.len(), start_line);
+            }
+            (start, start_line, has_content) = (offset + line.len(), line_no + 1, false);
+        } else if !has_content {
+            let trimmed = bare.trim_start();
+            has_content =
+                !(trimmed.is_empty() || trimmed.starts_with('#') || bare.starts_with('%'));
+        }
+        offset += line.len();
+        line_no += 1;
+    }
+    if has_content {
+        close(start, text.len(), start_line);
+    }
+    out
+}
+
+/// Parsing options: no error snippets (the message names the line), duplicate keys are errors,
+/// and the default budget against alias bombs and deep nesting.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+    }
+}
+
+/// The values of one document's text (none when it is empty).
+fn parse_yaml(text: &str) -> Result<Vec<Value>, serde_saphyr::Error> {
+    serde_saphyr::from_multiple_with_options(text, yaml_options())
+}
+
+/// A parser error as one line, its line numbers counted from the start of the file.
+fn render_yaml_error(error: &serde_saphyr::Error, line_offset: usize) -> String {
+    let mut options = serde_saphyr::RenderOptions::default();
+    options.snippets = serde_saphyr::SnippetMode::Off;
+    options.line_offset = line_offset as u64;
+    error
+        .render_with_options(options)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The object a document that is not valid YAML was meant to be, when its top-level `kind` and
+/// `metadata` parse on their own (the syntax error is elsewhere, say in `spec`).
+fn name_broken_document(text: &str) -> Option<ObjectRef> {
+    let mut kept = String::new();
+    let mut keeping = false;
+    for line in text.lines() {
+        let top_level = line
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_whitespace() && c != '#');
+        if top_level {
+            keeping = line.starts_with("kind:") || line.starts_with("metadata:");
+        }
+        if keeping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    let value: Value = serde_saphyr::from_str_with_options(&kept, yaml_options()).ok()?;
+    let kind = value.get("kind")?.as_str()?;
+    value.get("metadata")?.get("name")?.as_str()?;
+    object_ref(kind, &value)
 }
 
 fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
@@ -141,7 +321,9 @@ fn parse_value(location: &str, value: Value, parsed: &mut Parsed) {
             Err((field, message)) => parsed.errors.push(error(field, message)),
         },
         (_, "List" | "ServiceList" | "EndpointSliceList") => {
-            if let Some(Value::Sequence(items)) = value.get("items").cloned() {
+            if let Value::Object(mut list) = value
+                && let Some(Value::Array(items)) = list.remove("items")
+            {
                 for (j, item) in items.into_iter().enumerate() {
                     parse_value(&format!("{location}.items[{j}]"), item, parsed);
                 }
@@ -215,5 +397,35 @@ pub fn node_from_api(node: &core::Node) -> NodeObject {
             .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
             .filter_map(|a| a.address.parse().ok())
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::documents;
+
+    fn cut(text: &str) -> Vec<(usize, usize, &str)> {
+        documents(text)
+            .iter()
+            .map(|d| (d.number, d.first_line, d.text))
+            .collect()
+    }
+
+    #[test]
+    fn documents_are_cut_at_marker_lines_only() {
+        let text =
+            "# c\n---\na: 1\n--- # x\nb: |\n  --- indented\n...\n%YAML 1.2\n---\nc: 3\n----\n";
+        assert_eq!(
+            cut(text),
+            [
+                (1, 1, "# c\n---\na: 1\n"),
+                (2, 4, "--- # x\nb: |\n  --- indented\n...\n"),
+                (3, 8, "%YAML 1.2\n---\nc: 3\n----\n"),
+            ]
+        );
+        assert_eq!(cut(""), []);
+        assert_eq!(cut("# only a comment\n\n"), []);
+        assert_eq!(cut("---\n---\na\n"), [(1, 1, "---\n"), (2, 2, "---\na\n")]);
+        assert_eq!(cut("a\r\n---\r\nb"), [(1, 1, "a\r\n"), (2, 2, "---\r\nb")]);
     }
 }
