@@ -50,8 +50,8 @@ const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
 /// Where the agent reads Services and EndpointSlices from.
 #[derive(Clone, Debug)]
 pub enum SourceConfig {
-    /// A folder of YAML manifests, watched for changes.
-    Manifests { dir: PathBuf },
+    /// A folder of YAML manifests, watched for changes; bigger files are rejected.
+    Manifests { dir: PathBuf, max_file_bytes: u64 },
     /// The Kubernetes API: a kubeconfig file, in-cluster credentials, or `$KUBECONFIG`;
     /// `api_server` replaces the server address (replace mode: never through a ClusterIP).
     Kubernetes {
@@ -263,12 +263,19 @@ pub async fn run(
 
 async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()> {
     match &config.source {
-        SourceConfig::Manifests { dir } => {
+        SourceConfig::Manifests {
+            dir,
+            max_file_bytes,
+        } => {
             anyhow::ensure!(dir.is_dir(), "--manifests {}: not a folder", dir.display());
             let (dir, node) = (dir.clone(), config.node.name.clone());
+            let options = source::files::Options {
+                max_file_bytes: *max_file_bytes,
+                ..source::files::Options::default()
+            };
             std::thread::Builder::new()
                 .name("manifests".into())
-                .spawn(move || source::files::watch(&dir, node.as_deref(), &tx))?;
+                .spawn(move || source::files::watch_with(&dir, node.as_deref(), &options, &tx))?;
         }
         SourceConfig::Kubernetes {
             kubeconfig,

@@ -43,6 +43,9 @@ pub struct AgentArgs {
     /// changes) instead of the Kubernetes API.
     #[arg(long, conflicts_with = "kubeconfig", env = "SOCKLB_MANIFESTS")]
     pub manifests: Option<PathBuf>,
+    /// Reject a manifest file bigger than this many bytes (its last good objects stay).
+    #[arg(long, default_value_t = crate::source::files::DEFAULT_MAX_FILE_BYTES, env = "SOCKLB_MAX_MANIFEST_BYTES")]
+    pub max_manifest_bytes: u64,
     /// Kubeconfig for the Kubernetes API (default: in-cluster config, or $KUBECONFIG).
     #[arg(long, env = "SOCKLB_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
@@ -131,7 +134,10 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
             .context("no cgroup2 mount in /proc/self/mountinfo; pass --cgroup")?,
     };
     let source = match &args.manifests {
-        Some(dir) => SourceConfig::Manifests { dir: dir.clone() },
+        Some(dir) => SourceConfig::Manifests {
+            dir: dir.clone(),
+            max_file_bytes: args.max_manifest_bytes,
+        },
         None => SourceConfig::Kubernetes {
             kubeconfig: args.kubeconfig.clone(),
             api_server: args.api_server.clone(),
