@@ -64,10 +64,11 @@ impl Checker {
         }
     }
 
+    /// An IP address, read as kube-proxy reads a Service's (`ParseIPSloppy`: IPv4 parts may
+    /// carry leading zeros, as objects stored before the API's strict validation can).
     pub fn ip(&self, field: &str, value: &str) -> Result<IpAddr, ValidationError> {
-        value
-            .parse()
-            .map_err(|_| self.error(field, format!("{value:?} is not an IP address")))
+        parse_ip_sloppy(value)
+            .ok_or_else(|| self.error(field, format!("{value:?} is not an IP address")))
     }
 
     /// A DNS-1123 label (a Service or EndpointSlice port name): lower-case letters, digits and
