@@ -7,6 +7,7 @@ pub mod bench;
 pub mod bins;
 pub mod churn;
 pub mod client;
+pub mod conformance;
 pub mod manifests;
 pub mod privileges;
 pub mod processes;
