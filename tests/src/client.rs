@@ -36,6 +36,14 @@ pub enum Command {
         #[serde(default)]
         udp: bool,
     },
+    /// Opens `count` connected UDP sockets to `target` and keeps them open (until `Release`):
+    /// a pod holding many sockets. Reports how many connects succeeded and the errors.
+    Hold {
+        target: SocketAddr,
+        count: usize,
+    },
+    /// Closes every socket `Hold` opened.
+    Release,
     /// Sends `msg` on connection `id` and reads the answer.
     Exchange {
         id: u32,
@@ -168,6 +176,7 @@ enum Conn {
 #[derive(Default)]
 pub struct ClientState {
     conns: HashMap<u32, Conn>,
+    held: Vec<UdpSocket>,
 }
 
 impl ClientState {
@@ -177,6 +186,14 @@ impl ClientState {
             Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
+            Command::Hold { target, count } => self.hold(target, count),
+            Command::Release => {
+                self.held.clear();
+                Reply {
+                    ok: true,
+                    ..Reply::default()
+                }
+            }
             Command::Bench { targets, count } => bench(&targets, count),
             Command::Bulk { target, bytes } => bulk(target, bytes),
             Command::Record {
@@ -194,6 +211,24 @@ impl ClientState {
                 }
             }
         }
+    }
+
+    fn hold(&mut self, target: SocketAddr, count: usize) -> Reply {
+        let mut reply = Reply {
+            ok: true,
+            ..Reply::default()
+        };
+        self.held.reserve(count);
+        for _ in 0..count {
+            match udp_connected(target) {
+                Ok(s) => {
+                    self.held.push(s);
+                    *reply.backends.entry("held".into()).or_default() += 1;
+                }
+                Err(e) => reply.count_error(&e),
+            }
+        }
+        reply
     }
 
     fn send_to(&mut self, target: SocketAddr, count: usize, id: Option<u32>) -> Reply {

@@ -156,6 +156,18 @@ impl Sandbox {
         Ok(ClientPod { netns: ns, cgroup })
     }
 
+    /// Another pod served by socklb: a network namespace on the bridge at `ipv4` and a cgroup
+    /// below the sandbox's (where socklb's programs are attached), removed with the sandbox.
+    pub fn served_pod(&self, name: &str, ipv4: &str) -> anyhow::Result<ClientPod> {
+        let n = lock(&self.made.netns).len();
+        let ns = format!("{}q{n}", self.id);
+        self.add_netns(&ns)?;
+        self.plug(&ns, &format!("q{n}"), &[format!("{ipv4}/16")])?;
+        let cgroup = self.cgroup.join(name);
+        self.add_cgroup(&cgroup)?;
+        Ok(ClientPod { netns: ns, cgroup })
+    }
+
     /// An empty cgroup, a sibling of the sandbox's, removed with the sandbox.
     pub fn extra_cgroup(&self, name: &str) -> anyhow::Result<PathBuf> {
         let cgroup = self

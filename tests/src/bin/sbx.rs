@@ -136,6 +136,19 @@ fn serve_udp(addr: SocketAddr) -> anyhow::Result<()> {
 }
 
 fn run_client() -> anyhow::Result<()> {
+    // A pod may hold many sockets: take the whole hard limit (a test spreads more sockets than
+    // one process may hold over several clients).
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls with a valid struct; failing only leaves the default limit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit);
+        }
+    }
     let mut state = client::ClientState::default();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
