@@ -12,8 +12,10 @@
 //! - `explain`: the chain from a Service to the maps, and the first broken link.
 //! - `agent`: the long-running process; `cli`: the `socklb` command line.
 //!
-//! Modules import only downward: vocab ← model ← translate ← reconcile; dataplane depends on
-//! vocab only; explain and status on translate and dataplane; agent and cli on everything.
+//! Modules import only downward: vocab ← model ← translate ← reconcile → dataplane → vocab;
+//! source on model; status on translate; explain on status, translate and dataplane; agent on
+//! all of those; cli on everything. `tests/layering.rs` holds the exact table and checks it;
+//! ARCHITECTURE.md explains it.
 pub mod agent;
 pub mod cli;
 pub mod dataplane;

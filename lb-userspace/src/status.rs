@@ -4,6 +4,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{translate::Conflict, vocab::ServicePortKey};
 
+/// This build's version (what /status and `socklb version` report).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The git commit this build came from (`unknown` outside a checkout).
+pub const COMMIT: &str = env!("SOCKLB_GIT_COMMIT");
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub version: String,

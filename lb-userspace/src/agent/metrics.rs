@@ -272,8 +272,8 @@ impl Metrics {
             "build",
             "The socklb version and git commit of the running agent",
             Info::new(vec![
-                ("version".to_string(), crate::cli::VERSION.to_string()),
-                ("commit".to_string(), crate::cli::COMMIT.to_string()),
+                ("version".to_string(), crate::status::VERSION.to_string()),
+                ("commit".to_string(), crate::status::COMMIT.to_string()),
             ]),
         );
         r.register_collector(Box::new(Datapath {

@@ -335,8 +335,8 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
     let r = engine.reconciler();
     shared.metrics.record_state(engine);
     let status = Status {
-        version: crate::cli::VERSION.to_string(),
-        commit: crate::cli::COMMIT.to_string(),
+        version: crate::status::VERSION.to_string(),
+        commit: crate::status::COMMIT.to_string(),
         ready: shared.ready.load(Ordering::Relaxed),
         failed: r
             .failed()

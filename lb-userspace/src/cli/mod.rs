@@ -25,10 +25,7 @@ pub const DEFAULT_PIN_FOLDER: &str = "/sys/fs/bpf/socklb";
 pub const DEFAULT_HEALTH_ADDRESS: &str = "127.0.0.1:10324";
 /// Where the agent serves /metrics and /status, and where explain asks it.
 pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:10325";
-/// This build's version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// The git commit this build came from (`unknown` outside a checkout).
-pub const COMMIT: &str = env!("SOCKLB_GIT_COMMIT");
+pub use crate::status::{COMMIT, VERSION};
 
 #[derive(Parser, Debug)]
 #[command(

@@ -1,0 +1,198 @@
+//! The layering of `src/` (ARCHITECTURE.md, "Code map"), checked on the source text: every
+//! `crate::<module>` a file names (in `use` lines, grouped or not, and in paths) must be one its
+//! module may import. A failure names the file, the line and the import.
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
+
+/// What each top-level module may import from the rest of the crate. The modules form layers:
+/// nothing here imports a module that imports it back.
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("vocab", &[]),
+    ("vec_set", &[]),
+    ("model", &["vocab", "vec_set"]),
+    ("translate", &["model", "vocab", "vec_set"]),
+    ("dataplane", &["vocab"]),
+    ("reconcile", &["translate", "dataplane", "vocab", "vec_set"]),
+    ("source", &["model", "vocab"]),
+    ("status", &["translate", "vocab"]),
+    (
+        "explain",
+        &["status", "translate", "model", "dataplane", "vocab"],
+    ),
+    (
+        "agent",
+        &[
+            "source",
+            "status",
+            "reconcile",
+            "translate",
+            "model",
+            "dataplane",
+            "vocab",
+            "vec_set",
+        ],
+    ),
+    (
+        "fuzzing",
+        &["reconcile", "translate", "model", "dataplane", "vocab"],
+    ),
+    (
+        "cli",
+        &[
+            "agent",
+            "explain",
+            "source",
+            "status",
+            "reconcile",
+            "translate",
+            "model",
+            "dataplane",
+            "vocab",
+            "vec_set",
+        ],
+    ),
+];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src folder") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file belongs to (`src/agent/engine.rs` → `agent`), `None` for the
+/// crate roots.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let first = rel.components().next()?.as_os_str().to_str()?.to_string();
+    match first.strip_suffix(".rs") {
+        Some("lib" | "main") => None,
+        Some(stem) => Some(stem.to_string()),
+        None => Some(first),
+    }
+}
+
+/// The modules named right after each `crate::` in one statement: `crate::a::X`,
+/// `crate::{a::X, b::{Y, Z}}`.
+fn imported(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(std::mem::take(&mut item));
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            out.push(item);
+        } else {
+            out.push(rest.to_string());
+        }
+    }
+    out.into_iter()
+        .map(|item| {
+            item.trim_start()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect::<String>()
+        })
+        .filter(|m| !m.is_empty())
+        .collect()
+}
+
+/// Every `crate::` import in a file, with its line number; comments are skipped and a `use`
+/// statement is read whole (it may span lines).
+fn imports_of(source: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut statement: Option<(usize, String)> = None;
+    for (i, line) in source.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or_default();
+        if let Some((_, text)) = statement.as_mut() {
+            text.push_str(code);
+        } else if code.trim_start().starts_with("use crate::")
+            || code.trim_start().starts_with("pub use crate::")
+        {
+            statement = Some((i + 1, code.to_string()));
+        } else {
+            for m in imported(code) {
+                out.push((i + 1, m));
+            }
+            continue;
+        }
+        if code.contains(';')
+            && let Some((at, text)) = statement.take()
+        {
+            for m in imported(&text) {
+                out.push((at, m));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_imports_only_what_its_layer_allows() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let allowed: BTreeMap<&str, &[&str]> = ALLOWED.iter().copied().collect();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut wrong = Vec::new();
+    for file in &files {
+        let Some(module) = module_of(&src, file) else {
+            continue;
+        };
+        let shown = file
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap_or(file);
+        let Some(may) = allowed.get(module.as_str()) else {
+            wrong.push(format!(
+                "{}: module `{module}` is not in the layering table (tests/layering.rs, ARCHITECTURE.md)",
+                shown.display()
+            ));
+            continue;
+        };
+        let source = std::fs::read_to_string(file).expect("source file");
+        for (line, import) in imports_of(&source) {
+            if import != module && !may.contains(&import.as_str()) {
+                wrong.push(format!(
+                    "{}:{line}: `{module}` imports `crate::{import}`; it may import only {may:?}",
+                    shown.display()
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "layering broken:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_import_reader_sees_grouped_nested_and_inline_imports() {
+    let source = "use crate::{\n    dataplane::maps::X,\n    translate::{A, b::C},\n};\n\
+                  // use crate::agent::Nope;\n\
+                  fn f() { crate::cli::VERSION; }\n";
+    assert_eq!(
+        imports_of(source),
+        [
+            (1, "dataplane".to_string()),
+            (1, "translate".to_string()),
+            (6, "cli".to_string())
+        ]
+    );
+}
