@@ -2,7 +2,10 @@
 //! `socklb explain` (which therefore does not depend on the agent module).
 use serde::{Deserialize, Serialize};
 
-use crate::{translate::Conflict, vocab::ServicePortKey};
+use crate::{
+    translate::Conflict,
+    vocab::{ErrorKind, ServicePortKey, Subject},
+};
 
 /// This build's version (what /status and `socklb version` report).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -26,6 +29,7 @@ pub struct Status {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failed {
     pub service_port: ServicePortKey,
+    pub kind: ErrorKind,
     pub error: String,
 }
 
@@ -37,8 +41,7 @@ pub struct Owned {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rejected {
-    /// `Service ns/name`, `EndpointSlice ns/name` or `file PATH`.
-    pub subject: String,
+    pub subject: Subject,
     pub message: String,
 }
 

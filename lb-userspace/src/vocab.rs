@@ -6,6 +6,7 @@
 use std::{
     fmt,
     net::{IpAddr, SocketAddr},
+    path::PathBuf,
     sync::Arc,
 };
 
@@ -86,6 +87,24 @@ impl fmt::Display for ObjectRef {
         match self.kind {
             Kind::Node => write!(f, "Node {}", self.key.name),
             kind => write!(f, "{kind} {}", self.key),
+        }
+    }
+}
+
+/// What a rejection is about: an object, or a manifest file that could not be read whole.
+/// `Display` gives `Kind namespace/name` or `file PATH`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Subject {
+    Object(ObjectRef),
+    File(PathBuf),
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Object(o) => o.fmt(f),
+            Self::File(p) => write!(f, "file {}", p.display()),
         }
     }
 }

@@ -190,13 +190,7 @@ fn an_address_owned_by_another_service_is_named() {
     let (desired, _) = translate_all(&store, &node);
     let mut r = Reconciler::new(InMemoryMaps::new()).unwrap();
     r.sync_all(&desired);
-    let mut ownership = socklb::translate::Ownership::default();
-    for svc in store.services() {
-        for p in socklb::translate::translate_service(svc, &store.slices_of(&svc.key), &node).ports
-        {
-            ownership.claim(&p.key, &p.desired);
-        }
-    }
+    let ownership = socklb::translate::ownership(&store, &node);
     let web = explain(
         &sources(&store, &rejected, &node, Some(r.snapshot())),
         "default/web",
@@ -216,4 +210,15 @@ fn an_address_owned_by_another_service_is_named() {
     );
     assert_eq!(e.broken, Link::Ownership, "{}", e.verdict);
     assert!(e.verdict.contains("default/web"), "{}", e.verdict);
+    let owners: Vec<_> = e
+        .maps
+        .iter()
+        .filter_map(|m| m.owned_by.as_ref())
+        .map(|c| (c.addr.to_string(), c.owner.service.to_string()))
+        .collect();
+    assert_eq!(
+        owners,
+        [("10.96.0.10:80/TCP".to_string(), "default/web".to_string())],
+        "the frontend another Service owns, and its owner"
+    );
 }

@@ -11,7 +11,7 @@ use std::{
 use socklb::{
     explain::Link,
     translate::{Exclusion, Verdict},
-    vocab::ServicePortKey,
+    vocab::{ObjectKey, ObjectRef, ServicePortKey},
 };
 use socklb_tests::{
     Sandbox,
@@ -357,7 +357,10 @@ fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
     assert!(ok, "{}", web.verdict);
     assert_eq!(web.broken, Link::None);
     assert_eq!(web.desired_digest, web.maps_digest);
-    assert_eq!(web.resource_versions["Service default/web"], "101");
+    assert_eq!(
+        web.resource_version(&ObjectRef::service(ObjectKey::new("default", "web"))),
+        Some("101")
+    );
 
     // Seed 003: the empty endpoint set is the broken link; connects are refused.
     let (shop, ok) = sandbox.explain("10.96.0.30:80")?;

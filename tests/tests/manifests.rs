@@ -3,6 +3,7 @@
 //! the maps within milliseconds (inotify).
 use std::time::{Duration, Instant};
 
+use socklb::vocab::{ObjectKey, ObjectRef, Subject};
 use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
@@ -32,6 +33,11 @@ fn web_file(web_slice: &str) -> String {
 
 fn web_slice(endpoints: &[Ep]) -> String {
     slice("web-1", "web", "http", "TCP", 8080, endpoints)
+}
+
+/// The web Service's EndpointSlice, as /status names it.
+fn web_1() -> Subject {
+    Subject::Object(ObjectRef::slice(ObjectKey::new("default", "web-1")))
 }
 
 fn status(agent: &AgentProcess) -> anyhow::Result<socklb::status::Status> {
@@ -126,7 +132,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     std::fs::write(&path, &broken)?;
     wait_status(&agent, "the broken document is reported", |r| {
         r.iter().any(|r| {
-            r.subject == "EndpointSlice default/web-1"
+            r.subject == web_1()
                 && r.message.contains("web.yaml#2")
                 && r.message.contains("invalid YAML")
         })
@@ -166,9 +172,8 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     std::fs::write(&path, cut)?;
     wait_status(&agent, "the cut file is reported", |r| {
         r != before.as_slice()
-            && r.iter().any(|r| {
-                r.subject == "EndpointSlice default/web-1" && r.message.contains("web.yaml#2")
-            })
+            && r.iter()
+                .any(|r| r.subject == web_1() && r.message.contains("web.yaml#2"))
     })?;
     all_in_place(&sandbox, &[A, C])?;
 

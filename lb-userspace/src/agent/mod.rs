@@ -343,6 +343,7 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
             .iter()
             .map(|(k, e)| Failed {
                 service_port: k.clone(),
+                kind: e.kind(),
                 error: e.to_string(),
             })
             .collect(),
@@ -360,7 +361,7 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
             .rejected()
             .iter()
             .map(|(s, m)| Rejected {
-                subject: s.to_string(),
+                subject: s.clone(),
                 message: m.clone(),
             })
             .collect(),

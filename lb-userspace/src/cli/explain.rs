@@ -1,16 +1,15 @@
 //! `socklb explain`: reads the objects from the agent's sources and the maps from the pins.
-use std::{collections::BTreeMap, path::PathBuf, process::ExitCode};
+use std::{collections::BTreeMap, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 
-use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, print_output};
+use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, agent_status, print_output};
 use crate::{
     dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
     explain::{Link, Sources, explain, render},
     model::{NodeObject, Store},
     source::files::read_folder,
-    status::Status,
-    translate::{Detail, NodeInfo, Ownership, translate_service_with},
+    translate::{NodeInfo, ownership},
     vocab::{ObjectKey, ObjectRef, ServiceAddr},
 };
 
@@ -39,13 +38,11 @@ pub struct ExplainArgs {
     pub output: Output,
 }
 
-/// What explain read: the objects, the rejected ones, this Node, and (with manifests) every
-/// Service's claims.
+/// What explain read: the objects, the rejected ones, and this Node.
 struct Loaded {
     store: Store,
     rejected: BTreeMap<ObjectRef, String>,
     node: Option<NodeObject>,
-    ownership: Option<Ownership>,
 }
 
 /// Exit status 0 when nothing is broken on socklb's side, 1 when a link is.
@@ -62,13 +59,16 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let node = NodeInfo::resolve(&flags, loaded.node.as_ref());
     // With manifests every Service's claims are known; from the API only the Service was
     // read, and the agent's /status says who owns contested addresses.
-    let ownership = loaded.ownership;
+    let ownership = args
+        .manifests
+        .is_some()
+        .then(|| ownership(&loaded.store, &node));
     let pins = PinFolder::new(&args.pins.pin_folder);
     let snapshot = match pins.current() {
         Some(dir) => Some(BpfServiceMaps::open(&dir, true)?.read_all()?),
         None => None,
     };
-    let agent = agent_status(&args.agent);
+    let agent = agent_status(&args.agent, Duration::from_secs(1)).ok();
     let explanation = explain(
         &Sources {
             store: &loaded.store,
@@ -103,30 +103,11 @@ fn from_manifests(dir: &std::path::Path, node_name: Option<&str>) -> anyhow::Res
     let mut objects = contents.services;
     objects.extend(contents.slices);
     let store = crate::source::store_of(objects);
-    let ownership = Some(claims(&store, node_name, node.as_ref()));
     Ok(Loaded {
         store,
         rejected,
         node,
-        ownership,
     })
-}
-
-/// Every Service's claims on addresses, to say who owns a contested one.
-fn claims(store: &Store, node_name: Option<&str>, node: Option<&NodeObject>) -> Ownership {
-    let flags = crate::translate::NodeFlags {
-        name: node_name.map(str::to_string),
-        ..crate::translate::NodeFlags::default()
-    };
-    let info = NodeInfo::resolve(&flags, node);
-    let mut ownership = Ownership::default();
-    for svc in store.services() {
-        let t = translate_service_with(svc, &store.slices_of(&svc.key), &info, Detail::Lean);
-        for p in &t.ports {
-            ownership.claim(&p.key, &p.desired);
-        }
-    }
-    ownership
 }
 
 /// From the API: only what the answer needs (the Service, its slices by label, this Node);
@@ -203,21 +184,5 @@ async fn from_api(args: &ExplainArgs, node_name: Option<&str>) -> anyhow::Result
         store,
         rejected,
         node,
-        ownership: None,
     })
-}
-
-/// The agent's /status, if it answers within a second.
-fn agent_status(addr: &str) -> Option<Status> {
-    use std::io::{Read as _, Write as _};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let timeout = std::time::Duration::from_secs(1);
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    s.write_all(b"GET /status HTTP/1.0\r\nHost: socklb\r\n\r\n")
-        .ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let (_, body) = response.split_once("\r\n\r\n")?;
-    serde_json::from_str(body).ok()
 }

@@ -55,7 +55,7 @@ pub struct MapCheck {
     pub maps_backends: Option<Vec<SocketAddr>>,
     pub desired_backends: Vec<SocketAddr>,
     /// Another Service owns this address (it is not written for this one).
-    pub owned_by: Option<String>,
+    pub owned_by: Option<Conflict>,
     pub matches: bool,
 }
 
@@ -78,9 +78,16 @@ pub struct Explanation {
     pub desired_digest: String,
     pub maps_digest: String,
     /// Every object the desired state came from, with its resourceVersion.
-    pub resource_versions: BTreeMap<String, String>,
+    pub resource_versions: Vec<ObjectVersion>,
     pub broken: Link,
     pub verdict: String,
+}
+
+/// An object the desired state came from, as it was read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectVersion {
+    pub object: ObjectRef,
+    pub resource_version: String,
 }
 
 /// Where `explain` looks: the objects (as the agent's source has them), this node, the pinned
@@ -141,7 +148,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         agent_problems: Vec::new(),
         desired_digest: String::new(),
         maps_digest: String::new(),
-        resource_versions: BTreeMap::new(),
+        resource_versions: Vec::new(),
         broken: Link::None,
         verdict: String::new(),
     };
@@ -158,11 +165,13 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
     };
     let slices = store.slices_of(&key);
     e.selector.clone_from(&svc.selector);
-    e.resource_versions
-        .insert(format!("Service {key}"), svc.resource_version.clone());
+    e.resource_versions.push(ObjectVersion {
+        object: ObjectRef::service(key.clone()),
+        resource_version: svc.resource_version.clone(),
+    });
     e.summarize_slices(&slices);
     let translation = translate_service(svc, &slices, node);
-    let mut conflicts: Vec<(String, Conflict)> = Vec::new();
+    let mut conflicts: Vec<Conflict> = Vec::new();
     for port in &translation.ports {
         if let Some(status) = agent {
             for p in status.problems_of(&port.key) {
@@ -173,13 +182,13 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
                     .conflicts
                     .iter()
                     .filter(|c| c.service_port == port.key)
-                    .map(|c| (port.key.to_string(), c.conflict.clone())),
+                    .map(|c| c.conflict.clone()),
             );
         }
         if let Some(o) = ownership {
             for c in o.conflicts(&port.key, &port.desired) {
-                if !conflicts.iter().any(|(_, x)| x.addr == c.addr) {
-                    conflicts.push((port.key.to_string(), c));
+                if !conflicts.iter().any(|x| x.addr == c.addr) {
+                    conflicts.push(c);
                 }
             }
         }
@@ -249,14 +258,14 @@ fn first_broken_link(
             );
         }
     }
-    if let Some(m) = e.maps.iter().find(|m| m.owned_by.is_some()) {
+    if let Some((m, owner)) = e
+        .maps
+        .iter()
+        .find_map(|m| m.owned_by.as_ref().map(|o| (m, o)))
+    {
         return (
             Link::Ownership,
-            format!(
-                "{} is not served for this Service: {}",
-                m.frontend,
-                m.owned_by.as_deref().unwrap_or_default()
-            ),
+            format!("{} is not served for this Service: {owner}", m.frontend),
         );
     }
     if !e.maps_available {
@@ -357,10 +366,10 @@ fn why_no_candidate(port: &PortTranslation) -> (Link, String) {
 impl Explanation {
     fn summarize_slices(&mut self, slices: &[&EndpointSlice]) {
         for s in slices {
-            self.resource_versions.insert(
-                format!("EndpointSlice {}", s.key),
-                s.resource_version.clone(),
-            );
+            self.resource_versions.push(ObjectVersion {
+                object: ObjectRef::slice(s.key.clone()),
+                resource_version: s.resource_version.clone(),
+            });
             self.slices.push(SliceSummary {
                 name: s.key.name.to_string(),
                 resource_version: s.resource_version.clone(),
@@ -383,6 +392,14 @@ impl Explanation {
         }
     }
 
+    /// The resourceVersion `object` was read at, if the desired state came from it.
+    pub fn resource_version(&self, object: &ObjectRef) -> Option<&str> {
+        self.resource_versions
+            .iter()
+            .find(|v| v.object == *object)
+            .map(|v| v.resource_version.as_str())
+    }
+
     fn broken_at(mut self, link: Link, verdict: String) -> Self {
         self.broken = link;
         self.verdict = verdict;
@@ -393,15 +410,12 @@ impl Explanation {
         &mut self,
         translation: &ServiceTranslation,
         snapshot: Option<&MapSnapshot>,
-        conflicts: &[(String, Conflict)],
+        conflicts: &[Conflict],
     ) {
         let mut checks: Vec<MapCheck> = Vec::new();
         for port in &translation.ports {
             for claim in &port.desired.frontends {
-                let owned_by = conflicts
-                    .iter()
-                    .find(|(_, c)| c.addr == claim.addr)
-                    .map(|(_, c)| c.to_string());
+                let owned_by = conflicts.iter().find(|c| c.addr == claim.addr).cloned();
                 let held = snapshot.and_then(|s| s.reach(&claim.addr)).map(|reach| {
                     let mut b: Vec<SocketAddr> = reach.backends.into_iter().flatten().collect();
                     crate::vocab::canonical(&mut b);

@@ -143,7 +143,7 @@ fn maps(out: &mut String, e: &Explanation) {
     let rvs: Vec<String> = e
         .resource_versions
         .iter()
-        .map(|(k, v)| format!("{k}@{}", dash(v)))
+        .map(|v| format!("{}@{}", v.object, dash(&v.resource_version)))
         .collect();
     let _ = writeln!(out, "   from {}", rvs.join(", "));
 }

@@ -3,10 +3,9 @@
 pub mod files;
 pub mod kube;
 
-use std::{fmt, path::PathBuf};
-
+pub use crate::vocab::Subject;
 use crate::{
-    model::{EndpointSlice, NodeObject, Service, Store},
+    model::{EndpointSlice, ManifestObject, NodeObject, Service, Store},
     vocab::{Kind, ObjectKey, ObjectRef},
 };
 
@@ -21,22 +20,6 @@ impl Object {
         match self {
             Self::Service(s) => ObjectRef::service(s.key.clone()),
             Self::EndpointSlice(s) => ObjectRef::slice(s.key.clone()),
-        }
-    }
-}
-
-/// What a rejection is about: an object, or a manifest file that could not be read whole.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Subject {
-    Object(ObjectRef),
-    File(PathBuf),
-}
-
-impl fmt::Display for Subject {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Object(o) => o.fmt(f),
-            Self::File(p) => write!(f, "file {}", p.display()),
         }
     }
 }
@@ -71,18 +54,16 @@ pub enum SourceEvent {
     },
 }
 
-/// A store holding these objects (for one-shot readers such as `explain`).
-pub fn store_of(objects: impl IntoIterator<Item = Object>) -> Store {
-    let mut store = Store::new();
-    for object in objects {
+impl From<Object> for ManifestObject {
+    fn from(object: Object) -> Self {
         match object {
-            Object::Service(s) => {
-                store.upsert_service(*s);
-            }
-            Object::EndpointSlice(s) => {
-                store.upsert_slice(*s);
-            }
+            Object::Service(s) => Self::Service(s),
+            Object::EndpointSlice(s) => Self::EndpointSlice(s),
         }
     }
-    store
+}
+
+/// A store holding these objects (for one-shot readers such as `explain`).
+pub fn store_of(objects: impl IntoIterator<Item = Object>) -> Store {
+    objects.into_iter().map(ManifestObject::from).collect()
 }

@@ -126,6 +126,19 @@ pub fn translate_all_with(
     (desired, reports)
 }
 
+/// Every Service's claims on addresses, to say who owns a contested one (the same claims
+/// `translate_all` decides with).
+pub fn ownership(store: &Store, node: &NodeInfo) -> Ownership {
+    let mut ownership = Ownership::default();
+    for svc in store.services() {
+        let t = translate_service_with(svc, &store.slices_of(&svc.key), node, Detail::Lean);
+        for port in &t.ports {
+            ownership.claim(&port.key, &port.desired);
+        }
+    }
+    ownership
+}
+
 /// Translates one Service with the slices labelled for it, with every endpoint's decision.
 pub fn translate_service(
     svc: &Service,
