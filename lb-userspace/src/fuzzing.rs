@@ -1,6 +1,7 @@
 //! The checks the fuzz target (lb-userspace/fuzz) runs on arbitrary bytes: parse them as
 //! manifests, translate what validates, reconcile it into in-memory maps, and assert that the
-//! maps' invariants hold after every write. Any panic is a finding.
+//! write-order rule holds before every write and the maps' invariants after it. Any panic is a
+//! finding.
 use crate::{
     dataplane::maps::{InMemoryMaps, ServiceMaps as _},
     model::{Store, parse_manifests},
@@ -27,6 +28,10 @@ pub fn manifests(data: &[u8]) {
     };
     let (desired, _) = translate_all(&store, &node);
     let mut maps = InMemoryMaps::new();
+    maps.guard(|snap, write| {
+        let broken = invariants::overwrites_used_range(snap, write);
+        assert!(broken.is_none(), "{broken:?}");
+    });
     maps.observe(|snap, write| {
         let broken = invariants::violations(snap, lb_common::MapId::Backends.default_capacity());
         assert!(broken.is_empty(), "after {write}: {broken:?}");

@@ -5,8 +5,9 @@
 //! in-memory maps, so a case shows both the result and what each change wrote. The first
 //! file's first line may name the node: `# node: name=node-a zone=zone-a addresses=192.0.2.10`.
 //! The output is compared with `expected.txt`; `UPDATE_GOLDEN=1 cargo test` rewrites it.
-//! After every single map write the maps' invariants are checked. Each case is a test of its
-//! own: a failing case is named, and the others still run.
+//! Before every single map write the write-order rule is checked, after it the maps'
+//! invariants. Each case is a test of its own: a failing case is named, and the others still
+//! run.
 use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
@@ -69,6 +70,12 @@ fn run_case(case: &Path) -> Result<String, String> {
     let mut maps = InMemoryMaps::new();
     let broken: Arc<Mutex<Vec<String>>> = Arc::default();
     let written: Arc<Mutex<Vec<String>>> = Arc::default();
+    let sink = broken.clone();
+    maps.guard(move |snap, write| {
+        sink.lock()
+            .expect("lock")
+            .extend(invariants::overwrites_used_range(snap, write));
+    });
     let (sink, log) = (broken.clone(), written.clone());
     maps.observe(move |snap, write| {
         log.lock().expect("lock").push(write.to_string());

@@ -27,7 +27,7 @@ use proptest::prelude::*;
 use socklb::{
     dataplane::{
         abi::service_addr,
-        maps::{InMemoryMaps, MapSnapshot, MapWrite},
+        maps::{InMemoryMaps, MapSnapshot},
     },
     model::{Store, service_from_api, slice_from_api},
     reconcile::{Reconciler, invariants},
@@ -323,16 +323,9 @@ fn checked_maps(allowed: &Allowed, violations: &Arc<Mutex<Vec<String>>>) -> InMe
     let mut maps = InMemoryMaps::new();
     let sink = violations.clone();
     maps.guard(move |snap, write| {
-        if let MapWrite::PutBackends { base, backends } = write {
-            let end = base + backends.len() as u32;
-            for fe in snap.frontends.values() {
-                if fe.count > 0 && *base < fe.base + u32::from(fe.count) && fe.base < end {
-                    sink.lock()
-                        .expect("lock")
-                        .push(format!("`{write}` writes a range in use"));
-                }
-            }
-        }
+        sink.lock()
+            .expect("lock")
+            .extend(invariants::overwrites_used_range(snap, write));
     });
     let (allowed, sink) = (allowed.clone(), violations.clone());
     maps.observe(move |snap, write| {

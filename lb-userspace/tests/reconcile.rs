@@ -9,9 +9,9 @@ use lb_common::{Frontend, MapId, ports};
 use socklb::{
     dataplane::{
         abi::{frontend_key, service_meta},
-        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite},
+        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite, MapWriteError},
     },
-    reconcile::{Reconciler, invariants},
+    reconcile::{Reconciler, SyncReport, invariants},
     translate::{ClaimKind, DesiredService, DesiredState, FrontendClaim},
     vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey},
 };
@@ -53,31 +53,39 @@ fn world(services: &[(&str, &str, &[&str])]) -> DesiredState {
     }
 }
 
-/// Maps that fail the test if a write touches a range some frontend uses, and record every
-/// invariant violation seen after a write.
+/// Maps that record every write that touches a range some frontend uses, and every invariant
+/// violation seen after a write.
 fn guarded(maps: &mut InMemoryMaps) -> Arc<Mutex<Vec<String>>> {
     let problems: Arc<Mutex<Vec<String>>> = Arc::default();
     let p = problems.clone();
     maps.guard(move |snap, write| {
-        if let MapWrite::PutBackends { base, backends } = write {
-            let end = base + backends.len() as u32;
-            for (k, fe) in &snap.frontends {
-                let (s, e) = (fe.base, fe.base + u32::from(fe.count));
-                if fe.count > 0 && *base < e && s < end {
-                    p.lock()
-                        .unwrap()
-                        .push(format!("`{write}` overwrites {s}..{e} which {k:?} uses"));
-                }
-            }
-        }
+        p.lock()
+            .unwrap()
+            .extend(invariants::overwrites_used_range(snap, write));
     });
     let p = problems.clone();
+    let capacity = maps.capacities.get(MapId::Backends);
     maps.observe(move |snap, write| {
-        for v in invariants::violations(snap, MapId::Backends.default_capacity()) {
+        for v in invariants::violations(snap, capacity) {
             p.lock().unwrap().push(format!("after `{write}`: {v}"));
         }
     });
     problems
+}
+
+fn assert_no_problems(problems: &Mutex<Vec<String>>) {
+    let problems = problems.lock().unwrap();
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The map write error a failed backend set reports.
+fn failure(report: &SyncReport, name: &str) -> Arc<MapWriteError> {
+    report
+        .failed
+        .get(&key(name))
+        .unwrap_or_else(|| panic!("{name} did not fail: {:?}", report.failed))
+        .0
+        .clone()
 }
 
 fn reached(snap: &MapSnapshot, addr: &str) -> Option<Vec<String>> {
@@ -136,11 +144,7 @@ fn a_restarted_reconciler_adopts_ids_and_ranges_and_writes_nothing_when_in_step(
         reached(second.snapshot(), "10.96.0.1").unwrap(),
         ["10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80"]
     );
-    assert!(
-        problems.lock().unwrap().is_empty(),
-        "{:?}",
-        problems.lock().unwrap()
-    );
+    assert_no_problems(&problems);
 }
 
 #[test]
@@ -206,8 +210,17 @@ fn a_full_map_leaves_that_service_as_it_was_and_the_others_work() {
         [key("c")],
         "the one that did not fit is named"
     );
-    let reason = report.failed[&key("c")].to_string();
-    assert!(reason.contains("FRONTENDS4 is full"), "{reason}");
+    assert!(
+        matches!(
+            *failure(&report, "c"),
+            MapWriteError::Full {
+                map: MapId::Frontends4,
+                capacity: 2
+            }
+        ),
+        "{}",
+        report.failed[&key("c")]
+    );
     let snap = r.snapshot();
     assert!(
         reached(snap, "10.96.0.3").is_none(),
@@ -226,11 +239,7 @@ fn a_full_map_leaves_that_service_as_it_was_and_the_others_work() {
         reached(r.snapshot(), "10.96.0.3").unwrap(),
         ["10.244.0.3:80"]
     );
-    assert!(
-        problems.lock().unwrap().is_empty(),
-        "{:?}",
-        problems.lock().unwrap()
-    );
+    assert_no_problems(&problems);
 }
 
 #[test]
@@ -250,8 +259,14 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
         "10.96.0.1",
         &["10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80"],
     )]));
-    let reason = report.failed[&key("a")].to_string();
-    assert!(reason.contains("no free range of 3"), "{reason}");
+    assert!(
+        matches!(
+            *failure(&report, "a"),
+            MapWriteError::NoRange { wanted: 3, .. }
+        ),
+        "{}",
+        report.failed[&key("a")]
+    );
     assert_eq!(
         reached(r.snapshot(), "10.96.0.1").unwrap(),
         ["10.244.0.1:80", "10.244.0.2:80"],
@@ -265,16 +280,19 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
     );
     assert_eq!(r.ranges().waiting_len(), 2);
     let report = r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.3:80"])]));
-    let reason = report.failed[&key("a")].to_string();
     assert!(
-        reason.contains("2 waiting out their grace period"),
-        "{reason}"
+        matches!(
+            *failure(&report, "a"),
+            MapWriteError::NoRange {
+                wanted: 1,
+                waiting: 2,
+                ..
+            }
+        ),
+        "{}",
+        report.failed[&key("a")]
     );
-    assert!(
-        problems.lock().unwrap().is_empty(),
-        "{:?}",
-        problems.lock().unwrap()
-    );
+    assert_no_problems(&problems);
 }
 
 #[test]

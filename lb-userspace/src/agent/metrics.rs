@@ -326,22 +326,16 @@ impl Metrics {
         let snap = r.snapshot();
         let caps = r.maps().capacities();
         let ranges = r.ranges();
-        let v4 = snap
-            .frontends
-            .keys()
-            .filter(|k| k.family == lb_common::FAMILY_IPV4)
-            .count();
+        let used_backends = (ranges.capacity() - ranges.free_len()) as usize;
         let sizes = [
-            (MapId::Frontends4, v4),
-            (MapId::Frontends6, snap.frontends.len() - v4),
-            (
-                MapId::Backends,
-                (ranges.capacity() - ranges.free_len()) as usize,
-            ),
-            (MapId::ServiceMeta, snap.meta.len()),
-            // Bitmap words with a port set.
-            (MapId::Ports, snap.ports.len()),
-        ];
+            MapId::Frontends4,
+            MapId::Frontends6,
+            MapId::ServiceMeta,
+            MapId::Ports,
+        ]
+        .map(|map| (map, snap.entries(map).unwrap_or_default()))
+        .into_iter()
+        .chain([(MapId::Backends, used_backends)]);
         for (map, len) in sizes {
             let labels = map_labels(map);
             self.map_entries.get_or_create(&labels).set(gauge(len));

@@ -81,7 +81,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             print_output(args.output, &views, || services_table(&views))?;
         }
         What::Lookup { target } => {
-            let lookup = lookup(&snap, &other, target)?;
+            let lookup = lookup(&snap, target)?;
             print_output(args.output, &lookup, || lookup_text(&lookup))?;
         }
         What::Stats => {
@@ -150,7 +150,7 @@ pub struct Lookup {
     pub affinity_timeout_s: Option<u32>,
 }
 
-fn lookup(snap: &MapSnapshot, _other: &ReadOnlyMaps, target: &str) -> anyhow::Result<Lookup> {
+fn lookup(snap: &MapSnapshot, target: &str) -> anyhow::Result<Lookup> {
     let frontend = ServiceAddr::parse(target)?;
     let Some(reach) = snap.reach(&frontend) else {
         return Ok(Lookup {
@@ -234,21 +234,8 @@ fn stats(other: &ReadOnlyMaps, maps: &BpfServiceMaps, snap: &MapSnapshot) -> any
     for map in MapId::ALL {
         let (capacity, memory_bytes) = other.footprint(map)?;
         let entries = match map {
-            MapId::Frontends4 => Some(
-                snap.frontends
-                    .keys()
-                    .filter(|k| k.family == lb_common::FAMILY_IPV4)
-                    .count() as u64,
-            ),
-            MapId::Frontends6 => Some(
-                snap.frontends
-                    .keys()
-                    .filter(|k| k.family != lb_common::FAMILY_IPV4)
-                    .count() as u64,
-            ),
-            MapId::ServiceMeta => Some(snap.meta.len() as u64),
             MapId::Backends => Some(used_backends),
-            _ => None,
+            _ => snap.entries(map).map(|n| n as u64),
         };
         rows.push(MapStats {
             map: map.name().to_string(),

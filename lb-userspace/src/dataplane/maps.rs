@@ -224,15 +224,20 @@ impl MapSnapshot {
             .is_some_and(|w| w & ports::bit(port) != 0)
     }
 
-    fn len_of(&self, map: MapId) -> usize {
+    /// The entries `map` holds, where a snapshot knows them: each frontend map's keys, the
+    /// metadata's, and the bitmap words with a port set. `None` for the others (the backend
+    /// array's use is its ranges, which the reconciler knows).
+    pub fn entries(&self, map: MapId) -> Option<usize> {
         match map {
-            MapId::Frontends4 | MapId::Frontends6 => self
-                .frontends
-                .keys()
-                .filter(|k| frontends_map(k) == map)
-                .count(),
-            MapId::ServiceMeta => self.meta.len(),
-            _ => 0,
+            MapId::Frontends4 | MapId::Frontends6 => Some(
+                self.frontends
+                    .keys()
+                    .filter(|k| frontends_map(k) == map)
+                    .count(),
+            ),
+            MapId::ServiceMeta => Some(self.meta.len()),
+            MapId::Ports => Some(self.ports.len()),
+            _ => None,
         }
     }
 
@@ -356,7 +361,7 @@ impl ServiceMaps for InMemoryMaps {
                 u64::from(*base) + backends.len() as u64 <= u64::from(capacity)
             }
             MapWrite::PutPorts { word, .. } => *word < capacity,
-            _ => !adds_key || self.content.len_of(map) < capacity as usize,
+            _ => !adds_key || self.content.entries(map).unwrap_or(0) < capacity as usize,
         };
         if !fits {
             return Err(MapWriteError::Full { map, capacity });

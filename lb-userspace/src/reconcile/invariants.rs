@@ -1,13 +1,30 @@
 //! What must hold in the maps at every moment, for any concurrent connect: each frontend's
 //! backend range lies inside the array and holds backends of the frontend's family, its port
-//! is in the frontend port bitmap, and its backend set is named in the metadata. Tests check it
-//! after every single write.
+//! is in the frontend port bitmap, and its backend set is named in the metadata (`violations`);
+//! and no write touches a range a frontend uses (`overwrites_used_range`). Tests, golden files
+//! and the fuzz target check them around every single write.
 use lb_common::ports;
 
 use crate::dataplane::{
     abi::{backend_addr, service_addr},
-    maps::MapSnapshot,
+    maps::{MapSnapshot, MapWrite},
 };
+
+/// The write-order rule, checked before a write: a backend range is written only while no
+/// frontend points into it. Returns what the write would break.
+pub fn overwrites_used_range(snap: &MapSnapshot, write: &MapWrite) -> Option<String> {
+    let MapWrite::PutBackends { base, backends } = write else {
+        return None;
+    };
+    let (start, end) = (u64::from(*base), u64::from(*base) + backends.len() as u64);
+    snap.frontends.iter().find_map(|(key, fe)| {
+        let (s, e) = (u64::from(fe.base), u64::from(fe.base) + u64::from(fe.count));
+        (fe.count > 0 && start < e && s < end).then(|| {
+            let name = service_addr(key).map_or_else(|| format!("{key:?}"), |a| a.to_string());
+            format!("`{write}` overwrites {s}..{e}, which frontend {name} uses")
+        })
+    })
+}
 
 /// Returns every violation found (empty when the maps are consistent).
 pub fn violations(snap: &MapSnapshot, backends_capacity: u32) -> Vec<String> {
@@ -62,4 +79,32 @@ pub fn violations(snap: &MapSnapshot, backends_capacity: u32) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use lb_common::{Backend, Frontend, FrontendKey};
+
+    use super::*;
+
+    #[test]
+    fn a_write_into_a_range_in_use_is_named_and_one_beside_it_is_not() {
+        let mut snap = MapSnapshot::default();
+        snap.frontends.insert(
+            FrontendKey::default(),
+            Frontend {
+                base: 4,
+                count: 2,
+                ..Frontend::default()
+            },
+        );
+        let put = |base| MapWrite::PutBackends {
+            base,
+            backends: vec![Backend::default(); 2],
+        };
+        assert!(overwrites_used_range(&snap, &put(5)).is_some());
+        assert!(overwrites_used_range(&snap, &put(3)).is_some());
+        assert_eq!(overwrites_used_range(&snap, &put(6)), None);
+        assert_eq!(overwrites_used_range(&snap, &put(2)), None);
+    }
 }

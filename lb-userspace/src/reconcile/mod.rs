@@ -30,7 +30,7 @@ pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 
 use crate::{
     dataplane::{
-        abi::{backend, backend_addr, frontend_key, service_meta, service_port_key},
+        abi::{backend, frontend_key, service_meta, service_port_key},
         maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
     },
     translate::{DesiredService, DesiredState},
@@ -136,19 +136,17 @@ impl<M: ServiceMaps> Reconciler<M> {
         }
         // A set's range: the one its frontends use (all of them, when a previous agent
         // finished its last write; otherwise the first, and the next sync rewrites the set).
-        let mut adopted: HashMap<u32, (u32, u16)> = HashMap::new();
+        let mut adopted: HashMap<u32, &Frontend> = HashMap::new();
         for fe in snap.frontends.values() {
-            adopted.entry(fe.service_id).or_insert((fe.base, fe.count));
+            adopted.entry(fe.service_id).or_insert(fe);
         }
-        for (id, (base, count)) in &adopted {
+        for (id, fe) in &adopted {
             let Some(key) = keys.get(id) else { continue };
-            let layout: Option<Vec<SocketAddr>> = (0..u32::from(*count))
-                .map(|i| snap.backends.get(&(base + i)).and_then(backend_addr))
-                .collect();
+            let layout: Option<Vec<SocketAddr>> = snap.range(fe).into_iter().collect();
             if let (Some(layout), Some(set)) = (layout, sets.get_mut(key))
-                && ranges.reserve(*base, u32::from(*count))
+                && ranges.reserve(fe.base, u32::from(fe.count))
             {
-                set.base = *base;
+                set.base = fe.base;
                 set.layout = layout;
             }
         }
