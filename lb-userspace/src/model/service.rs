@@ -7,7 +7,7 @@ use super::{
     ValidationError,
     validate::{Checker, Cidr, parse_ip_sloppy},
 };
-use crate::vocab::{Family, Kind, ObjectKey, ObjectRef, Protocol};
+use crate::vocab::{Family, Kind, ObjectKey, Protocol};
 
 /// sessionAffinityConfig.clientIP.timeoutSeconds when unset (3 hours), as the API defaults it.
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
@@ -118,23 +118,7 @@ fn policy(c: &Checker, field: &str, value: Option<&str>) -> Result<TrafficPolicy
 /// Validates a Service from the API (or a manifest) into socklb's model.
 pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError> {
     let meta = &svc.metadata;
-    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
-    let name = meta.name.clone().unwrap_or_default();
-    let c = Checker {
-        object: ObjectRef::new(
-            Kind::Service,
-            ObjectKey::new(
-                namespace.as_str(),
-                if name.is_empty() {
-                    "<unnamed>"
-                } else {
-                    name.as_str()
-                },
-            ),
-        ),
-    };
-    c.dns_name("metadata.name", &name, 63)?;
-    c.dns_name("metadata.namespace", &namespace, 63)?;
+    let (c, key) = Checker::for_object(Kind::Service, meta, 63)?;
     let spec = svc
         .spec
         .as_ref()
@@ -163,7 +147,7 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     let affinity_timeout_s = affinity_timeout(&c, spec)?;
 
     Ok(Service {
-        key: ObjectKey::new(namespace, name),
+        key,
         resource_version: meta.resource_version.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),

@@ -8,7 +8,7 @@ use super::{
     intern::intern,
     validate::{Checker, parse_ip_sloppy},
 };
-use crate::vocab::{Family, Kind, ObjectKey, ObjectRef, Protocol};
+use crate::vocab::{Family, Kind, ObjectKey, Protocol};
 
 /// The API's limit on endpoints in one slice.
 pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
@@ -148,27 +148,11 @@ pub struct EndpointSlice {
 /// Validates an EndpointSlice from the API (or a manifest) into socklb's model.
 pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice, ValidationError> {
     let meta = &slice.metadata;
-    let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
-    let name = meta.name.clone().unwrap_or_default();
-    let c = Checker {
-        object: ObjectRef::new(
-            Kind::EndpointSlice,
-            ObjectKey::new(
-                namespace.as_str(),
-                if name.is_empty() {
-                    "<unnamed>"
-                } else {
-                    name.as_str()
-                },
-            ),
-        ),
-    };
-    c.dns_name("metadata.name", &name, 253)?;
-    c.dns_name("metadata.namespace", &namespace, 63)?;
+    let (c, key) = Checker::for_object(Kind::EndpointSlice, meta, 253)?;
     let service = match meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
         Some(svc) => {
             c.dns_name(&format!("metadata.labels[{LABEL_SERVICE_NAME}]"), svc, 63)?;
-            Some(ObjectKey::new(namespace.clone(), svc.clone()))
+            Some(ObjectKey::new(Arc::clone(&key.namespace), svc.as_str()))
         }
         None => None,
     };
@@ -193,11 +177,11 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         ));
     }
     let mut notes = Vec::new();
-    let endpoints = endpoints(address_type, slice, &namespace, &mut notes);
+    let endpoints = endpoints(address_type, slice, &key.namespace, &mut notes);
     let ports = ports(&c, slice)?;
     let labels = meta.labels.as_ref();
     Ok(EndpointSlice {
-        key: ObjectKey::new(namespace, name),
+        key,
         resource_version: meta.resource_version.clone().unwrap_or_default(),
         service,
         address_type,

@@ -5,7 +5,9 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use crate::vocab::ObjectRef;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::vocab::{Kind, ObjectKey, ObjectRef};
 
 /// One object rejected: which object, which field, and why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -21,7 +23,35 @@ pub(crate) struct Checker {
     pub object: ObjectRef,
 }
 
+/// Lower-case letters, digits and '-' (and '.' when `dots`), starting and ending alphanumeric.
+fn is_dns(value: &str, dots: bool) -> bool {
+    value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || (dots && b == b'.'))
+        && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && value.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
 impl Checker {
+    /// The checker for one object, after checking its name (at most `name_max` characters)
+    /// and namespace (`default` when absent); also returns the object's key.
+    pub fn for_object(
+        kind: Kind,
+        meta: &ObjectMeta,
+        name_max: usize,
+    ) -> Result<(Self, ObjectKey), ValidationError> {
+        let namespace = meta.namespace.as_deref().unwrap_or("default");
+        let name = meta.name.as_deref().unwrap_or_default();
+        let shown = if name.is_empty() { "<unnamed>" } else { name };
+        let c = Self {
+            object: ObjectRef::new(kind, ObjectKey::new(namespace, shown)),
+        };
+        c.dns_name("metadata.name", name, name_max)?;
+        c.dns_name("metadata.namespace", namespace, 63)?;
+        let key = ObjectKey::new(namespace, name);
+        Ok((c, key))
+    }
+
     pub fn error(&self, field: impl fmt::Display, message: impl fmt::Display) -> ValidationError {
         ValidationError {
             object: self.object.clone(),
@@ -41,12 +71,7 @@ impl Checker {
                 format!("{} characters, at most {max} allowed", value.len()),
             ));
         }
-        let ok = value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && value.ends_with(|c: char| c.is_ascii_alphanumeric());
-        if ok {
+        if is_dns(value, true) {
             Ok(())
         } else {
             Err(self.error(
@@ -83,13 +108,7 @@ impl Checker {
                 ),
             ));
         }
-        let ok = !value.is_empty()
-            && value
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && value.ends_with(|c: char| c.is_ascii_alphanumeric());
-        if ok {
+        if is_dns(value, false) {
             Ok(())
         } else {
             Err(self.error(

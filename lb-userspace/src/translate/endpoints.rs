@@ -175,33 +175,25 @@ impl Merged<'_> {
                 .iter()
                 .all(|i| f(endpoint(i)).is_some_and(|h| !h.is_empty()))
         };
-        let node_name = node.name.as_deref();
-        let zone = node.zone.as_deref();
-        if all_hinted(Endpoint::node_hints)
-            && ready
+        // Node hints first, then zone hints: used when every ready endpoint has one and some
+        // name this node (its zone).
+        let by_hints: [(Hints, Option<&str>, Rule); 2] = [
+            (Endpoint::node_hints, node.name.as_deref(), Rule::NodeHints),
+            (Endpoint::zone_hints, node.zone.as_deref(), Rule::ZoneHints),
+        ];
+        for (hints, me, rule) in by_hints {
+            let members: Vec<usize> = ready
                 .iter()
-                .any(|i| for_me(endpoint(i).node_hints(), node_name))
-        {
-            return Chosen {
-                members: ready
-                    .into_iter()
-                    .filter(|i| for_me(endpoint(i).node_hints(), node_name))
-                    .collect(),
-                rule: Rule::NodeHints,
-                why: Candidacy::Ready,
-            };
-        }
-        if all_hinted(Endpoint::zone_hints)
-            && ready.iter().any(|i| for_me(endpoint(i).zone_hints(), zone))
-        {
-            return Chosen {
-                members: ready
-                    .into_iter()
-                    .filter(|i| for_me(endpoint(i).zone_hints(), zone))
-                    .collect(),
-                rule: Rule::ZoneHints,
-                why: Candidacy::Ready,
-            };
+                .copied()
+                .filter(|i| for_me(hints(endpoint(i)), me))
+                .collect();
+            if all_hinted(hints) && !members.is_empty() {
+                return Chosen {
+                    members,
+                    rule,
+                    why: Candidacy::Ready,
+                };
+            }
         }
         Chosen {
             members: ready,
@@ -319,6 +311,9 @@ impl Merged<'_> {
 fn usable(e: &Endpoint) -> bool {
     e.is_ready() || (e.is_serving() && e.is_terminating())
 }
+
+/// An endpoint's topology hints of one kind (node or zone).
+type Hints = fn(&Endpoint) -> Option<&[String]>;
 
 /// On this node: the endpoint's nodeName is exactly this node's name.
 fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {
