@@ -5,7 +5,7 @@
 )]
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::translate::{Hook, SocketFamily, fault_verdict, try_reverse, try_translate};
+use crate::translate::{Hook, SocketFamily, fault_verdict, reverse, try_translate};
 
 #[inline(always)]
 fn translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> i32 {
@@ -34,22 +34,22 @@ pub fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    try_reverse(&ctx, SocketFamily::V4)
+    reverse(&ctx, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
-    try_reverse(&ctx, SocketFamily::V6)
+    reverse(&ctx, SocketFamily::V6)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn socklb_getpeername4(ctx: SockAddrContext) -> i32 {
-    try_reverse(&ctx, SocketFamily::V4)
+    reverse(&ctx, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
-    try_reverse(&ctx, SocketFamily::V6)
+    reverse(&ctx, SocketFamily::V6)
 }
 
 /// `bpf_iter__bpf_sk_storage_map`, the context of an iterator over a socket-storage map.

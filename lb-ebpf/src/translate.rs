@@ -149,7 +149,7 @@ pub fn try_translate(
 /// getpeername4/6 and recvmsg4/6: a socket that was translated reports the service address as
 /// its peer, as it would behind a NAT-based proxy.
 #[inline(always)]
-pub fn try_reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
+pub fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     let peer = load(ctx, family);
     let udp = sockaddr::protocol(ctx) == PROTOCOL_UDP;
     if !port_in_use(ports::BACKEND, udp, peer.port_be) {

@@ -539,15 +539,9 @@ struct Process {
 
 impl Process {
     fn new() -> Self {
-        // SAFETY: sysconf only reads configuration values.
-        let (ticks, page) = unsafe {
-            (
-                libc::sysconf(libc::_SC_CLK_TCK),
-                libc::sysconf(libc::_SC_PAGESIZE),
-            )
-        };
+        let ticks = rustix::param::clock_ticks_per_second();
         let ticks_per_second = if ticks > 0 { ticks as f64 } else { 100.0 };
-        let page_size = if page > 0 { page as f64 } else { 4096.0 };
+        let page_size = rustix::param::page_size() as f64;
         let boot_time = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
             s.lines()
                 .find_map(|l| l.strip_prefix("btime "))

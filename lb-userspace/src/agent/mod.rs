@@ -311,7 +311,10 @@ fn terminate_udp_sockets(
                     shared
                         .metrics
                         .record_error(crate::vocab::ErrorKind::UdpTerminate);
-                    tracing::warn!(error = %e, "could not terminate a stale UDP socket");
+                    tracing::warn!(
+                        error = e as &dyn std::error::Error,
+                        "could not terminate a stale UDP socket"
+                    );
                 }
                 if done.sockets > 0 {
                     tracing::info!(
@@ -325,7 +328,10 @@ fn terminate_udp_sockets(
                 shared
                     .metrics
                     .record_error(crate::vocab::ErrorKind::UdpTerminate);
-                tracing::warn!(error = %e, "could not look for stale UDP sockets");
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "could not look for stale UDP sockets"
+                );
             }
         }
     });

@@ -27,8 +27,9 @@ pub fn drop_capabilities() -> Result<Vec<String>, caps::errors::CapsError> {
     caps::set(None, CapSet::Inheritable, &CapsHashSet::new())?;
     caps::set(None, CapSet::Effective, &kept)?;
     caps::set(None, CapSet::Permitted, &kept)?;
-    // SAFETY: prctl with constant arguments.
-    unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if let Err(e) = rustix::thread::set_no_new_privs(true) {
+        tracing::warn!(error = %e, "could not set no_new_privs");
+    }
     let mut names: Vec<String> = kept.iter().map(ToString::to_string).collect();
     names.sort();
     Ok(names)

@@ -70,10 +70,10 @@ pub enum LoadError {
         #[source]
         source: aya::EbpfError,
     },
-    #[error("program {program}: {what}{}", permission_hint(.source))]
+    #[error("program {program}: {what}{}{}", verifier_tail(.source), permission_hint(.source))]
     Program {
         program: &'static str,
-        what: String,
+        what: &'static str,
         #[source]
         source: aya::programs::ProgramError,
     },
@@ -340,7 +340,7 @@ impl Dataplane {
             };
             prog.load().map_err(|source| LoadError::Program {
                 program: name,
-                what: verifier_tail(&source),
+                what: "the kernel refused it",
                 source,
             })?;
         }
@@ -373,9 +373,9 @@ impl Dataplane {
             let Some(Program::CgroupSockAddr(prog)) = self.ebpf.program_mut(name) else {
                 return Err(LoadError::MissingProgram { program: name });
             };
-            let fail = |what: &str, source| LoadError::Program {
+            let fail = |what, source| LoadError::Program {
                 program: name,
-                what: what.to_string(),
+                what,
                 source,
             };
             let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
@@ -411,12 +411,12 @@ fn pin_sockets_iter(ebpf: &mut Ebpf, maps_dir: &Path) -> Result<(), LoadError> {
     iter.load("bpf_sk_storage_map", &btf)
         .map_err(|source| LoadError::Program {
             program: name,
-            what: verifier_tail(&source),
+            what: "the kernel refused it",
             source,
         })?;
     let prog = iter.fd().map_err(|source| LoadError::Program {
         program: name,
-        what: "reading its descriptor".into(),
+        what: "reading its descriptor",
         source,
     })?;
     let map = MapData::from_pin(maps_dir.join(MapId::Sockets.name())).map_err(|e| {
@@ -510,17 +510,16 @@ fn remove_dir_pins(dir: &Path) -> usize {
     n
 }
 
+/// The last lines of the verifier's log, when the kernel refused a program (the whole log
+/// stays in the error's source).
 fn verifier_tail(e: &aya::programs::ProgramError) -> String {
-    if let aya::programs::ProgramError::LoadError { verifier_log, .. } = e {
-        let log = verifier_log.to_string();
-        let tail: Vec<&str> = log.lines().rev().take(20).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return format!(
-            "the kernel refused it; verifier log tail:\n{}",
-            tail.join("\n")
-        );
-    }
-    "the kernel refused it".into()
+    let aya::programs::ProgramError::LoadError { verifier_log, .. } = e else {
+        return String::new();
+    };
+    let log = verifier_log.to_string();
+    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    format!("; verifier log tail:\n{}", tail.join("\n"))
 }
 
 fn restrict(path: &Path, mode: u32) {

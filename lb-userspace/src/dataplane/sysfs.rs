@@ -1,8 +1,6 @@
 //! The kernel-facing filesystem facts socklb depends on: bpffs, cgroup v2, memlock.
 use std::{
-    ffi::CString,
     io,
-    os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
 
@@ -11,12 +9,7 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 fn fs_magic(path: &Path) -> Option<i64> {
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statfs fills the zeroed struct; c is a valid C string.
-    unsafe {
-        let mut st: libc::statfs = std::mem::zeroed();
-        (libc::statfs(c.as_ptr(), &raw mut st) == 0).then_some(st.f_type)
-    }
+    rustix::fs::statfs(path).ok().map(|st| st.f_type)
 }
 
 pub fn is_bpffs(path: &Path) -> bool {
@@ -28,23 +21,14 @@ pub fn is_cgroup2(path: &Path) -> bool {
 }
 
 pub fn mount_bpffs(target: &Path) -> io::Result<()> {
-    let target = CString::new(target.as_os_str().as_bytes())?;
-    let fstype = c"bpf";
-    // SAFETY: valid C strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    rustix::mount::mount(
+        "bpf",
+        target,
+        "bpf",
+        rustix::mount::MountFlags::empty(),
+        None,
+    )?;
+    Ok(())
 }
 
 /// The cgroup v2 mount point, from /proc/self/mountinfo (it is /sys/fs/cgroup on unified hosts
@@ -67,14 +51,13 @@ pub fn cgroup2_mount_in(mountinfo: &str) -> Option<PathBuf> {
 /// Kernels before 5.11 charge BPF memory to `RLIMIT_MEMLOCK`; newer ones use memcg. Raising the
 /// limit may be refused (no `CAP_SYS_RESOURCE`), which is harmless on those kernels.
 pub fn raise_memlock_limit() {
-    let limit = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
+    let unlimited = rustix::process::Rlimit {
+        current: None,
+        maximum: None,
     };
-    // SAFETY: plain syscall with a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const limit) } != 0 {
+    if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Memlock, unlimited) {
         tracing::debug!(
-            error = %io::Error::last_os_error(),
+            error = %e,
             "could not raise RLIMIT_MEMLOCK (fine on kernels >= 5.11)"
         );
     }

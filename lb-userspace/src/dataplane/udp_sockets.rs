@@ -22,6 +22,33 @@ use lb_common::{FrontendKey, SockRecord};
 
 use super::{abi::backend_addr, sock_diag, sockets};
 
+/// Why a termination pass stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum TerminateError {
+    #[error("listing the translated sockets (the SOCKETS iterator)")]
+    Records(#[source] io::Error),
+    #[error("walking the cgroup tree at {}", .path.display())]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("entering the network namespace {}", .path.display())]
+    Namespace {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("listing connected UDP sockets in {}", .path.display())]
+    Dump {
+        path: PathBuf,
+        #[source]
+        source: sock_diag::SockDiagError,
+    },
+    #[error("the socket termination thread panicked")]
+    Panicked,
+}
+
 /// What one termination pass did.
 #[derive(Debug, Default)]
 pub struct Terminated {
@@ -33,7 +60,7 @@ pub struct Terminated {
 
 /// The sockets the pass may destroy: connected UDP (`TCP_ESTABLISHED` is how the kernel calls a
 /// connected UDP socket).
-const CONNECTED: u32 = 1 << 1;
+const CONNECTED: u32 = sock_diag::state_bit(sock_diag::TCP_ESTABLISHED);
 
 /// Destroys the connected UDP sockets translated by socklb whose backend is not serving any
 /// more. `serving` holds every UDP frontend and the serving endpoints of its backend set.
@@ -42,12 +69,13 @@ pub fn terminate_stale<S: std::hash::BuildHasher>(
     cgroup: &Path,
     maps_dir: &Path,
     serving: &HashMap<FrontendKey, Arc<[SocketAddr]>, S>,
-) -> io::Result<Terminated> {
+) -> Result<Terminated, TerminateError> {
     let mut done = Terminated::default();
     // Cookie → the backend its record names (a socket that reconnected elsewhere keeps its
     // old record: only a socket still talking to that backend is stale).
     let stale: Arc<HashMap<u64, SocketAddr>> = Arc::new(
-        sockets::translated(maps_dir)?
+        sockets::translated(maps_dir)
+            .map_err(TerminateError::Records)?
             .into_iter()
             .filter(|e| is_stale(&e.record, serving))
             .filter_map(|e| Some((e.cookie, backend_addr(&e.record.backend)?)))
@@ -59,17 +87,27 @@ pub fn terminate_stale<S: std::hash::BuildHasher>(
     for ns_path in namespaces(cgroup)?.into_values() {
         let stale = stale.clone();
         // setns() changes only the calling thread's namespace: do it on a thread of its own.
-        let result = std::thread::spawn(move || -> io::Result<(usize, Vec<_>)> {
-            let ns = std::fs::File::open(&ns_path)?;
-            rustix::thread::move_into_link_name_space(
-                ns.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )?;
+        let result = std::thread::spawn(move || -> Result<(usize, Vec<_>), TerminateError> {
+            let enter = || {
+                let ns = std::fs::File::open(&ns_path)?;
+                rustix::thread::move_into_link_name_space(
+                    ns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )?;
+                Ok(())
+            };
+            enter().map_err(|source| TerminateError::Namespace {
+                path: ns_path.clone(),
+                source,
+            })?;
             let mut destroyed = 0;
             let mut errors = Vec::new();
-            for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-                let sockets = sock_diag::dump(libc::IPPROTO_UDP as u8, family, CONNECTED, &[])
-                    .map_err(io::Error::other)?;
+            for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+                let sockets = sock_diag::dump(sock_diag::IPPROTO_UDP, family, CONNECTED, &[])
+                    .map_err(|source| TerminateError::Dump {
+                        path: ns_path.clone(),
+                        source,
+                    })?;
                 for socket in sockets
                     .iter()
                     .filter(|s| stale.get(&s.cookie) == Some(&s.dst()))
@@ -84,7 +122,7 @@ pub fn terminate_stale<S: std::hash::BuildHasher>(
             Ok((destroyed, errors))
         })
         .join()
-        .map_err(|_| io::Error::other("socket termination thread panicked"))?;
+        .map_err(|_| TerminateError::Panicked)?;
         match result {
             Ok((n, errors)) => {
                 done.namespaces += 1;
@@ -92,7 +130,8 @@ pub fn terminate_stale<S: std::hash::BuildHasher>(
                 done.errors.extend(errors);
             }
             // A pod that went away meanwhile: nothing to terminate there.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(TerminateError::Namespace { source, .. })
+                if source.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
     }
@@ -118,7 +157,7 @@ fn is_stale<S: std::hash::BuildHasher>(
 
 /// One `/proc/PID/ns/net` per network namespace used by processes of `root`'s cgroup tree,
 /// by (device, inode).
-fn namespaces(root: &Path) -> io::Result<BTreeMap<(u64, u64), PathBuf>> {
+fn namespaces(root: &Path) -> Result<BTreeMap<(u64, u64), PathBuf>, TerminateError> {
     let mut netns = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
     let mut seen = BTreeSet::new();
@@ -133,7 +172,11 @@ fn namespaces(root: &Path) -> io::Result<BTreeMap<(u64, u64), PathBuf>> {
                 netns.entry((meta.dev(), meta.ino())).or_insert(path);
             }
         }
-        for entry in std::fs::read_dir(&dir)?.flatten() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| TerminateError::Cgroup {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
                 stack.push(entry.path());
             }
