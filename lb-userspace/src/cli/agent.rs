@@ -169,3 +169,36 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     runtime.block_on(crate::agent::run(config, listeners, dataplane))?;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+    use lb_common::MapId;
+
+    use crate::cli::{Cli, Command};
+
+    /// The flag the map table names for a map sizes that map: `socklb agent --<flag> 7` gives
+    /// every map with that flag 7 entries and leaves the others at their default.
+    #[test]
+    fn every_capacity_flag_of_the_map_table_sizes_its_maps() {
+        for map in MapId::ALL {
+            let Some(flag) = map.descriptor().capacity_flag else {
+                continue;
+            };
+            let cli = Cli::try_parse_from(["socklb", "agent", &format!("--{flag}"), "7"])
+                .unwrap_or_else(|e| panic!("--{flag} (from the map table): {e}"));
+            let Command::Agent(args) = cli.command else {
+                panic!("not the agent command");
+            };
+            let caps = args.capacities();
+            for other in MapId::ALL {
+                let want = if other.descriptor().capacity_flag == Some(flag) {
+                    7
+                } else {
+                    other.default_capacity()
+                };
+                assert_eq!(caps.get(other), want, "--{flag}: {}", other.name());
+            }
+        }
+    }
+}

@@ -694,3 +694,65 @@ pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
     out.sort_by_key(|p| program::ALL.iter().position(|n| *n == p.name));
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use lb_common::{MAPS, MapKind};
+
+    use super::EBPF_OBJECT;
+
+    /// `bpf_map_type` numbers (include/uapi/linux/bpf.h).
+    fn map_type(kind: MapKind) -> u32 {
+        match kind {
+            MapKind::Hash => 1,
+            MapKind::Array => 2,
+            MapKind::PerCpuArray => 6,
+            MapKind::LruHash => 9,
+            MapKind::SkStorage => 24,
+        }
+    }
+
+    /// The programs' side of the ABI declares exactly the maps of `lb_common::MAPS`, with its
+    /// names, kinds, key and value sizes, default sizes and allocation: a map renamed, resized
+    /// or added on one side only fails here, not when an agent loads on a node.
+    #[test]
+    fn the_ebpf_object_declares_exactly_the_maps_of_the_table() {
+        let object = aya_obj::Object::parse(EBPF_OBJECT).expect("the embedded eBPF object parses");
+        // Sections (.rodata, .bss) and aya-log's ring buffer are not socklb's maps.
+        let mut declared: Vec<&str> = object
+            .maps
+            .keys()
+            .map(String::as_str)
+            .filter(|n| !n.starts_with('.') && *n != "AYA_LOGS")
+            .collect();
+        declared.sort_unstable();
+        let mut table: Vec<&str> = MAPS.iter().map(|d| d.name).collect();
+        table.sort_unstable();
+        assert_eq!(
+            declared, table,
+            "maps in the eBPF object vs lb_common::MAPS"
+        );
+        for d in MAPS {
+            let m = &object.maps[d.name];
+            assert_eq!(m.map_type(), map_type(d.kind), "{}: kind", d.name);
+            assert_eq!(
+                (m.key_size(), m.value_size()),
+                (d.key_size, d.value_size),
+                "{}: key and value sizes",
+                d.name
+            );
+            assert_eq!(
+                m.max_entries(),
+                d.default_capacity,
+                "{}: default size",
+                d.name
+            );
+            assert_eq!(
+                m.map_flags() & lb_common::MAP_F_NO_PREALLOC == 0,
+                d.preallocated,
+                "{}: allocation",
+                d.name
+            );
+        }
+    }
+}
