@@ -3,6 +3,11 @@
 //! and the verifier's verdict on every program.
 use std::{collections::BTreeSet, net::SocketAddr, thread::sleep, time::Duration};
 
+use lb_common::Counter;
+use socklb::{
+    cli::{AffinityRow, SocketRow, Stats},
+    dataplane::loader::ProgramView,
+};
 use socklb_tests::{
     Client, Sandbox,
     agent::{AgentOptions, AgentProcess},
@@ -73,7 +78,6 @@ struct World<'n> {
     sandbox: Sandbox,
     agent: AgentProcess,
     udp: bool,
-    extra: Vec<&'static str>,
 }
 
 impl<'n> World<'n> {
@@ -112,7 +116,6 @@ impl<'n> World<'n> {
             sandbox,
             agent,
             udp,
-            extra: extra.to_vec(),
         };
         w.wait(backends)?;
         Ok(w)
@@ -154,6 +157,15 @@ fn slice_yaml(net: &Net, udp: bool, backends: &[usize]) -> String {
         TARGET,
         &eps,
     )
+}
+
+/// A data path counter as `socklb inspect stats` reports it.
+fn counter(stats: &Stats, counter: Counter) -> Option<u64> {
+    stats
+        .counters
+        .iter()
+        .find(|(name, _)| name == counter.name())
+        .map(|(_, v)| *v)
 }
 
 /// The single backend that answered, failing if several did.
@@ -329,15 +341,11 @@ fn refused_without_backends(net: &Net) -> anyhow::Result<()> {
         id: None,
     })?;
     assert_eq!(r.errors.get("ECONNREFUSED"), Some(&3), "sendto: {r:?}");
-    let stats = udp.sandbox.inspect(&["stats"])?;
-    let no_backend = stats["counters"]
-        .as_array()
-        .and_then(|c| c.iter().find(|e| e[0] == "no_backend"))
-        .and_then(|e| e[1].as_u64());
+    let stats: Stats = udp.sandbox.inspect_as(&["stats"])?;
     assert_eq!(
-        no_backend,
+        counter(&stats, Counter::NoBackend),
         Some(6),
-        "the data path counted the refusals: {stats}"
+        "the data path counted the refusals: {stats:?}"
     );
     Ok(())
 }
@@ -354,7 +362,6 @@ fn session_affinity(net: &Net) -> anyhow::Result<()> {
             "sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}",
         ],
     )?;
-    assert_eq!(w.extra.len(), 2);
     let mut client = w.client()?;
     let vip = net.vip(TCP_PORT);
     let held = client.connect(vip, 30)?;
@@ -380,12 +387,11 @@ fn session_affinity(net: &Net) -> anyhow::Result<()> {
     let new = only_backend(&moved);
     assert_ne!(new, now);
     assert!(others.contains(&backend_index(net, &new)));
-    let affinity = w.sandbox.inspect(&["affinity"])?;
+    let affinity: Vec<AffinityRow> = w.sandbox.inspect_as(&["affinity"])?;
+    let new: SocketAddr = new.parse()?;
     assert!(
-        affinity
-            .as_array()
-            .is_some_and(|a| a.iter().any(|e| e["backend"] == new.as_str())),
-        "the affinity map records the client's backend: {affinity}"
+        affinity.iter().any(|e| e.backend == Some(new)),
+        "the affinity map records the client's backend: {affinity:?}"
     );
     Ok(())
 }
@@ -521,22 +527,18 @@ fn verifier_accepts_every_program() -> anyhow::Result<()> {
         return Ok(());
     }
     let w = World::new(&V4, false, &[0], &[])?;
-    let programs = w.sandbox.inspect(&["programs"])?;
-    let programs = programs.as_array().cloned().unwrap_or_default();
-    let names: Vec<&str> = programs.iter().filter_map(|p| p["name"].as_str()).collect();
+    let programs: Vec<ProgramView> = w.sandbox.inspect_as(&["programs"])?;
+    let names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, lb_common::program::ALL);
     eprintln!(
         "{:<22} {:>12} {:>22}",
         "program", "instructions", "verified instructions"
     );
     for p in &programs {
-        let insns = p["instructions"].as_u64().unwrap_or(0);
-        let verified = p["verified_instructions"].as_u64().unwrap_or(0);
-        eprintln!(
-            "{:<22} {insns:>12} {verified:>22}",
-            p["name"].as_str().unwrap_or("?")
-        );
-        assert!(insns > 0 && verified > 0, "{p}");
+        let insns = p.instructions.unwrap_or(0);
+        let verified = p.verified_instructions.unwrap_or(0);
+        eprintln!("{:<22} {insns:>12} {verified:>22}", p.name);
+        assert!(insns > 0 && verified > 0, "{p:?}");
     }
     Ok(())
 }
@@ -549,12 +551,12 @@ fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<
     if !privileged("program_logging_is_off_by_default_and_switchable_at_load") {
         return Ok(());
     }
-    let verified = |sandbox: &Sandbox| -> anyhow::Result<u64> {
-        let programs = sandbox.inspect(&["programs"])?;
+    let verified = |sandbox: &Sandbox| -> anyhow::Result<u32> {
+        let programs: Vec<ProgramView> = sandbox.inspect_as(&["programs"])?;
         Ok(programs
-            .as_array()
-            .and_then(|a| a.iter().find(|p| p["name"] == "socklb_connect4"))
-            .and_then(|p| p["instructions"].as_u64())
+            .iter()
+            .find(|p| p.name == lb_common::program::CONNECT4)
+            .and_then(|p| p.instructions)
             .unwrap_or(0))
     };
     let quiet = World::new(&V4, false, &[0], &[])?;
@@ -604,9 +606,8 @@ fn per_socket_state_goes_away_with_the_socket() -> anyhow::Result<()> {
         return Ok(());
     }
     let w = World::new(&V4, false, &[0, 1, 2], &[])?;
-    let records = |sandbox: &Sandbox| -> anyhow::Result<Vec<socklb::cli::SocketRow>> {
-        Ok(serde_json::from_value(sandbox.inspect(&["sockets"])?)?)
-    };
+    let records =
+        |sandbox: &Sandbox| -> anyhow::Result<Vec<SocketRow>> { sandbox.inspect_as(&["sockets"]) };
     let mut client = w.client()?;
     assert_eq!(client.connect(V4.vip(TCP_PORT), 1000)?.answers(), 1000);
     for id in 1..=3 {
@@ -642,15 +643,8 @@ fn per_socket_state_goes_away_with_the_socket() -> anyhow::Result<()> {
         records(&w.sandbox)?.is_empty(),
         "closing (here: the process exiting) releases them"
     );
-    let stats: socklb::cli::Stats = serde_json::from_value(w.sandbox.inspect(&["stats"])?)?;
-    let get = |name: &str| {
-        stats
-            .counters
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| *v)
-    };
-    assert_eq!(get("translations"), Some(1003));
-    assert_eq!(get("record_failed"), Some(0));
+    let stats: Stats = w.sandbox.inspect_as(&["stats"])?;
+    assert_eq!(counter(&stats, Counter::Translations), Some(1003));
+    assert_eq!(counter(&stats, Counter::RecordFailed), Some(0));
     Ok(())
 }
