@@ -2,8 +2,9 @@
 //! when a socket connects (or sends an unconnected datagram), and translate it back when the
 //! application asks who its peer is. Nothing here runs per packet.
 //!
-//! The entry points in `programs` are thin; the logic lives in `translate` (`try_*` functions
-//! returning `Result`), the map definitions in `maps`, and context access in `sockaddr`.
+//! The entry points in `programs` are thin; the logic lives in `translate` (`try_translate`
+//! returns a verdict or a `Fault` the entry point counts; `reverse` cannot fail), the map
+//! definitions in `maps`, and context access in `sockaddr`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![allow(
