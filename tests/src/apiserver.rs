@@ -2,7 +2,10 @@
 //! Nodes, the way the API server serves them: a global resourceVersion, paged lists, chunked
 //! watch streams of ADDED/MODIFIED/DELETED events, periodic BOOKMARKs, and an ERROR event with
 //! code 410 (Gone) when a watch asks for history that was compacted away, which makes clients
-//! re-list. Tests change objects, drop watch connections and expire history through it.
+//! re-list. Label selectors (`key`, `!key`, `key=value`, `key!=value`) filter lists and watches
+//! as the API server's watch cache does: an object that stops matching arrives as DELETED (with
+//! its last matching content), one that starts matching as ADDED. Tests change objects, drop
+//! watch connections and expire history through it.
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
@@ -58,12 +61,14 @@ fn key_of(object: &Value) -> String {
     )
 }
 
+/// One change: (resourceVersion, resource, event type, object, the object before).
+type Change = (u64, Resource, &'static str, Value, Option<Value>);
+
 #[derive(Default)]
 struct State {
     rv: u64,
     objects: BTreeMap<Resource, BTreeMap<String, Value>>,
-    /// (resourceVersion, resource, event type, object)
-    history: Vec<(u64, Resource, &'static str, Value)>,
+    history: Vec<Change>,
     /// Watches asking for a resourceVersion below this get 410 Gone.
     compacted: u64,
     watches: Vec<TcpStream>,
@@ -76,12 +81,12 @@ impl State {
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let key = key_of(&object);
         let objects = self.objects.entry(resource).or_default();
-        if kind == "DELETED" {
-            objects.remove(&key);
+        let before = if kind == "DELETED" {
+            objects.remove(&key)
         } else {
-            objects.insert(key, object.clone());
-        }
-        self.history.push((self.rv, resource, kind, object));
+            objects.insert(key, object.clone())
+        };
+        self.history.push((self.rv, resource, kind, object, before));
     }
 }
 
@@ -215,7 +220,7 @@ impl ApiServer {
             let params: BTreeMap<String, String> = query
                 .split('&')
                 .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.replace("%3D", "=").replace("%2F", "/")))
+                .map(|(k, v)| (k.to_string(), percent_decode(v)))
                 .collect();
             let Some(resource) = Resource::from_path(path) else {
                 respond(
@@ -244,16 +249,13 @@ impl ApiServer {
     ) -> anyhow::Result<()> {
         self.count(format!("list {resource:?}").to_lowercase());
         let state = self.lock();
-        let field = params
-            .get("fieldSelector")
-            .and_then(|f| f.strip_prefix("metadata.name="))
-            .map(str::to_string);
+        let selector = Selector::of(params);
         let all: Vec<Value> = state
             .objects
             .get(&resource)
             .into_iter()
             .flat_map(|o| o.values())
-            .filter(|o| field.as_deref().is_none_or(|n| o["metadata"]["name"] == n))
+            .filter(|o| selector.matches(o))
             .cloned()
             .collect();
         let start: usize = params
@@ -294,10 +296,7 @@ impl ApiServer {
                 .and_then(|t| t.parse().ok())
                 .unwrap_or(290),
         );
-        let field = params
-            .get("fieldSelector")
-            .and_then(|f| f.strip_prefix("metadata.name="))
-            .map(str::to_string);
+        let selector = Selector::of(params);
         write!(
             stream,
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -319,12 +318,12 @@ impl ApiServer {
             let events: Vec<(u64, &'static str, Value)> = state
                 .history
                 .iter()
-                .filter(|(rv, r, _, o)| {
-                    *rv > sent
-                        && *r == resource
-                        && field.as_deref().is_none_or(|n| o["metadata"]["name"] == n)
+                .filter(|(rv, r, ..)| *rv > sent && *r == resource)
+                .filter_map(|(rv, _, t, o, before)| {
+                    selector
+                        .event(t, o, before.as_ref())
+                        .map(|(t, o)| (*rv, t, o))
                 })
-                .map(|(rv, _, t, o)| (*rv, *t, o.clone()))
                 .collect();
             let rv_now = state.rv;
             drop(state);
@@ -360,6 +359,117 @@ impl ApiServer {
     }
 }
 
+/// A request's field selector (`metadata.name=NAME` only) and label selector.
+struct Selector {
+    name: Option<String>,
+    /// (key, operator, value): "exists", "!exists", "=", "!=".
+    labels: Vec<(String, &'static str, String)>,
+}
+
+impl Selector {
+    fn of(params: &BTreeMap<String, String>) -> Self {
+        let name = params
+            .get("fieldSelector")
+            .and_then(|f| f.strip_prefix("metadata.name="))
+            .map(str::to_string);
+        let labels = params
+            .get("labelSelector")
+            .into_iter()
+            .flat_map(|s| s.split(','))
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                if let Some(key) = r.strip_prefix('!') {
+                    (key.to_string(), "!exists", String::new())
+                } else if let Some((k, v)) = r.split_once("!=") {
+                    (k.to_string(), "!=", v.to_string())
+                } else if let Some((k, v)) = r.split_once('=') {
+                    (k.to_string(), "=", v.trim_start_matches('=').to_string())
+                } else {
+                    (r.to_string(), "exists", String::new())
+                }
+            })
+            .collect();
+        Self { name, labels }
+    }
+
+    fn matches(&self, object: &Value) -> bool {
+        if self
+            .name
+            .as_deref()
+            .is_some_and(|n| object["metadata"]["name"] != n)
+        {
+            return false;
+        }
+        let labels = &object["metadata"]["labels"];
+        self.labels.iter().all(|(key, op, value)| {
+            let label = labels.get(key.as_str()).and_then(Value::as_str);
+            match *op {
+                "exists" => label.is_some(),
+                "!exists" => label.is_none(),
+                "=" => label == Some(value.as_str()),
+                _ => label != Some(value.as_str()),
+            }
+        })
+    }
+
+    /// What a watcher with this selector gets for one change, as the watch cache sends it:
+    /// an object that starts matching is ADDED, one that stops matching is DELETED (with its
+    /// content before the change, at the change's resourceVersion).
+    fn event(
+        &self,
+        kind: &'static str,
+        object: &Value,
+        before: Option<&Value>,
+    ) -> Option<(&'static str, Value)> {
+        if kind == "DELETED" {
+            return self.matches(object).then(|| ("DELETED", object.clone()));
+        }
+        let was = before.is_some_and(|b| self.matches(b));
+        match (was, self.matches(object)) {
+            (false, true) => Some(("ADDED", object.clone())),
+            (true, true) => Some(("MODIFIED", object.clone())),
+            (true, false) => {
+                let mut last = before.cloned().unwrap_or(Value::Null);
+                last["metadata"]["resourceVersion"] = object["metadata"]["resourceVersion"].clone();
+                Some(("DELETED", last))
+            }
+            (false, false) => None,
+        }
+    }
+}
+
+/// Decodes a query parameter's %XX escapes (and `+` as a space).
+fn percent_decode(value: &str) -> String {
+    fn hex(b: u8) -> Option<u8> {
+        char::from(b)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    }
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| Some(hex(*bytes.get(i + 1)?)? * 16 + hex(*bytes.get(i + 2)?)?))
+            .flatten();
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn respond(mut stream: &TcpStream, code: u16, body: &Value) -> anyhow::Result<()> {
     let body = serde_json::to_vec(body)?;
     write!(
@@ -379,4 +489,55 @@ fn chunk(stream: &mut TcpStream, event: &Value) -> anyhow::Result<()> {
     stream.write_all(&line)?;
     stream.write_all(b"\r\n")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Selector, percent_decode};
+    use serde_json::json;
+
+    fn labelled(value: Option<&str>) -> serde_json::Value {
+        let mut o = json!({"kind": "Service", "metadata": {"name": "s", "namespace": "d", "resourceVersion": "7"}});
+        if let Some(v) = value {
+            o["metadata"]["labels"] = json!({"service.kubernetes.io/headless": v});
+        }
+        o
+    }
+
+    #[test]
+    fn objects_leaving_and_entering_a_label_selection_are_deleted_and_added() {
+        let params = [(
+            "labelSelector".to_string(),
+            percent_decode("%21service.kubernetes.io%2Fheadless"),
+        )]
+        .into_iter()
+        .collect();
+        let s = Selector::of(&params);
+        let (plain, headless) = (labelled(None), labelled(Some("")));
+        assert!(s.matches(&plain) && !s.matches(&headless));
+        let kind = |t: &'static str, o: &serde_json::Value, b: Option<&serde_json::Value>| {
+            s.event(t, o, b).map(|(k, _)| k)
+        };
+        assert_eq!(kind("ADDED", &plain, None), Some("ADDED"));
+        assert_eq!(kind("ADDED", &headless, None), None);
+        assert_eq!(kind("MODIFIED", &headless, Some(&plain)), Some("DELETED"));
+        assert_eq!(kind("MODIFIED", &plain, Some(&headless)), Some("ADDED"));
+        assert_eq!(kind("MODIFIED", &plain, Some(&plain)), Some("MODIFIED"));
+        assert_eq!(kind("MODIFIED", &headless, Some(&headless)), None);
+        assert_eq!(kind("DELETED", &headless, None), None);
+        assert_eq!(kind("DELETED", &plain, None), Some("DELETED"));
+        // What leaves the selection is sent as it was, at the change's resourceVersion.
+        let mut now = headless.clone();
+        now["metadata"]["resourceVersion"] = json!("8");
+        let (_, sent) = s.event("MODIFIED", &now, Some(&plain)).expect("an event");
+        assert_eq!(sent["metadata"]["labels"], serde_json::Value::Null);
+        assert_eq!(sent["metadata"]["resourceVersion"], "8");
+    }
+
+    #[test]
+    fn query_parameters_are_percent_decoded() {
+        assert_eq!(percent_decode("a%3Db%2Fc+d%21"), "a=b/c d!");
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
 }

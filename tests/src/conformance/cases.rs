@@ -3082,4 +3082,36 @@ endpoints:
         expect: &[("198.18.88.1:80/TCP", Untouched)],
         note: "",
     },
+    Case {
+        name: "sctp-port-not-translated",
+        origin: "pkg/proxy/nftables/proxier_test.go TestClusterIPGeneral \"clusterIP with TCP, UDP, and SCTP on same port (SCTP)\" (kube-proxy DNATs SCTP too); test/e2e/network/service.go \"should allow creating a basic SCTP service with pod and endpoints\"",
+        node: NODE_A,
+        objects: r#"
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: ns89}
+spec:
+  clusterIP: 10.96.89.1
+  ports:
+    - {name: http, port: 80, protocol: TCP}
+    - {name: sip, port: 5060, protocol: SCTP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s-1, namespace: ns89, labels: {kubernetes.io/service-name: s}}
+addressType: IPv4
+ports:
+  - {name: http, port: 80, protocol: TCP}
+  - {name: sip, port: 5060, protocol: SCTP}
+endpoints:
+  - {addresses: ["10.244.89.1"]}
+"#,
+        expect: &[
+            ("10.96.89.1:80/TCP", Backends(&["10.244.89.1:80"])),
+            // No frontend for the SCTP port: not even a TCP or UDP one on its number.
+            ("10.96.89.1:5060/TCP", Untouched),
+            ("10.96.89.1:5060/UDP", Untouched),
+        ],
+        note: "socklb translates TCP and UDP only: an SCTP port gets no frontend (explain says so), and SCTP connects go their way untranslated, to kube-proxy or the CNI if one handles them",
+    },
 ];
