@@ -38,21 +38,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "fuzzing",
         &["reconcile", "translate", "model", "dataplane", "vocab"],
     ),
-    (
-        "cli",
-        &[
-            "agent",
-            "explain",
-            "source",
-            "status",
-            "reconcile",
-            "translate",
-            "model",
-            "dataplane",
-            "vocab",
-            "vec_set",
-        ],
-    ),
+    // The command line is the top: it may import anything.
+    ("cli", &["*"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -171,7 +158,7 @@ fn every_module_imports_only_what_its_layer_allows() {
         };
         let source = std::fs::read_to_string(file).expect("source file");
         for (line, import) in imports_of(&source) {
-            if import != module && !may.contains(&import.as_str()) {
+            if import != module && !may.contains(&"*") && !may.contains(&import.as_str()) {
                 wrong.push(format!(
                     "{}:{line}: `{module}` imports `crate::{import}`; it may import only {may:?}",
                     shown.display()
