@@ -1,9 +1,11 @@
-//! The deployment as shipped: its arguments are ones the agent accepts, and its RBAC only reads.
+//! The deployment as shipped: its arguments are ones the agent accepts, its capabilities cover
+//! what the agent keeps, the uninstall path runs `socklb reset` on the agent's pins, and its
+//! RBAC only reads.
 use std::path::PathBuf;
 
 use clap::Parser as _;
 use serde_json::Value;
-use socklb::cli::Cli;
+use socklb::cli::{Cli, Command};
 
 fn documents(file: &str) -> Vec<Value> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -63,4 +65,103 @@ fn rbac_only_reads_services_endpointslices_and_nodes() {
     }
     seen.sort_unstable();
     assert_eq!(seen, ["endpointslices", "nodes", "services"]);
+}
+
+/// A container's command line, parsed by the real CLI.
+fn parsed(container: &Value) -> Command {
+    let mut argv = vec!["socklb".to_string()];
+    argv.extend(
+        container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().expect("string arg").to_string()),
+    );
+    Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .command
+}
+
+fn agent_container() -> Value {
+    documents("daemonset.yaml")[0]["spec"]["template"]["spec"]["containers"][0].clone()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_uninstall_path_resets_the_pins_the_agent_uses() {
+    let Command::Agent(agent) = parsed(&agent_container()) else {
+        panic!("the DaemonSet runs the agent");
+    };
+    let docs = documents("uninstall/cleanup.yaml");
+    let pod = &docs[0]["spec"]["template"]["spec"];
+    let init = &pod["initContainers"];
+    assert_eq!(init.as_array().map(Vec::len), Some(1), "one init container");
+    let Command::Reset(reset) = parsed(&init[0]) else {
+        panic!("the cleanup runs socklb reset: {:?}", init[0]["args"]);
+    };
+    assert_eq!(
+        reset.pins.pin_folder, agent.pins.pin_folder,
+        "reset removes the pins the agent made"
+    );
+    assert!(
+        init[0]["command"].is_null(),
+        "the image's entrypoint (socklb) runs it"
+    );
+    // The cleanup reads the host's bpffs where the agent pinned: same host path.
+    let host_path = |ds: &Value, volume: &str| {
+        ds["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == volume))
+            .map(|v| v["hostPath"]["path"].clone())
+    };
+    let agent_ds = &documents("daemonset.yaml")[0];
+    assert_eq!(host_path(&docs[0], "bpffs"), host_path(agent_ds, "bpffs"));
+    assert!(host_path(agent_ds, "bpffs").is_some());
+    // It can detach and unpin: the capabilities `socklb reset` uses.
+    let added = strings(&init[0]["securityContext"]["capabilities"]["add"]);
+    for cap in ["BPF", "NET_ADMIN"] {
+        assert!(added.iter().any(|a| a == cap), "{cap} in {added:?}");
+    }
+}
+
+#[test]
+fn the_daemonset_grants_every_capability_the_agent_keeps_and_no_low_port_one() {
+    let container = agent_container();
+    let caps = &container["securityContext"]["capabilities"];
+    assert_eq!(strings(&caps["drop"]), ["ALL"]);
+    let added = strings(&caps["add"]);
+    for (cap, why) in socklb::agent::CAPABILITIES_KEPT {
+        let name = cap.to_string();
+        let name = name.strip_prefix("CAP_").unwrap_or(&name);
+        assert!(
+            added.iter().any(|a| a == name),
+            "the agent keeps {cap} ({why}) but the DaemonSet does not grant it: {added:?}"
+        );
+    }
+    assert!(
+        container["securityContext"]["privileged"].is_null(),
+        "explicit capabilities, not privileged"
+    );
+    // Both listeners above 1024: no CAP_NET_BIND_SERVICE.
+    let Command::Agent(agent) = parsed(&container) else {
+        panic!("the DaemonSet runs the agent");
+    };
+    for listen in [&agent.health_listen, &agent.metrics_listen] {
+        let port: u16 = listen
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .expect("HOST:PORT");
+        assert!(port >= 1024, "{listen}");
+    }
+    assert!(!added.iter().any(|a| a == "NET_BIND_SERVICE"), "{added:?}");
 }

@@ -15,6 +15,8 @@ mod security;
 pub use engine::{Engine, Pass};
 pub use memory::limit_arenas;
 pub use metrics::{Format, Metrics};
+/// The capabilities the running agent keeps, each with its reason.
+pub use security::KEEP as CAPABILITIES_KEPT;
 
 use std::{
     net::SocketAddr,

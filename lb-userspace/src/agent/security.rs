@@ -1,22 +1,35 @@
-//! Once its programs are loaded and attached, the agent keeps only the capabilities it still
-//! uses: `CAP_BPF` (map writes), `CAP_NET_ADMIN` (destroying stale UDP sockets), `CAP_SYS_ADMIN` and
-//! `CAP_SYS_PTRACE` (entering pods' network namespaces for that), `CAP_NET_BIND_SERVICE` (a low
-//! --listen port). Everything else goes from the effective, permitted, inheritable and bounding
-//! sets, and `no_new_privs` is set. Capabilities are per thread: call this before any thread
-//! starts.
+//! Once its programs are loaded, the agent keeps only the capabilities it still uses, and sets
+//! `no_new_privs`. Everything else goes from the effective, permitted, inheritable and bounding
+//! sets. Capabilities are per thread: call this before any thread starts.
+//!
+//! Not kept, because the agent has done what needed them before it gets here: binding its
+//! listeners (`CAP_NET_BIND_SERVICE`, only for a port below 1024), loading the programs
+//! (`CAP_PERFMON`), raising `RLIMIT_MEMLOCK` (`CAP_SYS_RESOURCE`).
 use caps::{CapSet, Capability, CapsHashSet};
 
-const KEEP: [Capability; 5] = [
-    Capability::CAP_BPF,
-    Capability::CAP_NET_ADMIN,
-    Capability::CAP_SYS_ADMIN,
-    Capability::CAP_SYS_PTRACE,
-    Capability::CAP_NET_BIND_SERVICE,
+/// What the running agent still needs, each for one reason.
+pub const KEEP: [(Capability, &str); 4] = [
+    (
+        Capability::CAP_BPF,
+        "bpf() after loading: map writes, attach (link create), pins; older kernels check each call",
+    ),
+    (
+        Capability::CAP_NET_ADMIN,
+        "destroy connected UDP sockets whose backend went away (sock_diag SOCK_DESTROY)",
+    ),
+    (
+        Capability::CAP_SYS_ADMIN,
+        "setns() into pods' network namespaces to find those sockets",
+    ),
+    (
+        Capability::CAP_SYS_PTRACE,
+        "open /proc/<pid>/ns/net of pods' processes, which the agent does not own",
+    ),
 ];
 
 /// Drops what the agent no longer needs; returns the capabilities kept.
 pub fn drop_capabilities() -> Result<Vec<String>, caps::errors::CapsError> {
-    let keep: CapsHashSet = KEEP.into_iter().collect();
+    let keep: CapsHashSet = KEEP.into_iter().map(|(cap, _)| cap).collect();
     for cap in caps::all() {
         if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap)? {
             caps::drop(None, CapSet::Bounding, cap)?;
