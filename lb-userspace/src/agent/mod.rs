@@ -6,6 +6,7 @@
 //! folder's lock; create or adopt the maps and load (verify) the programs; drop capabilities;
 //! list the sources and write the first full sync; only then attach the programs (until then
 //! whatever was attached before keeps serving).
+mod api_route;
 mod engine;
 mod http;
 mod memory;
@@ -34,8 +35,10 @@ use tokio::{
     sync::mpsc,
 };
 
+use self::api_route::ApiRoute;
 use crate::{
     dataplane::{
+        abi::frontend_key,
         bpf::BpfServiceMaps,
         loader::{Dataplane, LoadConfig},
         udp_sockets,
@@ -44,6 +47,7 @@ use crate::{
     source::{self, SourceEvent},
     status::{Failed, Owned, Rejected, Status},
     translate::NodeFlags,
+    vocab::{Protocol, ServiceAddr},
 };
 
 /// How long the source may fail before the agent reports itself not ready.
@@ -198,7 +202,7 @@ pub async fn run(
     }
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
-    start_source(&config, tx).await?;
+    let mut api_route = start_source(&config, tx).await?;
 
     let mut retry = tokio::time::interval(config.retry_interval);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -237,6 +241,7 @@ pub async fn run(
                 "first complete sync written; programs attached"
             );
         }
+        check_api_route(api_route.as_mut().filter(|_| attached), &engine);
         unhealthy_since = if engine.is_healthy() {
             None
         } else {
@@ -263,7 +268,12 @@ pub async fn run(
     Ok(())
 }
 
-async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> anyhow::Result<()> {
+/// Starts the source; with the Kubernetes API and no `--api-server`, also returns the API
+/// server's address, to tell when it is a ClusterIP (see `api_route`).
+async fn start_source(
+    config: &AgentConfig,
+    tx: mpsc::Sender<SourceEvent>,
+) -> anyhow::Result<Option<ApiRoute>> {
     match &config.source {
         SourceConfig::Manifests {
             dir,
@@ -283,13 +293,39 @@ async fn start_source(config: &AgentConfig, tx: mpsc::Sender<SourceEvent>) -> an
             kubeconfig,
             api_server,
         } => {
-            let client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref())
+            let client_config = source::kube::config(kubeconfig.as_deref(), api_server.as_deref())
                 .await
-                .context("connecting to the Kubernetes API")?;
+                .context("reading the Kubernetes client configuration")?;
+            let url = &client_config.cluster_url;
+            tracing::info!(server = %url, "reading Services and EndpointSlices from the API");
+            let mut route = if api_server.is_none() {
+                ApiRoute::new(url.scheme_str(), url.host(), url.port_u16())
+            } else {
+                None
+            };
+            if let Some(r) = route.as_mut() {
+                let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+                tokio::task::block_in_place(|| r.check_start(host.as_deref()));
+            }
+            let client =
+                kube::Client::try_from(client_config).context("building the Kubernetes client")?;
             tokio::spawn(source::kube::watch(client, config.node.name.clone(), tx));
+            return Ok(route);
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// Whether the API server's address is a Service frontend in the maps (once they are attached):
+/// the agent would depend on its own translation (said once).
+fn check_api_route(route: Option<&mut ApiRoute>, engine: &Engine<BpfServiceMaps>) {
+    let Some(route) = route else {
+        return;
+    };
+    let server = ServiceAddr::new(route.server.ip(), route.server.port(), Protocol::Tcp);
+    let frontends = &engine.reconciler().snapshot().frontends;
+    let is_frontend = frontends.contains_key(&frontend_key(server));
+    tokio::task::block_in_place(|| route.check_frontend(is_frontend));
 }
 
 /// Destroys connected UDP sockets whose backend stopped serving (off the event loop).

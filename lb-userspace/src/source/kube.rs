@@ -20,10 +20,10 @@ use crate::{
     vocab::{Kind, ObjectKey},
 };
 
-/// A client from the kubeconfig at `path`, or in-cluster / `$KUBECONFIG` when `None`.
-/// `api_server` replaces the server address (replace mode: the API server's real address, never
-/// the `kubernetes` Service's ClusterIP, which only this agent could translate).
-pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<Client> {
+/// The client configuration from the kubeconfig at `path`, or in-cluster / `$KUBECONFIG` when
+/// `None`. `api_server` replaces the server address (replace mode: the API server's real
+/// address, never the `kubernetes` Service's ClusterIP, which only a service proxy translates).
+pub async fn config(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<kube::Config> {
     let mut config = match path {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)?;
@@ -35,25 +35,13 @@ pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Re
         config.cluster_url = server
             .parse()
             .map_err(|e| anyhow::anyhow!("--api-server {server:?}: {e}"))?;
-    } else if path.is_none() && std::env::var_os("KUBECONFIG").is_none() {
-        warn_if_through_cluster_ip(&config);
     }
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
-/// In-cluster config reaches the API through the `kubernetes` Service's ClusterIP. Next to
-/// kube-proxy that works; replacing it, nothing translates that address until this agent has
-/// listed the API through it: after a reboot it never would.
-fn warn_if_through_cluster_ip(config: &kube::Config) {
-    let host = std::env::var("KUBERNETES_SERVICE_HOST").unwrap_or_default();
-    if config.cluster_url.host() == Some(host.as_str()) && !host.is_empty() {
-        tracing::warn!(
-            server = %config.cluster_url,
-            "reaching the API server through the kubernetes Service's ClusterIP: fine next to kube-proxy, \
-             but without another proxy on this node the agent can never reach it (set --api-server / \
-             SOCKLB_API_SERVER to the API server's real address)"
-        );
-    }
+/// A client over [`config`].
+pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<Client> {
+    Ok(Client::try_from(config(path, api_server).await?)?)
 }
 
 /// Watches everything the agent needs until the receiver is gone.
