@@ -16,7 +16,7 @@ use socklb::{
     reconcile::Reconciler,
     source::{Object, SourceEvent},
     translate::{DEFAULT_PROXY_NAME, NodeFlags},
-    vocab::{ErrorKind, Kind},
+    vocab::{ErrorKind, Kind, Subject},
 };
 
 const SERVICE: &str = "apiVersion: v1
@@ -225,6 +225,8 @@ fn the_text_format_passes_promtool_with_help_and_type_on_every_metric() {
     for expected in [
         "socklb_build_info{version=\"",
         "socklb_sync_duration_seconds_count 2",
+        "socklb_rejected_objects_total 0",
+        "socklb_rejected_objects_current 0",
         "socklb_network_programming_duration_seconds_count 1",
         "socklb_last_sync_timestamp_seconds ",
         "socklb_errors_total{kind=\"udp_terminate\"} 1",
@@ -307,6 +309,58 @@ fn network_programming_latency_counts_each_change_once_from_its_trigger_time() {
     if let Some(pass) = engine.reconcile() {
         assert!(pass.programming_latencies.is_empty(), "{pass:?}");
     }
+}
+
+/// The value of one sample in the text format.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (key, value) = l.rsplit_once(' ')?;
+        (key == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+#[test]
+fn rejected_objects_are_counted_once_and_gauged_until_fixed() {
+    let metrics = metrics();
+    let mut engine = engine();
+    list(&mut engine, SERVICE, &slice(None, &["10.244.1.21"]));
+    let bad = |n: &str| Subject::File(PathBuf::from(format!("/manifests/{n}.yaml")));
+    let reject = |engine: &mut Engine<InMemoryMaps>, n: &str| {
+        engine.handle(SourceEvent::Rejected {
+            subject: bad(n),
+            message: format!("{n}.yaml#1: invalid YAML"),
+        });
+    };
+    let read = |metrics: &Metrics, engine: &Engine<InMemoryMaps>| {
+        metrics.record_state(engine);
+        let text = metrics.encode(Format::Text);
+        (
+            sample(&text, "socklb_rejected_objects_total"),
+            sample(&text, "socklb_rejected_objects_current"),
+        )
+    };
+    assert_eq!(read(&metrics, &engine), (Some(0.0), Some(0.0)));
+    reject(&mut engine, "a");
+    reject(&mut engine, "b");
+    assert_eq!(read(&metrics, &engine), (Some(2.0), Some(2.0)));
+    // The same problem reported again (a re-read of the same broken file): nothing new.
+    reject(&mut engine, "a");
+    assert_eq!(read(&metrics, &engine), (Some(2.0), Some(2.0)));
+    engine.handle(SourceEvent::Fixed(bad("a")));
+    assert_eq!(read(&metrics, &engine), (Some(2.0), Some(1.0)));
+    engine.handle(SourceEvent::Fixed(bad("b")));
+    assert_eq!(read(&metrics, &engine), (Some(2.0), Some(0.0)));
+    // Both families live side by side in OpenMetrics too (a gauge named like the counter
+    // family would clash there).
+    let om = metrics.encode(Format::OpenMetrics);
+    assert!(
+        om.contains("# TYPE socklb_rejected_objects counter\n"),
+        "{om}"
+    );
+    assert!(
+        om.contains("# TYPE socklb_rejected_objects_current gauge\n"),
+        "{om}"
+    );
 }
 
 #[test]

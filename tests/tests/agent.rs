@@ -233,7 +233,7 @@ fn health_readiness_and_metrics() -> anyhow::Result<()> {
         metric("socklb_map_capacity{map=\"BACKENDS\"}"),
         Some(f64::from(lb_common::MapId::Backends.default_capacity()))
     );
-    assert!(metric("socklb_reconcile_duration_seconds_count") >= Some(1.0));
+    assert!(metric("socklb_sync_duration_seconds_count") >= Some(1.0));
     assert!(metric("socklb_sync_lag_seconds").is_some());
     Ok(())
 }

@@ -52,6 +52,11 @@ fn rejected_total(agent: &AgentProcess) -> anyhow::Result<u64> {
     Ok(u64::try_from(value.round() as i64)?)
 }
 
+/// How many rejections stand now (a gauge, back to 0 once every one is fixed).
+fn rejected_now(agent: &AgentProcess) -> anyhow::Result<Option<f64>> {
+    agent.metric("socklb_rejected_objects_current")
+}
+
 /// Waits until /status's rejections satisfy `check`.
 fn wait_status(
     agent: &AgentProcess,
@@ -118,6 +123,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     sandbox.wait_candidates(WEB, &[A, B])?;
     sandbox.wait_candidates(API, &[C])?;
     assert!(status(&agent)?.rejected.is_empty());
+    assert_eq!(rejected_now(&agent)?, Some(0.0));
     let counted = rejected_total(&agent)?;
     let path = sandbox.manifests().join("web.yaml");
 
@@ -139,6 +145,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     })?;
     all_in_place(&sandbox, &[C])?;
     assert_eq!(rejected_total(&agent)?, counted + 1, "counted once");
+    assert_eq!(rejected_now(&agent)?, Some(1.0), "one stands");
     let lookup = sandbox.lookup(WEB)?;
     assert!(lookup.is_frontend, "{lookup:?}");
     assert!(
@@ -164,6 +171,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     all_in_place(&sandbox, &[A, C])?;
     assert_eq!(rejected_total(&agent)?, counted + 1, "still counted once");
     assert_eq!(status(&agent)?.rejected.len(), 1);
+    assert_eq!(rejected_now(&agent)?, Some(1.0));
 
     // 3. Worse: the file cut off in the middle of the second document (a half-written save).
     //    The api Service is gone from the text too: the file's last good objects all stay.
@@ -184,6 +192,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     let after_fix = rejected_total(&agent)?;
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(rejected_total(&agent)?, after_fix);
+    assert_eq!(rejected_now(&agent)?, Some(0.0), "back to 0 once fixed");
     assert_eq!(agent.get("/readyz")?.0, 200);
     Ok(())
 }

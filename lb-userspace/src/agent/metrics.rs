@@ -114,7 +114,6 @@ impl Format {
 
 pub struct Metrics {
     pub registry: Registry,
-    reconcile_duration: Histogram,
     sync_duration: Histogram,
     last_sync: Gauge<f64, AtomicU64>,
     programming_duration: Histogram,
@@ -127,6 +126,7 @@ pub struct Metrics {
     failing_services: Gauge,
     conflicts: Gauge,
     rejected_objects: Counter,
+    rejected_now: Gauge,
     udp_terminated: Counter,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
@@ -154,14 +154,9 @@ fn map_labels(map: MapId) -> Labels {
     vec![("map".to_string(), map.name().to_string())]
 }
 
-/// Reconcile, sync and network programming durations.
-fn histograms(r: &mut Registry) -> [Histogram; 3] {
+/// Sync and network programming durations.
+fn histograms(r: &mut Registry) -> [Histogram; 2] {
     [
-        (
-            "reconcile_duration_seconds",
-            "Time to translate and write one batch of changes",
-            exponential_buckets(0.000_05, 4.0, 10).collect(),
-        ),
         (
             "sync_duration_seconds",
             "Time of one sync, full or partial, from translation to the last map write \
@@ -219,7 +214,7 @@ impl Metrics {
         let mut root = Registry::default();
         root.register_collector(Box::new(Process::new()));
         let r = root.sub_registry_with_prefix("socklb");
-        let [reconcile_duration, sync_duration, programming_duration] = histograms(r);
+        let [sync_duration, programming_duration] = histograms(r);
         let [last_sync, sync_lag] = [
             (
                 "last_sync_timestamp_seconds",
@@ -241,7 +236,7 @@ impl Metrics {
         ]
         .map(|(name, help)| register(r, name, help, Family::<Labels, Gauge>::default()));
         let errors = register(r, "errors", "Errors by kind", Family::default());
-        let [services, failing_services, conflicts] = [
+        let [services, failing_services, conflicts, rejected_now] = [
             (
                 "service_ports",
                 "Backend sets (service port, family, scope) in the maps",
@@ -254,13 +249,19 @@ impl Metrics {
                 "address_conflicts",
                 "Service addresses claimed by a Service that does not own them (not written)",
             ),
+            (
+                "rejected_objects_current",
+                "Services, EndpointSlices and manifest documents rejected now (their last good \
+                 version, if any, stays in effect); 0 once every one is fixed",
+            ),
         ]
         .map(|(name, help)| register(r, name, help, Gauge::default()));
         let [writes, rejected_objects, udp_terminated] = [
             ("map_writes", "Map writes done by the reconciler"),
             (
                 "rejected_objects",
-                "Services, EndpointSlices and manifest files rejected",
+                "Rejections of Services, EndpointSlices and manifest documents (each problem \
+                 counted once; socklb_rejected_objects_current is how many stand now)",
             ),
             (
                 "udp_sockets_terminated",
@@ -283,7 +284,6 @@ impl Metrics {
         let affinity_capacity = fixed_sizes(&maps_dir, &map_entries, &map_capacity);
         Self {
             registry: root,
-            reconcile_duration,
             sync_duration,
             last_sync,
             programming_duration,
@@ -296,6 +296,7 @@ impl Metrics {
             failing_services,
             conflicts,
             rejected_objects,
+            rejected_now,
             udp_terminated,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
@@ -306,7 +307,6 @@ impl Metrics {
 
     pub fn record_pass(&self, pass: &Pass) {
         let seconds = pass.duration.as_secs_f64();
-        self.reconcile_duration.observe(seconds);
         self.sync_duration.observe(seconds);
         if pass.report.failed.is_empty() {
             self.last_sync.set(unix_seconds(SystemTime::now()));
@@ -360,6 +360,7 @@ impl Metrics {
                 *last = *total;
             }
         }
+        self.rejected_now.set(gauge(engine.rejected().len()));
         let rejected_total = engine.rejected_total();
         let last = self.seen_rejected.swap(rejected_total, Ordering::Relaxed);
         if rejected_total > last {
