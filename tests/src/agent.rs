@@ -2,6 +2,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::PathBuf,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -25,6 +26,15 @@ pub struct AgentOptions {
     pub no_wait: bool,
     /// How long to wait for /readyz (default 20 s).
     pub ready_timeout: Option<Duration>,
+    /// `--health-listen` (default: a free loopback port).
+    pub health_listen: Option<SocketAddr>,
+    /// `--metrics-listen` (default: a free loopback port).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Run the agent in this network namespace (by name, under /run/netns) instead of the
+    /// host's: its connects stay inside, and its listeners are out of the test's reach.
+    pub netns: Option<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
 }
 
 pub struct AgentProcess {
@@ -36,6 +46,8 @@ pub struct AgentProcess {
     pub listen: SocketAddr,
     pub log: PathBuf,
     command: Vec<String>,
+    netns: Option<String>,
+    env: Vec<(String, String)>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -44,8 +56,14 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl AgentProcess {
     pub fn start(sandbox: &Sandbox, options: &AgentOptions) -> anyhow::Result<Self> {
-        let listen: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
-        let health: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+        let listen: SocketAddr = match options.metrics_listen {
+            Some(a) => a,
+            None => format!("127.0.0.1:{}", free_port()?).parse()?,
+        };
+        let health: SocketAddr = match options.health_listen {
+            Some(a) => a,
+            None => format!("127.0.0.1:{}", free_port()?).parse()?,
+        };
         let log = sandbox.workdir.join(format!("agent-{}.log", listen.port()));
         let mut command: Vec<String> = vec!["agent".into()];
         if let Some(k) = &options.kubeconfig {
@@ -74,6 +92,8 @@ impl AgentProcess {
             listen,
             log,
             command,
+            netns: options.netns.clone(),
+            env: options.env.clone(),
         };
         agent.spawn()?;
         if !options.no_wait {
@@ -87,16 +107,39 @@ impl AgentProcess {
             .create(true)
             .append(true)
             .open(&self.log)?;
+        let mut cmd = Command::new(bins::socklb()?);
+        cmd.args(&self.command)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let netns = self
+            .netns
+            .as_ref()
+            .map(|ns| {
+                std::fs::File::open(format!("/run/netns/{ns}"))
+                    .with_context(|| format!("opening netns {ns}"))
+            })
+            .transpose()?;
+        if let Some(file) = &netns {
+            let fd = file.as_raw_fd();
+            // SAFETY: only setns(2) runs between fork and exec, on a descriptor that `netns`
+            // keeps open until the spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         let child = self
             .processes
-            .spawn(
-                Command::new(bins::socklb()?)
-                    .args(&self.command)
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
-                    .stderr(log),
-            )
+            .spawn(&mut cmd)
             .context("starting socklb agent")?;
+        drop(netns);
         self.child = Some(child);
         Ok(())
     }
@@ -123,6 +166,29 @@ impl AgentProcess {
         // SAFETY: signalling our own unreaped child by PID.
         unsafe { libc::kill(i32::try_from(owned.id())?, libc::SIGTERM) };
         Ok(owned.child().wait()?)
+    }
+
+    /// Waits for the agent to exit on its own (a failed start): its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<std::process::ExitStatus> {
+        let start = Instant::now();
+        loop {
+            let owned = self.child.as_mut().context("agent not running")?;
+            if let Some(status) = owned.child().try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "agent still running after {timeout:?}:\n{}",
+                    self.log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The whole log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -1,5 +1,6 @@
 //! Small system helpers for the sandbox: iproute2, mounts, cgroups, processes.
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
@@ -121,6 +122,85 @@ pub fn sweep_stale() {
             }
         }
     }
+}
+
+/// The cgroup attach types socklb uses (`enum bpf_attach_type`), by bpftool's names.
+pub const SOCKLB_ATTACH_TYPES: [(u32, &str); 8] = [
+    (10, "cgroup_inet4_connect"),
+    (11, "cgroup_inet6_connect"),
+    (14, "cgroup_udp4_sendmsg"),
+    (15, "cgroup_udp6_sendmsg"),
+    (19, "cgroup_udp4_recvmsg"),
+    (20, "cgroup_udp6_recvmsg"),
+    (29, "cgroup_inet4_getpeername"),
+    (30, "cgroup_inet6_getpeername"),
+];
+
+/// The programs attached to `cgroup` itself (not inherited), by attach type, as the kernel
+/// reports them: `BPF_PROG_QUERY`, what `bpftool cgroup show` runs. Independent of socklb's
+/// pins, so it also sees a link whose pin is gone.
+pub fn cgroup_programs(cgroup: &Path) -> anyhow::Result<BTreeMap<&'static str, Vec<u32>>> {
+    use std::os::fd::AsRawFd as _;
+    /// The `BPF_PROG_QUERY` part of `union bpf_attr`.
+    #[repr(C)]
+    struct Query {
+        target_fd: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        prog_cnt: u32,
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
+    }
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    let dir = std::fs::File::open(cgroup)
+        .with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+    let mut out = BTreeMap::new();
+    for (attach_type, name) in SOCKLB_ATTACH_TYPES {
+        let mut ids = [0u32; 64];
+        let mut query = Query {
+            target_fd: u32::try_from(dir.as_raw_fd())?,
+            attach_type,
+            query_flags: 0,
+            attach_flags: 0,
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: u32::try_from(ids.len())?,
+            _pad: 0,
+            prog_attach_flags: 0,
+            link_ids: 0,
+            link_attach_flags: 0,
+            revision: 0,
+        };
+        // SAFETY: a valid bpf_attr for BPF_PROG_QUERY; `ids` outlives the call and holds
+        // `prog_cnt` entries.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_QUERY,
+                &raw mut query,
+                size_of::<Query>(),
+            )
+        };
+        if rc != 0 {
+            bail!(
+                "BPF_PROG_QUERY {name} on {}: {}",
+                cgroup.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+        let count = usize::try_from(query.prog_cnt)?.min(ids.len());
+        out.insert(name, ids[..count].to_vec());
+    }
+    Ok(out)
+}
+
+/// Every program id attached to `cgroup` by socklb's attach types.
+pub fn cgroup_program_ids(cgroup: &Path) -> anyhow::Result<Vec<u32>> {
+    Ok(cgroup_programs(cgroup)?.into_values().flatten().collect())
 }
 
 #[cfg(test)]

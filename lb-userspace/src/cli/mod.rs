@@ -8,6 +8,7 @@ mod table;
 mod version;
 
 pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
+pub use reset::Reset;
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 

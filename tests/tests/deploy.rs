@@ -1,0 +1,518 @@
+//! Deploying for real: an agent that cannot bind its listeners changes nothing; replace mode
+//! reaches the API on its real address (and warns when it would go through a ClusterIP);
+//! uninstalling after a kill -9 leaves no program and no pin; a new agent with another map
+//! layout takes over make-before-break under load.
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, TcpListener},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use socklb::{
+    cli::Reset,
+    dataplane::loader::{PinFolder, ProgramView},
+};
+use socklb_tests::{
+    Sandbox,
+    agent::AgentOptions,
+    apiserver::ApiServer,
+    bins,
+    churn::wall_ns,
+    client::{Command, Reply},
+    manifests::{Ep, service, slice},
+    privileged,
+    system::{SOCKLB_ATTACH_TYPES, cgroup_program_ids, cgroup_programs},
+};
+
+const A: &str = "10.244.1.21:8080";
+const B: &str = "10.244.2.34:8080";
+const WEB: &str = "10.96.0.10:80";
+
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn figure(name: &str, value: impl std::fmt::Display) {
+    println!("FIGURE {name}: {value}");
+}
+
+/// The seed Service (web, 10.96.0.10:80 → A and B) with its backends running.
+fn seeded() -> anyhow::Result<Sandbox> {
+    let sandbox = Sandbox::new()?;
+    for b in [A, B] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    Ok(sandbox)
+}
+
+/// What the kernel itself puts in every bpf filesystem (the preloaded iterators).
+const KERNEL_FILES: [&str; 2] = ["maps.debug", "progs.debug"];
+
+/// Every file under the bpffs mount but the kernel's own, with its inode: a pin replaced is a
+/// new inode.
+fn pins(sandbox: &Sandbox) -> anyhow::Result<BTreeMap<PathBuf, u64>> {
+    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<PathBuf, u64>) -> anyhow::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if dir == root && KERNEL_FILES.iter().any(|k| path.ends_with(k)) {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&path)?;
+            out.insert(path.strip_prefix(root)?.to_path_buf(), meta.ino());
+            if meta.is_dir() {
+                walk(&path, root, out)?;
+            }
+        }
+        Ok(())
+    }
+    let mut out = BTreeMap::new();
+    walk(&sandbox.pin_mount, &sandbox.pin_mount, &mut out)?;
+    Ok(out)
+}
+
+/// `count` connects to `target` from the sandbox's client pod.
+fn connect(sandbox: &Sandbox, target: &str, count: usize) -> anyhow::Result<Reply> {
+    sandbox.client()?.connect(target.parse()?, count)
+}
+
+/// Polls `check` every 25 ms for at most `limit`.
+fn wait_until(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !check()? {
+        anyhow::ensure!(start.elapsed() < limit, "{what}: not after {limit:?}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Ok(())
+}
+
+/// An agent that cannot bind its health or its metrics address exits non-zero, names the
+/// address, and touches nothing: on a fresh node no program is attached and nothing is pinned;
+/// over a running deployment the programs and every pin stay exactly as they were, and Services
+/// keep being served.
+#[test]
+fn a_taken_listener_port_fails_the_start_and_changes_nothing() -> anyhow::Result<()> {
+    if !privileged("a_taken_listener_port_fails_the_start_and_changes_nothing") {
+        return Ok(());
+    }
+    let sandbox = seeded()?;
+    let taken = TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?;
+    let taking = |which: &str| AgentOptions {
+        no_wait: true,
+        health_listen: (which == "health").then_some(addr),
+        metrics_listen: (which == "metrics").then_some(addr),
+        ..AgentOptions::default()
+    };
+    let fails = |which: &str| -> anyhow::Result<String> {
+        let mut agent = sandbox.start_agent(&taking(which))?;
+        let status = agent.wait_exit(Duration::from_secs(20))?;
+        let log = agent.log_text();
+        assert!(!status.success(), "{which}: {status}\n{log}");
+        assert!(
+            log.contains(&format!("binding the {which} address {addr}"))
+                && log.contains("Address already in use"),
+            "{which}: the error names the address:\n{log}"
+        );
+        Ok(log)
+    };
+
+    // A fresh node: nothing attached, nothing pinned.
+    for which in ["health", "metrics"] {
+        fails(which)?;
+        assert_eq!(
+            cgroup_program_ids(&sandbox.cgroup)?,
+            Vec::<u32>::new(),
+            "{which}: nothing attached"
+        );
+        assert_eq!(pins(&sandbox)?, BTreeMap::new(), "{which}: nothing pinned");
+    }
+
+    // A running deployment (its agent crashed): the failed start changes nothing.
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    agent.kill9();
+    let programs = cgroup_programs(&sandbox.cgroup)?;
+    assert!(
+        programs.values().all(|ids| ids.len() == 1),
+        "one program per hook: {programs:?}"
+    );
+    let pinned = pins(&sandbox)?;
+    for which in ["health", "metrics"] {
+        let log = fails(which)?;
+        assert!(!log.contains("programs loaded"), "{which}: loaded:\n{log}");
+        assert_eq!(cgroup_programs(&sandbox.cgroup)?, programs, "{which}");
+        assert_eq!(pins(&sandbox)?, pinned, "{which}: the pins are untouched");
+        assert_eq!(connect(&sandbox, WEB, 10)?.answers(), 10, "{which}");
+    }
+    drop(taken);
+    Ok(())
+}
+
+/// A kubeconfig whose server is `server` (TLS unverified: nothing is ever reached through it).
+fn kubeconfig(path: &Path, server: &str) -> anyhow::Result<()> {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n"
+        ),
+    )?;
+    Ok(())
+}
+
+/// Replace mode. The agent's configuration points at the `kubernetes` Service's ClusterIP
+/// (10.96.0.1:443, as in-cluster configuration does), which nothing translates here:
+/// - without `--api-server` it says loudly, at start, that it would reach the API through a
+///   ClusterIP with no kube-proxy on the node (run in the client pod's network namespace, where
+///   that address has no route, so its connects stay in the sandbox), and never attaches;
+/// - with `--api-server` on the stand-in's plain loopback address it converges and serves,
+///   the `kubernetes` Service included, and says nothing of the kind.
+#[test]
+fn replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it() -> anyhow::Result<()> {
+    if !privileged("replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for b in [A, B] {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    // The API server "behind" the kubernetes Service, as a backend pod.
+    let api_pod: SocketAddr = "10.244.3.47:6443".parse()?;
+    sandbox.add_backend(api_pod, false)?;
+    let api = ApiServer::start()?;
+    for file in ["seed/service.yaml", "seed/endpointslice.yaml"] {
+        api.apply(&std::fs::read_to_string(examples().join(file))?)?;
+    }
+    api.apply(&service(
+        "kubernetes",
+        "10.96.0.1",
+        "https",
+        "TCP",
+        443,
+        "6443",
+        &[],
+    ))?;
+    api.apply(&slice(
+        "kubernetes",
+        "kubernetes",
+        "https",
+        "TCP",
+        6443,
+        &[Ep::ready("10.244.3.47")],
+    ))?;
+    let config = sandbox.workdir.join("kubeconfig");
+    kubeconfig(&config, "https://10.96.0.1:443")?;
+    let in_cluster_env = vec![
+        (
+            "KUBERNETES_SERVICE_HOST".to_string(),
+            "10.96.0.1".to_string(),
+        ),
+        ("KUBERNETES_SERVICE_PORT".to_string(), "443".to_string()),
+    ];
+    let warning = "reaches the API server through the `kubernetes` Service's ClusterIP";
+
+    // 1. Through the ClusterIP: a loud warning, and it cannot get anywhere.
+    let mut stuck = sandbox.start_agent(&AgentOptions {
+        kubeconfig: Some(config.clone()),
+        env: in_cluster_env.clone(),
+        netns: Some(sandbox.client_ns.clone()),
+        no_wait: true,
+        ..AgentOptions::default()
+    })?;
+    wait_until("the warning", Duration::from_secs(20), || {
+        Ok(stuck.log_text().contains(warning))
+    })?;
+    wait_until("a failed watch", Duration::from_secs(20), || {
+        Ok(stuck.log_text().contains("watch failed"))
+    })?;
+    let log = stuck.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains(warning))
+        .expect("the warning");
+    for said in [
+        "ERROR",
+        "10.96.0.1:443",
+        "no kube-proxy answers on this node",
+        "--api-server",
+        "SOCKLB_API_SERVER",
+    ] {
+        assert!(line.contains(said), "{said:?} not in {line}");
+    }
+    assert_eq!(
+        cgroup_program_ids(&sandbox.cgroup)?,
+        Vec::<u32>::new(),
+        "no complete sync, nothing attached"
+    );
+    assert_eq!(
+        api.requests("list services"),
+        0,
+        "the stand-in was never reached"
+    );
+    stuck.kill9();
+
+    // 2. Replace mode: the real address, the same configuration and environment otherwise.
+    let server = format!("http://{}", api.addr);
+    let agent = sandbox.start_agent(&AgentOptions {
+        kubeconfig: Some(config),
+        env: in_cluster_env,
+        args: vec!["--api-server".into(), server.clone()],
+        ..AgentOptions::default()
+    })?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    sandbox.wait_candidates("10.96.0.1:443", &["10.244.3.47:6443"])?;
+    let mut client = sandbox.client()?;
+    assert_eq!(client.connect(WEB.parse()?, 20)?.answers(), 20);
+    let kubernetes = client.connect("10.96.0.1:443".parse()?, 5)?;
+    assert_eq!(
+        kubernetes.backends.get(&api_pod.to_string()),
+        Some(&5),
+        "pods reach the API through the kubernetes Service: {kubernetes:?}"
+    );
+    assert!(api.requests("list services") >= 1);
+    let log = agent.log_text();
+    assert!(
+        log.lines().any(
+            |l| l.contains("reading Services and EndpointSlices from the API")
+                && l.contains(&server)
+        ),
+        "the agent names the server it uses:\n{log}"
+    );
+    assert!(
+        !log.contains("reaches the API server through"),
+        "no warning in replace mode:\n{log}"
+    );
+    assert_eq!(agent.get("/readyz")?.0, 200);
+    Ok(())
+}
+
+/// `socklb reset` with the JSON output read into the CLI's own type.
+fn reset(pin_folder: &Path) -> anyhow::Result<Reset> {
+    let out = std::process::Command::new(bins::socklb()?)
+        .args(["reset", "-o", "json", "--bpffs"])
+        .arg(pin_folder)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "socklb reset: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Uninstall as the cleanup DaemonSet does it, after the agent's pod was deleted (kill -9
+/// here: what a crash or a deleted DaemonSet leaves is pinned programs serving frozen maps):
+/// `socklb reset` leaves no program attached to the cgroup (as the kernel reports it, pins or
+/// not) and nothing in the bpf filesystem, the Service address is untouched again, and a
+/// second run (a restarted cleanup pod) finds nothing and succeeds.
+#[test]
+fn uninstall_after_kill_9_leaves_no_program_and_no_pin() -> anyhow::Result<()> {
+    if !privileged("uninstall_after_kill_9_leaves_no_program_and_no_pin") {
+        return Ok(());
+    }
+    let sandbox = seeded()?;
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    agent.kill9();
+    let attached = cgroup_program_ids(&sandbox.cgroup)?;
+    assert_eq!(attached.len(), SOCKLB_ATTACH_TYPES.len());
+    assert_eq!(
+        connect(&sandbox, WEB, 10)?.answers(),
+        10,
+        "frozen, but still translating"
+    );
+
+    let done = reset(&sandbox.pin_folder())?;
+    assert!(done.pinned, "{done:?}");
+    assert_eq!(done.links, lb_common::program::ALL.len(), "{done:?}");
+    assert!(done.maps >= lb_common::MAPS.len(), "{done:?}");
+    assert_eq!(
+        cgroup_program_ids(&sandbox.cgroup)?,
+        Vec::<u32>::new(),
+        "no program attached"
+    );
+    assert_eq!(pins(&sandbox)?, BTreeMap::new(), "nothing left in bpffs");
+    let untouched = connect(&sandbox, WEB, 3)?;
+    assert_eq!(
+        untouched.errors.get("ENETUNREACH"),
+        Some(&3),
+        "the ClusterIP is a plain address again: {untouched:?}"
+    );
+    let again = reset(&sandbox.pin_folder())?;
+    assert!(
+        !again.pinned && again.links == 0 && again.maps == 0,
+        "{again:?}"
+    );
+    Ok(())
+}
+
+/// Connect loops from several client processes at once, recording every connect.
+struct Load {
+    threads: Vec<std::thread::JoinHandle<anyhow::Result<Reply>>>,
+    records: Vec<PathBuf>,
+    stop: PathBuf,
+}
+
+impl Load {
+    fn start(sandbox: &Sandbox, target: SocketAddr, clients: usize) -> anyhow::Result<Self> {
+        let stop = sandbox.workdir.join("stop-load");
+        let mut threads = Vec::new();
+        let mut records = Vec::new();
+        for i in 0..clients {
+            let out = sandbox.workdir.join(format!("load-{i}.txt"));
+            let mut client = sandbox.client()?;
+            let (o, s) = (out.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                client.run(&Command::Record {
+                    target,
+                    out: o,
+                    stop: s,
+                    min_count: 1,
+                    max_seconds: 120,
+                })
+            }));
+            records.push(out);
+        }
+        Ok(Self {
+            threads,
+            records,
+            stop,
+        })
+    }
+
+    /// Stops the loops; every connect as (start ns, end ns, backend or `!errno`).
+    fn finish(self) -> anyhow::Result<(Vec<Reply>, Vec<(u64, u64, String)>)> {
+        std::fs::write(&self.stop, "")?;
+        let mut replies = Vec::new();
+        for t in self.threads {
+            let reply = t
+                .join()
+                .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
+            anyhow::ensure!(reply.ok, "the load client failed: {reply:?}");
+            replies.push(reply);
+        }
+        let mut connects = Vec::new();
+        for r in &self.records {
+            for line in std::fs::read_to_string(r)?.lines() {
+                let mut f = line.split_whitespace();
+                let (Some(t0), Some(t1), Some(what)) = (f.next(), f.next(), f.next()) else {
+                    continue;
+                };
+                connects.push((t0.parse()?, t1.parse()?, what.to_string()));
+            }
+        }
+        Ok((replies, connects))
+    }
+}
+
+/// An upgrade to an agent whose map layout differs (other map sizes: another `maps-<digest>`
+/// generation) while three client processes connect in a loop: the old programs keep serving
+/// until the new agent has written its first full sync into its new maps, the new links go in
+/// beside the old ones, then the old ones go. No connect fails; the new generation serves;
+/// the old generation's folder is gone; exactly one program per hook is attached.
+#[test]
+fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<()> {
+    if !privileged("a_new_map_layout_takes_over_make_before_break_under_load") {
+        return Ok(());
+    }
+    let sandbox = seeded()?;
+    let mut old = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    let folder = PinFolder::new(sandbox.pin_folder());
+    let old_generation = folder.current().expect("a generation");
+    let old_programs = cgroup_program_ids(&sandbox.cgroup)?;
+    assert_eq!(old_programs.len(), SOCKLB_ATTACH_TYPES.len());
+
+    let load = Load::start(&sandbox, WEB.parse()?, 3)?;
+    std::thread::sleep(Duration::from_millis(300));
+    // A rolling update: the old pod gets SIGTERM and exits, then the new one starts.
+    let stopped = old.stop()?;
+    assert!(stopped.success(), "the old agent stops cleanly: {stopped}");
+    let switch_start = wall_ns();
+    let new_backends = 4096u32;
+    assert_ne!(new_backends, lb_common::MapId::Backends.default_capacity());
+    let new = sandbox.start_agent(&AgentOptions {
+        args: vec!["--max-backends".into(), new_backends.to_string()],
+        ..AgentOptions::default()
+    })?;
+    let switch_end = wall_ns();
+    std::thread::sleep(Duration::from_millis(300));
+    let (replies, connects) = load.finish()?;
+
+    let failed: Vec<&(u64, u64, String)> =
+        connects.iter().filter(|c| c.2.starts_with('!')).collect();
+    let during = connects
+        .iter()
+        .filter(|(t0, t1, _)| *t1 >= switch_start && *t0 <= switch_end)
+        .count();
+    let switch_ms = (switch_end - switch_start) / 1_000_000;
+    figure("layout migration: connects", connects.len());
+    figure("layout migration: connects during the switch", during);
+    figure("layout migration: failed connects", failed.len());
+    figure("layout migration: new agent start to ready (ms)", switch_ms);
+    for r in &replies {
+        assert!(r.errors.is_empty(), "failed connects: {:?}", r.errors);
+    }
+    assert!(failed.is_empty(), "failed connects: {failed:?}");
+    assert!(
+        during >= 10,
+        "only {during} connects overlapped the {switch_ms} ms switch"
+    );
+    let backends: std::collections::BTreeSet<&str> =
+        connects.iter().map(|c| c.2.as_str()).collect();
+    assert_eq!(
+        backends,
+        [A, B].into_iter().collect(),
+        "every connect reached the Service's backends"
+    );
+
+    // The new generation is the one attached and serving.
+    let new_generation = folder.current().expect("a generation");
+    assert_ne!(new_generation, old_generation);
+    assert!(
+        !old_generation.exists(),
+        "{} is still there",
+        old_generation.display()
+    );
+    assert_eq!(folder.map_dirs(), [new_generation.clone()]);
+    assert_eq!(
+        new.metric("socklb_map_capacity{map=\"BACKENDS\"}")?,
+        Some(f64::from(new_backends))
+    );
+    let programs = cgroup_programs(&sandbox.cgroup)?;
+    assert!(
+        programs.values().all(|ids| ids.len() == 1),
+        "exactly one program per hook: {programs:?}"
+    );
+    let mut attached: Vec<u32> = programs.into_values().flatten().collect();
+    attached.sort_unstable();
+    let mut pinned: Vec<u32> = sandbox
+        .inspect_as::<Vec<ProgramView>>(&["programs"])?
+        .iter()
+        .map(|p| p.id)
+        .collect();
+    pinned.sort_unstable();
+    assert_eq!(
+        attached, pinned,
+        "the attached programs are the pinned ones"
+    );
+    assert!(
+        attached.iter().all(|id| !old_programs.contains(id)),
+        "the old programs are gone: {attached:?} vs {old_programs:?}"
+    );
+    assert!(
+        new.log_text()
+            .contains("removed another layout's maps (migrated)"),
+        "{}",
+        new.log_tail(30)
+    );
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    assert_eq!(connect(&sandbox, WEB, 20)?.answers(), 20);
+    Ok(())
+}
