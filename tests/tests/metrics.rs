@@ -248,7 +248,6 @@ fn metrics_pass_promtool_and_speak_openmetrics_when_asked() -> anyhow::Result<()
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(&v["agent"]["version"], version);
     assert_eq!(&v["agent"]["commit"], commit);
-    assert_eq!(v["agent"]["address"], agent.listen.to_string());
     let out = socklb(&["version"], &[("SOCKLB_AGENT", &agent.listen.to_string())])?;
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

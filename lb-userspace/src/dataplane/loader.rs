@@ -185,11 +185,6 @@ impl PinFolder {
             .cloned()
             .or_else(|| dirs.last().cloned())
     }
-
-    /// Whether an agent has pinned state here.
-    pub fn exists(&self) -> bool {
-        self.current().is_some()
-    }
 }
 
 /// The ids of the maps the attached connect4 program uses.
