@@ -6,7 +6,7 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -201,35 +201,65 @@ fn fuzz(seconds: u64) -> anyhow::Result<String> {
     Ok(done)
 }
 
+/// How long one long test run may take before it is stopped (they take a few minutes).
+const STRESS_RUN_LIMIT: Duration = Duration::from_mins(25);
+
+/// The isolation runs at scale: how many connected UDP sockets the greedy tenant holds, and how
+/// many times the backend sets shrink and grow under the connect storm (the `cargo xtask test`
+/// defaults are 140,000 and 1,000).
+const STRESS_HELD_SOCKETS: &str = "500000";
+const STRESS_STORM_CYCLES: &str = "10000";
+
 /// The long runs; prints and writes the figures.
 fn stress() -> anyhow::Result<()> {
     let root = workspace_root();
     let mut figures = Vec::new();
-    let out = Command::new("cargo")
-        .args([
-            "test",
-            "--release",
-            "-p",
-            "socklb-tests",
-            "--test",
-            "reliability",
-            "--",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .current_dir(&root)
-        .output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    figures.extend(
-        stdout
-            .lines()
-            .filter_map(|l| l.split_once("FIGURE ").map(|(_, f)| f.to_string())),
-    );
-    if !out.status.success() {
-        eprintln!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        bail!("a long reliability run failed");
-    }
+    // The tests run the binaries next to them (target/release): build them first.
+    step("build (release)", || {
+        cmd("cargo", &["build", "--release", "--workspace", "--bins"])
+    })?;
+    step("long reliability runs (rolling updates, kill -9)", || {
+        let out = cargo_within(
+            &[
+                "test",
+                "--release",
+                "-p",
+                "socklb-tests",
+                "--test",
+                "reliability",
+                "--",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ],
+            &[],
+            STRESS_RUN_LIMIT,
+        )?;
+        figures.extend(figure_lines(&out));
+        Ok(())
+    })?;
+    step("tenant isolation at scale", || {
+        let out = cargo_within(
+            &[
+                "test",
+                "--release",
+                "-p",
+                "socklb-tests",
+                "--test",
+                "isolation",
+                "--",
+                "--nocapture",
+                "--test-threads=1",
+            ],
+            &[
+                ("SOCKLB_HELD_SOCKETS", STRESS_HELD_SOCKETS),
+                ("SOCKLB_STORM_CYCLES", STRESS_STORM_CYCLES),
+            ],
+            STRESS_RUN_LIMIT,
+        )?;
+        figures.extend(figure_lines(&out));
+        Ok(())
+    })?;
     let cases = "200000";
     step("property tests, 200,000 cases each", || {
         let status = Command::new("cargo")
@@ -260,6 +290,96 @@ fn stress() -> anyhow::Result<()> {
     std::fs::write(root.join("target/stress/figures.md"), &text)?;
     println!("\n{text}");
     Ok(())
+}
+
+/// The `FIGURE ...` lines of a test run's output, without the marker.
+fn figure_lines(output: &str) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| l.split_once("FIGURE ").map(|(_, f)| f.to_string()))
+        .collect()
+}
+
+/// Runs `cargo ARGS` in the workspace root with `envs`, echoing its output as it comes, and
+/// returns stdout and stderr together. Past `limit` it is stopped (SIGTERM to its process
+/// group, SIGKILL 10 s later: the test processes cargo started go too; what their sandboxes
+/// leave is swept by the next run) and the step fails.
+fn cargo_within(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> anyhow::Result<String> {
+    use std::{
+        io::{BufRead as _, BufReader},
+        os::unix::process::CommandExt as _,
+        process::Stdio,
+        sync::mpsc,
+    };
+    let mut child = Command::new("cargo")
+        .args(args)
+        .envs(envs.iter().copied())
+        .current_dir(workspace_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .context("running cargo")?;
+    let (tx, rx) = mpsc::channel::<String>();
+    let readers: Vec<_> = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|stream| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let _ = tx.send(line);
+            }
+        })
+    })
+    .collect();
+    drop(tx);
+    let group = i32::try_from(child.id()).context("pid")?;
+    let start = Instant::now();
+    let mut signalled: Option<Instant> = None;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        match signalled {
+            None if start.elapsed() > limit => {
+                eprintln!(
+                    "xtask: `cargo {}` ran past {limit:?}: stopping it",
+                    args.join(" ")
+                );
+                // SAFETY: signals the process group of the child started above.
+                unsafe { libc::kill(-group, libc::SIGTERM) };
+                signalled = Some(Instant::now());
+            }
+            Some(at) if at.elapsed() > Duration::from_secs(10) => {
+                // SAFETY: as above.
+                unsafe { libc::kill(-group, libc::SIGKILL) };
+            }
+            _ => {}
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for r in readers {
+        let _ = r.join();
+    }
+    let output: Vec<String> = rx.into_iter().collect();
+    if signalled.is_some() {
+        bail!("`cargo {}` did not finish within {limit:?}", args.join(" "));
+    }
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(output.join("\n"))
 }
 
 fn bench(quick: bool) -> anyhow::Result<()> {
