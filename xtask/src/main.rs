@@ -262,22 +262,20 @@ fn stress() -> anyhow::Result<()> {
     })?;
     let cases = "200000";
     step("property tests, 200,000 cases each", || {
-        let status = Command::new("cargo")
-            .args([
+        cargo_within(
+            &[
                 "test",
                 "--release",
                 "-p",
                 "lb-userspace",
                 "--test",
                 "properties",
-            ])
-            .env("PROPTEST_CASES", cases)
-            .current_dir(&root)
-            .status()?;
-        if !status.success() {
-            bail!("a property failed");
-        }
-        Ok(())
+            ],
+            &[("PROPTEST_CASES", cases)],
+            STRESS_RUN_LIMIT,
+        )
+        .context("a property failed")
+        .map(|_| ())
     })?;
     figures.push(format!("property-test cases per property: {cases}"));
     let done = fuzz(300)?;
