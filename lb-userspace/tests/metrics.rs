@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use lb_common::MapId;
 use socklb::{
     agent::{Engine, Format, Metrics},
     dataplane::{loader::PinFolder, maps::InMemoryMaps},
@@ -231,9 +232,6 @@ fn the_text_format_passes_promtool_with_help_and_type_on_every_metric() {
         "socklb_last_sync_timestamp_seconds ",
         "socklb_errors_total{kind=\"udp_terminate\"} 1",
         "socklb_udp_sockets_terminated_total 2",
-        "socklb_map_entries{map=\"FRONTENDS4\"} 1",
-        "socklb_map_entries{map=\"BACKENDS\"} ",
-        "socklb_map_capacity{map=\"SERVICE_META\"} ",
         "process_cpu_seconds_total ",
         "process_resident_memory_bytes ",
         "process_open_fds ",
@@ -241,6 +239,14 @@ fn the_text_format_passes_promtool_with_help_and_type_on_every_metric() {
         "process_start_time_seconds ",
     ] {
         assert!(text.contains(expected), "no {expected:?} in\n{text}");
+    }
+    let map = |metric: &str, map: MapId| format!("socklb_{metric}{{map=\"{}\"}} ", map.name());
+    for expected in [
+        map("map_entries", MapId::Frontends4) + "1",
+        map("map_entries", MapId::Backends),
+        map("map_capacity", MapId::ServiceMeta),
+    ] {
+        assert!(text.contains(&expected), "no {expected:?} in\n{text}");
     }
 }
 

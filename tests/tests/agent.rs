@@ -228,10 +228,20 @@ fn health_readiness_and_metrics() -> anyhow::Result<()> {
     let metric = |name: &str| agent.metric(name).ok().flatten();
     assert_eq!(metric("socklb_datapath_translations_total"), Some(25.0));
     assert_eq!(metric("socklb_service_ports"), Some(1.0));
-    assert_eq!(metric("socklb_map_entries{map=\"BACKENDS\"}"), Some(2.0));
+    let backends = lb_common::MapId::Backends;
     assert_eq!(
-        metric("socklb_map_capacity{map=\"BACKENDS\"}"),
-        Some(f64::from(lb_common::MapId::Backends.default_capacity()))
+        metric(&format!(
+            "socklb_map_entries{{map=\"{}\"}}",
+            backends.name()
+        )),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(&format!(
+            "socklb_map_capacity{{map=\"{}\"}}",
+            backends.name()
+        )),
+        Some(f64::from(backends.default_capacity()))
     );
     assert!(metric("socklb_sync_duration_seconds_count") >= Some(1.0));
     assert!(metric("socklb_sync_lag_seconds").is_some());
@@ -415,8 +425,14 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
         .expect("a map generation");
     assert_eq!(mode(&pins)?, 0o700);
     assert_eq!(mode(&maps)?, 0o700);
-    assert_eq!(mode(&maps.join("FRONTENDS4"))?, 0o600);
-    assert_eq!(mode(&pins.join("links/socklb_connect4"))?, 0o600);
+    assert_eq!(
+        mode(&maps.join(lb_common::MapId::Frontends4.name()))?,
+        0o600
+    );
+    assert_eq!(
+        mode(&pins.join("links").join(lb_common::program::CONNECT4))?,
+        0o600
+    );
 
     // Stopping the agent keeps the programs serving; reset removes them.
     agent.stop()?;

@@ -157,7 +157,13 @@ fn process_sync_and_map_metrics(text: &str) -> anyhow::Result<()> {
         assert!(entries.is_some(), "no entries for {}", map.name);
     }
     assert_eq!(
-        value(text, "socklb_map_entries{map=\"FRONTENDS4\"}"),
+        value(
+            text,
+            &format!(
+                "socklb_map_entries{{map=\"{}\"}}",
+                lb_common::MapId::Frontends4.name()
+            )
+        ),
         Some(1.0)
     );
     Ok(())
