@@ -141,8 +141,9 @@ pub const SOCKLB_ATTACH_TYPES: [(u32, &str); 8] = [
 /// pins, so it also sees a link whose pin is gone.
 pub fn cgroup_programs(cgroup: &Path) -> anyhow::Result<BTreeMap<&'static str, Vec<u32>>> {
     use std::os::fd::AsRawFd as _;
-    /// The `BPF_PROG_QUERY` part of `union bpf_attr`.
+    /// The `BPF_PROG_QUERY` part of `union bpf_attr`, field names as the kernel's.
     #[repr(C)]
+    #[allow(clippy::struct_field_names)]
     struct Query {
         target_fd: u32,
         attach_type: u32,

@@ -174,6 +174,7 @@ fn kubeconfig(path: &Path, server: &str) -> anyhow::Result<()> {
 /// - with `--api-server` on the stand-in's plain loopback address it converges and serves,
 ///   the `kubernetes` Service included, and says nothing of the kind.
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario in two halves, each reading best in order
 fn replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it() -> anyhow::Result<()> {
     if !privileged("replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it") {
         return Ok(());
@@ -352,6 +353,9 @@ fn uninstall_after_kill_9_leaves_no_program_and_no_pin() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One connect of the load: (start ns, end ns, backend or `!errno`).
+type Connect = (u64, u64, String);
+
 /// Connect loops from several client processes at once, recording every connect.
 struct Load {
     threads: Vec<std::thread::JoinHandle<anyhow::Result<Reply>>>,
@@ -387,7 +391,7 @@ impl Load {
     }
 
     /// Stops the loops; every connect as (start ns, end ns, backend or `!errno`).
-    fn finish(self) -> anyhow::Result<(Vec<Reply>, Vec<(u64, u64, String)>)> {
+    fn finish(self) -> anyhow::Result<(Vec<Reply>, Vec<Connect>)> {
         std::fs::write(&self.stop, "")?;
         let mut replies = Vec::new();
         for t in self.threads {
@@ -480,7 +484,7 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
         "{} is still there",
         old_generation.display()
     );
-    assert_eq!(folder.map_dirs(), [new_generation.clone()]);
+    assert_eq!(folder.map_dirs(), std::slice::from_ref(&new_generation));
     assert_eq!(
         new.metric("socklb_map_capacity{map=\"BACKENDS\"}")?,
         Some(f64::from(new_backends))
