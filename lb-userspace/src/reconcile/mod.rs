@@ -104,6 +104,9 @@ pub struct Reconciler<M: ServiceMaps> {
     next_service_id: u32,
     ranges: Ranges,
     failed: BTreeMap<ServicePortKey, WriteFailed>,
+    /// Ranges a failed write moved frontends to and an interrupted rollback left them on:
+    /// released once no frontend points into them.
+    stranded: Vec<(u32, u32)>,
     stats: ReconcileStats,
     clock: fn() -> Instant,
 }
@@ -165,6 +168,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             next_service_id: max_id.wrapping_add(1).max(1),
             ranges,
             failed: BTreeMap::new(),
+            stranded: Vec::new(),
             stats: ReconcileStats::default(),
             clock: Instant::now,
         })
@@ -246,7 +250,24 @@ impl<M: ServiceMaps> Reconciler<M> {
             self.sync_one_into(key, Some(service), &mut report);
         }
         self.sweep_ports(&mut report);
+        self.release_stranded();
         report
+    }
+
+    /// Releases the stranded ranges no frontend points into any more.
+    fn release_stranded(&mut self) {
+        let now = (self.clock)();
+        let frontends = &self.mirror.snap.frontends;
+        let ranges = &mut self.ranges;
+        self.stranded.retain(|&(start, len)| {
+            let used = frontends.values().any(|f| {
+                f.count > 0 && f.base < start + len && start < f.base + u32::from(f.count)
+            });
+            if !used {
+                ranges.release(start, len, now);
+            }
+            used
+        });
     }
 
     /// Brings one backend set to `desired` (`None`: remove it). `desired.frontends` must hold
@@ -324,7 +345,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 self.release_ports(&plan.released_ports, report);
             }
             Err(e) => {
-                self.rollback(undo);
+                let undone = self.rollback(undo);
                 let claimed: Vec<(bool, u16)> = plan
                     .writes
                     .iter()
@@ -335,9 +356,14 @@ impl<M: ServiceMaps> Reconciler<M> {
                     .collect();
                 self.release_ports(&claimed, report);
                 if plan.new_range {
-                    // Frontends may have pointed there for a moment: let it wait like any other.
-                    self.ranges
-                        .release(plan.base, plan.layout.len() as u32, now);
+                    let len = plan.layout.len() as u32;
+                    if undone {
+                        // Frontends may have pointed there for a moment: let it wait like any
+                        // other.
+                        self.ranges.release(plan.base, len, now);
+                    } else if len > 0 {
+                        self.stranded.push((plan.base, len));
+                    }
                 }
                 if !self.sets.contains_key(key) {
                     self.keys.remove(&id);
@@ -589,21 +615,23 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     /// Undoes writes newest first. Undoing frees or rewrites existing keys, so it does not need
-    /// capacity; a failure here is logged and leaves a valid (if mixed) state for the retry.
-    fn rollback(&mut self, undo: Vec<MapWrite>) {
+    /// capacity. Each undo step lands on a state the forward writes passed through, so when one
+    /// fails the rollback stops there: the maps stay valid (never a frontend without its
+    /// metadata, port bit or range), the error is counted and logged, and the retry or the
+    /// orphan sweep finishes the job.
+    /// Whether every write was undone.
+    fn rollback(&mut self, undo: Vec<MapWrite>) -> bool {
         self.stats.rollbacks += 1;
         for write in undo.into_iter().rev() {
-            match self.maps.write(&write) {
-                Ok(()) => {
-                    self.mirror.apply(&write);
-                    self.stats.writes += 1;
-                }
-                Err(e) => {
-                    *self.stats.errors.entry(ErrorKind::Rollback).or_default() += 1;
-                    tracing::error!(error = %e, %write, "rollback write failed");
-                }
+            if let Err(e) = self.maps.write(&write) {
+                *self.stats.errors.entry(ErrorKind::Rollback).or_default() += 1;
+                tracing::error!(error = %e, %write, "rollback write failed; stopped at a valid state");
+                return false;
             }
+            self.mirror.apply(&write);
+            self.stats.writes += 1;
         }
+        true
     }
 
     /// Frontends and metadata of service ids no backend set owns (left by a crash or by an
