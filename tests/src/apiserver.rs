@@ -107,6 +107,7 @@ impl ApiServer {
         let s = server.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
+                let _ = stream.set_nodelay(true);
                 let s = s.clone();
                 std::thread::spawn(move || {
                     let _ = s.serve(stream);
@@ -125,7 +126,11 @@ impl ApiServer {
 
     /// Creates or replaces an object (given as YAML or JSON text of one object).
     pub fn apply(&self, manifest: &str) -> anyhow::Result<()> {
-        let object: Value = serde_saphyr::from_str(manifest)?;
+        self.apply_value(serde_saphyr::from_str(manifest)?)
+    }
+
+    /// Creates or replaces an object given as JSON.
+    pub fn apply_value(&self, object: Value) -> anyhow::Result<()> {
         let resource =
             Resource::of_object(&object).ok_or_else(|| anyhow::anyhow!("unsupported kind"))?;
         let mut state = self.lock();
@@ -349,6 +354,10 @@ impl ApiServer {
                 return Ok(stream.write_all(b"0\r\n\r\n")?);
             }
             state = self.lock();
+            if state.rv > rv_now {
+                // Changed while the lock was released: no wait, or the wake-up is lost.
+                continue;
+            }
             let (s, _) = self
                 .state
                 .1
@@ -483,11 +492,13 @@ fn respond(mut stream: &TcpStream, code: u16, body: &Value) -> anyhow::Result<()
 }
 
 fn chunk(stream: &mut TcpStream, event: &Value) -> anyhow::Result<()> {
-    let mut line = serde_json::to_vec(event)?;
-    line.push(b'\n');
-    write!(stream, "{:x}\r\n", line.len())?;
-    stream.write_all(&line)?;
-    stream.write_all(b"\r\n")?;
+    let line = serde_json::to_vec(event)?;
+    // One write per chunk, as Go's server does (with TCP_NODELAY): several small writes would
+    // wait out the client's delayed ACK (40 ms on loopback).
+    let mut out = format!("{:x}\r\n", line.len() + 1).into_bytes();
+    out.extend_from_slice(&line);
+    out.extend_from_slice(b"\n\r\n");
+    stream.write_all(&out)?;
     Ok(())
 }
 
