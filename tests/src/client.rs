@@ -59,6 +59,13 @@ pub enum Command {
         targets: Vec<SocketAddr>,
         count: usize,
     },
+    /// `count` timed operations of one kind (see [`Op`]), each to one of `targets` at random;
+    /// the reply's `latencies_ns` holds each operation's duration.
+    Ops {
+        kind: Op,
+        targets: Vec<SocketAddr>,
+        count: usize,
+    },
     /// One connection that sends `bytes` to a sink backend and waits for its count.
     Bulk {
         target: SocketAddr,
@@ -74,6 +81,21 @@ pub enum Command {
         min_count: usize,
         max_seconds: u64,
     },
+}
+
+/// What one timed operation of [`Command::Ops`] does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Op {
+    /// TCP: connect, getpeername, close; times the whole.
+    TcpPeerName,
+    /// One UDP socket for all operations: sendto, then recvfrom; times the round trip.
+    UdpUnconnected,
+    /// A new UDP socket per operation: connect, send, recv, close (what a stub resolver does
+    /// per query); times the whole.
+    UdpConnected,
+    /// A new UDP socket connected to the target; times only its `close()`.
+    UdpClose,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -195,6 +217,11 @@ impl ClientState {
                 }
             }
             Command::Bench { targets, count } => bench(&targets, count),
+            Command::Ops {
+                kind,
+                targets,
+                count,
+            } => ops(kind, &targets, count),
             Command::Bulk { target, bytes } => bulk(target, bytes),
             Command::Record {
                 target,
@@ -438,6 +465,82 @@ fn bench(targets: &[SocketAddr], count: usize) -> Reply {
             Ok((connected, greeting)) => {
                 reply.latencies_ns.push(nanos(connected));
                 reply.count_answer(&greeting);
+            }
+            Err(e) => reply.count_error(&e),
+        }
+    }
+    reply.elapsed_ns = nanos(start.elapsed());
+    reply
+}
+
+/// A xorshift stream for picking targets (no quality needed, only spread).
+struct Pick(u64);
+
+impl Pick {
+    fn new() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::from(d.subsec_nanos()));
+        Self(seed | 1)
+    }
+
+    fn of<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        &items[usize::try_from(self.0 % items.len() as u64).unwrap_or(0)]
+    }
+}
+
+fn ops(op: Op, targets: &[SocketAddr], count: usize) -> Reply {
+    let mut reply = Reply {
+        ok: true,
+        ..Reply::default()
+    };
+    let Some(first) = targets.first() else {
+        return Reply::error("ops: no targets");
+    };
+    let shared = match op {
+        Op::UdpUnconnected => match unconnected_udp(*first) {
+            Ok(s) => Some(s),
+            Err(e) => return Reply::error(format!("socket: {e}")),
+        },
+        _ => None,
+    };
+    let mut pick = Pick::new();
+    let mut buf = [0u8; 2048];
+    reply.latencies_ns.reserve(count);
+    let start = std::time::Instant::now();
+    for i in 0..count {
+        let target = *pick.of(targets);
+        let t0 = std::time::Instant::now();
+        let result: std::io::Result<Option<String>> = match op {
+            Op::TcpPeerName => TcpStream::connect_timeout(&target, IO_TIMEOUT)
+                .and_then(|s| s.peer_addr())
+                .map(|peer| Some(format!("peer={peer}"))),
+            Op::UdpUnconnected => shared.as_ref().map_or(Ok(None), |s| {
+                s.send_to(format!("datagram {i}").as_bytes(), target)?;
+                let (n, _) = s.recv_from(&mut buf)?;
+                Ok(Some(String::from_utf8_lossy(&buf[..n]).into_owned()))
+            }),
+            Op::UdpConnected => {
+                udp_connected(target).and_then(|s| udp_roundtrip(&s, "query").map(Some))
+            }
+            Op::UdpClose => udp_connected(target).map(|s| {
+                let t1 = std::time::Instant::now();
+                drop(s);
+                reply.latencies_ns.push(nanos(t1.elapsed()));
+                None
+            }),
+        };
+        match result {
+            Ok(answer) => {
+                if op != Op::UdpClose {
+                    reply.latencies_ns.push(nanos(t0.elapsed()));
+                }
+                if let Some(a) = answer {
+                    reply.count_answer(&a);
+                }
             }
             Err(e) => reply.count_error(&e),
         }

@@ -511,8 +511,20 @@ impl Client {
     }
 
     pub fn run(&mut self, cmd: &Command) -> anyhow::Result<Reply> {
+        self.send(cmd)?;
+        self.receive()
+    }
+
+    /// Sends a command without waiting: several clients can then work at once, and
+    /// [`Client::receive`] collects each one's reply.
+    pub fn send(&mut self, cmd: &Command) -> anyhow::Result<()> {
         writeln!(self.stdin, "{}", serde_json::to_string(cmd)?)?;
         self.stdin.flush()?;
+        Ok(())
+    }
+
+    /// The reply to the command sent last.
+    pub fn receive(&mut self) -> anyhow::Result<Reply> {
         let mut line = String::new();
         self.stdout.read_line(&mut line)?;
         serde_json::from_str(&line).with_context(|| format!("client reply {line:?}"))

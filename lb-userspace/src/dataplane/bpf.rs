@@ -41,7 +41,7 @@ fn max_entries(map: MapId, data: &MapData) -> Result<u32, MapReadError> {
     Ok(data.info().map_err(|e| read_error(map, e))?.max_entries())
 }
 
-/// The maps the reconciler writes: frontends, backends, metadata and port bitmaps.
+/// The maps the reconciler writes: frontends, backends, metadata and prefilters.
 pub struct BpfServiceMaps {
     frontends4: HashMap<MapData, Frontend4Key, Frontend>,
     frontends6: HashMap<MapData, FrontendKey, Frontend>,
@@ -85,6 +85,38 @@ impl BpfServiceMaps {
             ports_fd,
             capacities,
         })
+    }
+}
+
+impl BpfServiceMaps {
+    /// One frontend and the backends its range holds, without walking the other maps: what a
+    /// connect to `key` would choose among right now.
+    pub fn lookup(
+        &self,
+        key: &FrontendKey,
+    ) -> Result<Option<(Frontend, Vec<Backend>)>, MapReadError> {
+        let found = if key.family == lb_common::FAMILY_IPV4 {
+            self.frontends4.get(&key.v4(), 0)
+        } else {
+            self.frontends6.get(key, 0)
+        };
+        let map = if key.family == lb_common::FAMILY_IPV4 {
+            MapId::Frontends4
+        } else {
+            MapId::Frontends6
+        };
+        let frontend = match found {
+            Ok(f) => f,
+            Err(MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(read_error(map, e)),
+        };
+        let backends = sys::array_lookup_range::<Backend>(
+            self.backends_fd.as_fd(),
+            frontend.base,
+            u32::from(frontend.count),
+        )
+        .map_err(|e| MapReadError::new(MapId::Backends, e))?;
+        Ok(Some((frontend, backends)))
     }
 }
 

@@ -361,6 +361,9 @@ impl ServiceMaps for InMemoryMaps {
                 u64::from(*base) + backends.len() as u64 <= u64::from(capacity)
             }
             MapWrite::PutPorts { word, .. } => *word < capacity,
+            // Both frontend maps together under the capacity: no need to count one of them
+            // (counting is linear; a full sync would be quadratic).
+            MapWrite::PutFrontend(..) if self.content.frontends.len() < capacity as usize => true,
             _ => !adds_key || self.content.entries(map).unwrap_or(0) < capacity as usize,
         };
         if !fits {

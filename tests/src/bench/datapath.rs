@@ -1,28 +1,34 @@
-//! Short TCP transactions (connect, one request and response, close) through each way of
-//! reaching a service, with N other services installed. Only `connect()` is timed.
+//! What an application sees: the latency of `connect()` and of UDP request/response through
+//! socklb, beside the same work sent straight to the backends (the floor) and through
+//! kube-proxy's iptables and nftables layouts.
 //!
-//! Wall-clock `connect()` latency on a VM flips between levels over milliseconds to seconds, so
-//! the cases are measured in rotation (a batch of each case in turn, many rounds, each round
-//! starting with the next case), and each case is compared with the direct case round by round.
-//! A second direct case shows how much two identical paths differ: the resolution of the
-//! measurement. Every case spreads its connects over the three backends at random, as a load
-//! balancer does: sending a whole batch to one backend is about 2 µs faster per connect on
-//! this machine, which would flatter the direct floor.
-use std::{fmt, net::SocketAddr, path::Path, process::Command, time::Duration};
+//! Wall-clock latency on a VM flips between levels over milliseconds to seconds, so the cases of
+//! a scenario are measured in rotation (a batch of each case in turn, each round starting with
+//! the next case), and each case is compared with the direct case round by round: a scenario's
+//! figure is the median of the per-round ratios, with their range. A second direct case, from
+//! another pod, shows how much two identical paths differ: the resolution of the measurement.
+//! Every case spreads its work over the three backends at random, as a load balancer does.
+use std::{collections::BTreeMap, fmt, net::SocketAddr, time::Instant};
 
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::stats::{median, percentile};
-use crate::{Client, bins, client::Command as ClientCommand};
+use super::{
+    stats::{Spread, median, percentile},
+    world::{BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, World, all_vips, backends},
+};
+use crate::{
+    Client,
+    client::{Command as ClientCommand, Op},
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub enum Case {
-    /// The client connects to a backend address itself: the floor.
+    /// The client sends to a backend address itself: the floor.
     Direct,
     /// The same, from a second client pod: a control for the resolution.
     DirectControl,
-    /// The client connects to the cluster IP; socklb translates at `connect()`.
+    /// The client uses the service address; socklb translates.
     Socklb,
     /// kube-proxy's iptables layout in the client's namespace.
     Iptables,
@@ -42,34 +48,119 @@ impl fmt::Display for Case {
     }
 }
 
-/// One case's client and where it connects.
-pub struct Runner {
-    pub case: Case,
-    pub client: Client,
-    pub targets: Vec<SocketAddr>,
-    pub bulk_target: SocketAddr,
+/// What each operation of a scenario is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Traffic {
+    /// A short TCP transaction (connect, one line each way, close); only `connect()` is timed.
+    TcpConnect,
+    /// sendto + recvfrom on one unconnected UDP socket; the round trip is timed.
+    UdpUnconnected,
+    /// A new connected UDP socket per request (connect, send, recv, close), all timed.
+    UdpConnected,
 }
 
-/// Results of one case at one N.
+/// One scenario: the traffic, and where each case sends it.
+pub struct Scenario {
+    pub name: String,
+    pub traffic: Traffic,
+    pub targets: BTreeMap<Case, Vec<SocketAddr>>,
+}
+
+impl Scenario {
+    /// TCP connects to one service (hot maps), beside iptables and nftables.
+    pub fn tcp_hot() -> Self {
+        let vip = SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT);
+        let direct = backends(BACKEND_TCP);
+        Self {
+            name: "TCP connect, one service".into(),
+            traffic: Traffic::TcpConnect,
+            targets: BTreeMap::from([
+                (Case::Socklb, vec![vip]),
+                (Case::Direct, direct.clone()),
+                (Case::DirectControl, direct),
+                (Case::Iptables, vec![vip]),
+                (Case::Nftables, vec![vip]),
+            ]),
+        }
+    }
+
+    /// TCP connects spread at random over every installed service (cold maps).
+    pub fn tcp_cold(services: usize) -> Self {
+        let vips = all_vips(services);
+        let direct = backends(BACKEND_TCP);
+        Self {
+            name: format!("TCP connect, spread over all {} services", services + 1),
+            traffic: Traffic::TcpConnect,
+            targets: BTreeMap::from([
+                (Case::Socklb, vips.clone()),
+                (Case::Direct, direct.clone()),
+                (Case::DirectControl, direct),
+                (Case::Iptables, vips.clone()),
+                (Case::Nftables, vips),
+            ]),
+        }
+    }
+
+    /// UDP request/response to the benchmark's UDP service.
+    pub fn udp(traffic: Traffic) -> Self {
+        let vip = SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT);
+        let direct = backends(BACKEND_UDP);
+        Self {
+            name: match traffic {
+                Traffic::UdpConnected => "UDP request/response, connected socket per request",
+                _ => "UDP request/response, one unconnected socket",
+            }
+            .into(),
+            traffic,
+            targets: BTreeMap::from([
+                (Case::Socklb, vec![vip]),
+                (Case::Direct, direct.clone()),
+                (Case::DirectControl, direct),
+            ]),
+        }
+    }
+}
+
+pub fn command(traffic: Traffic, targets: &[SocketAddr], count: usize) -> ClientCommand {
+    let targets = targets.to_vec();
+    match traffic {
+        Traffic::TcpConnect => ClientCommand::Bench { targets, count },
+        Traffic::UdpUnconnected => ClientCommand::Ops {
+            kind: Op::UdpUnconnected,
+            targets,
+            count,
+        },
+        Traffic::UdpConnected => ClientCommand::Ops {
+            kind: Op::UdpConnected,
+            targets,
+            count,
+        },
+    }
+}
+
+/// One case's figures in one scenario.
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseResult {
     pub case: Case,
-    pub connects: usize,
+    pub operations: usize,
     pub failures: usize,
-    pub connects_per_s: f64,
     pub p50_us: f64,
     pub p99_us: f64,
-    /// Median over rounds of (this case's round median / direct's round median).
-    pub p50_ratio_to_direct: f64,
-    /// socklb only: the connect4 program's average run time per connect (kernel counters).
-    pub program_ns: Option<f64>,
+    /// Per round: this case's median ÷ the direct case's median, in the same round.
+    pub p50_ratio: Spread,
 }
 
-/// Bulk throughput over one long connection.
 #[derive(Clone, Debug, Serialize)]
-pub struct BulkResult {
-    pub case: Case,
-    pub gbit_per_s: f64,
+pub struct ScenarioResult {
+    pub name: String,
+    pub services: usize,
+    pub cases: Vec<CaseResult>,
+}
+
+impl ScenarioResult {
+    pub fn case(&self, case: Case) -> Option<&CaseResult> {
+        self.cases.iter().find(|c| c.case == case)
+    }
 }
 
 pub struct Plan {
@@ -78,134 +169,147 @@ pub struct Plan {
     pub warmup: usize,
 }
 
-fn bench(runner: &mut Runner, count: usize) -> anyhow::Result<crate::client::Reply> {
-    // Direct cases pick one of the three backends at random per connect, as socklb does.
-    runner.client.run(&ClientCommand::Bench {
-        targets: runner.targets.clone(),
-        count,
-    })
-}
-
-/// Kernel run counters of the connect4 program: (runs, nanoseconds).
-fn connect4_counters(pins: &Path) -> anyhow::Result<(u64, u64)> {
-    let out = Command::new(bins::socklb()?)
-        .args(["inspect", "programs", "-o", "json", "--bpffs"])
-        .arg(pins)
-        .output()?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("inspect programs")?;
-    let p = v
-        .as_array()
-        .and_then(|a| a.iter().find(|p| p["name"] == "socklb_connect4"))
-        .context("connect4 program")?;
-    Ok((
-        p["run_count"].as_u64().unwrap_or(0),
-        p["run_time_ns"].as_u64().unwrap_or(0),
-    ))
-}
-
-/// Measures every case in rotation.
-pub fn measure(runners: &mut [Runner], plan: &Plan) -> anyhow::Result<Vec<CaseResult>> {
-    for r in runners.iter_mut() {
-        bench(r, plan.warmup)?;
+/// Measures every case of `scenario` in rotation.
+pub fn measure(
+    world: &mut World,
+    scenario: &Scenario,
+    plan: &Plan,
+) -> anyhow::Result<ScenarioResult> {
+    let cases: Vec<Case> = scenario.targets.keys().copied().collect();
+    for &case in &cases {
+        let cmd = command(scenario.traffic, &scenario.targets[&case], plan.warmup);
+        world.runner(case)?.client.run(&cmd)?;
     }
-    let n = runners.len();
+    let n = cases.len();
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); n];
     let mut round_medians: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut elapsed = vec![0u64; n];
     let mut failures = vec![0usize; n];
     for round in 0..plan.rounds {
         // Each round starts with another case, so no case always follows the same one (a
         // heavy case's leftover work, like iptables at 10,000 services, spills into the next).
         for k in 0..n {
             let i = (round + k) % n;
-            let reply = bench(&mut runners[i], plan.batch)?;
+            let cmd = command(scenario.traffic, &scenario.targets[&cases[i]], plan.batch);
+            let reply = world.runner(cases[i])?.client.run(&cmd)?;
+            anyhow::ensure!(
+                reply.ok,
+                "{} {}: {:?}",
+                scenario.name,
+                cases[i],
+                reply.error
+            );
             failures[i] += reply.failures();
-            elapsed[i] += reply.elapsed_ns;
             let mut sorted = reply.latencies_ns.clone();
             sorted.sort_unstable();
             round_medians[i].push(median(&sorted));
             latencies[i].extend(reply.latencies_ns);
         }
     }
-    let direct = runners
+    let direct = cases
         .iter()
-        .position(|r| r.case == Case::Direct)
+        .position(|c| *c == Case::Direct)
         .context("a direct case")?;
     let mut results = Vec::new();
-    for (i, r) in runners.iter().enumerate() {
+    for (i, &case) in cases.iter().enumerate() {
         let mut all = latencies[i].clone();
         all.sort_unstable();
-        let mut ratios: Vec<f64> = round_medians[i]
+        let ratios: Vec<f64> = round_medians[i]
             .iter()
             .zip(&round_medians[direct])
             .map(|(a, d)| a / d)
             .collect();
-        ratios.sort_by(f64::total_cmp);
-        let connects = all.len();
         results.push(CaseResult {
-            case: r.case,
-            connects,
+            case,
+            operations: all.len(),
             failures: failures[i],
-            connects_per_s: connects as f64 / (elapsed[i] as f64 / 1e9),
             p50_us: median(&all) / 1e3,
             p99_us: percentile(&all, 0.99) / 1e3,
-            p50_ratio_to_direct: ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN),
-            program_ns: None,
+            p50_ratio: Spread::of(&ratios),
         });
     }
-    Ok(results)
+    Ok(ScenarioResult {
+        name: scenario.name.clone(),
+        services: world.services,
+        cases: results,
+    })
 }
 
-/// The connect4 program's average run time per connect, from the kernel's own counters, over
-/// `count` connects of the socklb case (statistics are on only for this pass: they cost a few
-/// nanoseconds per program run).
-pub fn program_cost(runner: &mut Runner, count: usize, pins: &Path) -> anyhow::Result<f64> {
-    let stats = BpfStats::enable()?;
-    let (runs, ns) = connect4_counters(pins)?;
-    bench(runner, count)?;
-    let (runs2, ns2) = connect4_counters(pins)?;
-    drop(stats);
-    let runs = runs2.saturating_sub(runs);
-    anyhow::ensure!(runs > 0, "the connect4 program did not run");
-    Ok(ns2.saturating_sub(ns) as f64 / runs as f64)
+/// Several clients at once: connects per second and p99, socklb ÷ direct, per pass.
+#[derive(Clone, Debug, Serialize)]
+pub struct ConcurrentResult {
+    pub clients: usize,
+    pub connects_per_client: usize,
+    pub socklb_connects_per_s: Spread,
+    pub direct_connects_per_s: Spread,
+    pub throughput_ratio: Spread,
+    pub p99_ratio: Spread,
+    pub failures: usize,
 }
 
-/// Bulk throughput of each case over one long connection.
-pub fn bulk(runners: &mut [Runner], bytes: u64) -> anyhow::Result<Vec<BulkResult>> {
-    let mut out = Vec::new();
-    for r in runners.iter_mut() {
-        let reply = r.client.run(&ClientCommand::Bulk {
-            target: r.bulk_target,
-            bytes,
-        })?;
-        anyhow::ensure!(reply.ok, "{} bulk failed: {:?}", r.case, reply.errors);
-        let secs = Duration::from_nanos(reply.elapsed_ns).as_secs_f64();
-        out.push(BulkResult {
-            case: r.case,
-            gbit_per_s: bytes as f64 * 8.0 / secs / 1e9,
-        });
+fn all_at_once(
+    clients: &mut [Client],
+    targets: &[SocketAddr],
+    count: usize,
+) -> anyhow::Result<(f64, f64, usize)> {
+    let start = Instant::now();
+    for c in clients.iter_mut() {
+        c.send(&command(Traffic::TcpConnect, targets, count))?;
     }
-    Ok(out)
+    let mut latencies = Vec::new();
+    let mut failures = 0;
+    for c in clients.iter_mut() {
+        let r = c.receive()?;
+        anyhow::ensure!(r.ok, "concurrent client: {:?}", r.error);
+        failures += r.failures();
+        latencies.extend(r.latencies_ns);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    Ok((
+        latencies.len() as f64 / secs,
+        percentile(&latencies, 0.99),
+        failures,
+    ))
 }
 
-/// Holds `BPF_ENABLE_STATS`: while it lives, the kernel counts program runs and run time.
-pub struct BpfStats(#[allow(dead_code, reason = "held for its Drop")] std::os::fd::OwnedFd);
-
-impl BpfStats {
-    pub fn enable() -> anyhow::Result<Self> {
-        use std::os::fd::FromRawFd as _;
-        const BPF_ENABLE_STATS: libc::c_long = 32;
-        // union bpf_attr, enable_stats variant: type (BPF_STATS_RUN_TIME = 0), zero padded.
-        let attr = [0u8; 128];
-        // SAFETY: a zeroed bpf_attr asks for run-time statistics; the kernel returns an fd.
-        let fd =
-            unsafe { libc::syscall(libc::SYS_bpf, BPF_ENABLE_STATS, attr.as_ptr(), attr.len()) };
-        if fd < 0 {
-            anyhow::bail!("BPF_ENABLE_STATS: {}", std::io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        Ok(Self(unsafe {
-            std::os::fd::OwnedFd::from_raw_fd(i32::try_from(fd)?)
-        }))
+/// `clients` socklb clients connect at once (spread over every service), then `clients` direct
+/// clients (spread over the backends); `passes` alternations.
+pub fn concurrent(
+    world: &World,
+    clients: usize,
+    count: usize,
+    passes: usize,
+) -> anyhow::Result<ConcurrentResult> {
+    let mut socklb = world.extra_clients(Case::Socklb, clients)?;
+    let mut direct = world.extra_clients(Case::Direct, clients)?;
+    let vips = all_vips(world.services);
+    let pods = backends(BACKEND_TCP);
+    all_at_once(&mut socklb, &vips, count / 4)?;
+    all_at_once(&mut direct, &pods, count / 4)?;
+    let (mut s_rate, mut d_rate, mut rate_ratio, mut p99_ratio) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut failures = 0;
+    for pass in 0..passes {
+        let (s, d) = if pass % 2 == 0 {
+            let s = all_at_once(&mut socklb, &vips, count)?;
+            (s, all_at_once(&mut direct, &pods, count)?)
+        } else {
+            let d = all_at_once(&mut direct, &pods, count)?;
+            (all_at_once(&mut socklb, &vips, count)?, d)
+        };
+        failures += s.2 + d.2;
+        s_rate.push(s.0);
+        d_rate.push(d.0);
+        rate_ratio.push(s.0 / d.0);
+        p99_ratio.push(s.1 / d.1);
     }
+    Ok(ConcurrentResult {
+        clients,
+        connects_per_client: count,
+        socklb_connects_per_s: Spread::of(&s_rate),
+        direct_connects_per_s: Spread::of(&d_rate),
+        throughput_ratio: Spread::of(&rate_ratio),
+        p99_ratio: Spread::of(&p99_ratio),
+        failures,
+    })
 }

@@ -1,8 +1,10 @@
-//! `cargo xtask bench`: the data path against kube-proxy's layouts, and the control plane, in
-//! one run, with a Markdown report and SVG charts under target/bench/.
+//! `cargo xtask bench`: the data path and the control plane, each figure a ratio to a floor
+//! measured beside it in the same run.
 pub mod baselines;
 pub mod controlplane;
 pub mod datapath;
+pub mod floor;
+pub mod kernel;
 pub mod report;
 pub mod stats;
 pub mod world;

@@ -1,8 +1,10 @@
-//! The benchmark's world: three backend pods, one client pod per case, the agent, and N other
-//! services installed in socklb's maps and in the kube-proxy rule sets alike.
+//! The benchmark's world: three backend pods (TCP and UDP echo), one client pod per case, the
+//! agent, and N other services installed in socklb's maps and in the kube-proxy rule sets alike.
+//! Every other service's endpoints are the same three live pods, so a client can spread its
+//! connects over all N services (cold maps) and every connect is answered.
 use std::{
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -10,16 +12,18 @@ use anyhow::Context as _;
 
 use super::{
     baselines::{SvcPort, load_iptables, load_nftables},
-    datapath::{Case, Runner},
+    datapath::Case,
 };
-use crate::{Sandbox, agent::AgentOptions, agent::AgentProcess, system::ip};
+use crate::{Client, Sandbox, agent::AgentOptions, agent::AgentProcess, system::ip};
 
 pub const VIP: &str = "10.96.0.10";
 pub const HTTP_PORT: u16 = 80;
-pub const BULK_PORT: u16 = 9000;
+pub const DNS_PORT: u16 = 53;
+pub const BACKEND_TCP: u16 = 8080;
+pub const BACKEND_UDP: u16 = 5353;
 pub const BACKENDS: [&str; 3] = ["10.244.1.21", "10.244.2.34", "10.244.3.47"];
 
-fn vip_of(i: usize) -> Ipv4Addr {
+pub fn vip_of(i: usize) -> Ipv4Addr {
     // 10.100.0.0/16 onwards: inside the service range, never the benchmark's own VIP.
     Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + u32::try_from(i).unwrap_or(0))
 }
@@ -30,48 +34,55 @@ fn endpoint_of(i: usize, j: usize) -> Ipv4Addr {
     Ipv4Addr::from(base + u32::try_from(i).unwrap_or(0) + 1)
 }
 
-/// The benchmark's own service ports: http (80 → 8080) and bulk (9000 → 9000).
-pub fn bench_services() -> Vec<SvcPort> {
-    let vip = VIP.parse().expect("VIP");
-    vec![
-        SvcPort {
-            name: "default/bench:http".into(),
-            vip: SocketAddr::new(vip, HTTP_PORT),
-            endpoints: BACKENDS
-                .iter()
-                .map(|b| SocketAddr::new(b.parse().expect("IP"), 8080))
-                .collect(),
-        },
-        SvcPort {
-            name: "default/bench:bulk".into(),
-            vip: SocketAddr::new(vip, BULK_PORT),
-            endpoints: BACKENDS
-                .iter()
-                .map(|b| SocketAddr::new(b.parse().expect("IP"), BULK_PORT))
-                .collect(),
-        },
-    ]
+fn backend_ips() -> impl Iterator<Item = IpAddr> {
+    BACKENDS.iter().map(|b| b.parse().expect("literal IP"))
 }
 
-/// `n` other services with `endpoints` endpoints each.
-pub fn other_services(n: usize, endpoints: usize) -> Vec<SvcPort> {
-    (0..n)
+/// The three live backends on `port`.
+pub fn backends(port: u16) -> Vec<SocketAddr> {
+    backend_ips().map(|ip| SocketAddr::new(ip, port)).collect()
+}
+
+/// The benchmark's own service (http 80 → 8080) and `n` others, all served by the live
+/// backends, as kube-proxy sees them (TCP only: the rule sets serve the TCP cases).
+pub fn kube_proxy_services(n: usize) -> Vec<SvcPort> {
+    let vip: IpAddr = VIP.parse().expect("VIP");
+    let own = SvcPort {
+        name: "default/bench:http".into(),
+        vip: SocketAddr::new(vip, HTTP_PORT),
+        endpoints: backends(BACKEND_TCP),
+    };
+    let others: Vec<SvcPort> = (0..n)
         .map(|i| SvcPort {
             name: format!("load/svc-{i}:http"),
             vip: SocketAddr::new(vip_of(i).into(), HTTP_PORT),
-            endpoints: (0..endpoints)
-                .map(|j| SocketAddr::new(endpoint_of(i, j).into(), 8080))
-                .collect(),
+            endpoints: backends(BACKEND_TCP),
         })
-        .collect()
+        .collect();
+    // The benchmark's service sits in the middle of the others, as an average one would.
+    let (head, tail) = others.split_at(n / 2);
+    let mut all = head.to_vec();
+    all.push(own);
+    all.extend_from_slice(tail);
+    all
 }
 
-/// Manifests for the benchmark service and `n` others (Services and EndpointSlices).
-pub fn manifests(n: usize, endpoints: usize) -> String {
-    let mut y = String::with_capacity(n * (700 + 80 * endpoints));
+/// Every service address a cold-maps client spreads over: the benchmark's and the others'.
+pub fn all_vips(n: usize) -> Vec<SocketAddr> {
+    let mut v: Vec<SocketAddr> = (0..n)
+        .map(|i| SocketAddr::new(vip_of(i).into(), HTTP_PORT))
+        .collect();
+    v.push(SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT));
+    v
+}
+
+/// Manifests for the data path: the benchmark's service (http and dns) and `n` others on the
+/// live backends.
+pub fn datapath_manifests(n: usize) -> String {
+    let mut y = String::with_capacity(n * 600);
     let _ = write!(
         y,
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: default}}\nspec:\n  clusterIP: {VIP}\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: 8080}}\n  - {{name: bulk, port: {BULK_PORT}, targetPort: {BULK_PORT}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench-1, namespace: default, labels: {{kubernetes.io/service-name: bench}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}, {{name: bulk, port: {BULK_PORT}}}]\nendpoints:\n"
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: default}}\nspec:\n  clusterIP: {VIP}\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {DNS_PORT}, targetPort: {BACKEND_UDP}, protocol: UDP}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench-1, namespace: default, labels: {{kubernetes.io/service-name: bench}}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_TCP}}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n"
     );
     for b in BACKENDS {
         let _ = writeln!(y, "- addresses: [\"{b}\"]");
@@ -79,11 +90,27 @@ pub fn manifests(n: usize, endpoints: usize) -> String {
     for i in 0..n {
         let _ = write!(
             y,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: load}}\nspec:\n  clusterIP: {}\n  ports: [{{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: load, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_TCP}}}]\nendpoints:\n",
+            vip_of(i)
+        );
+        for b in BACKENDS {
+            let _ = writeln!(y, "- addresses: [\"{b}\"]");
+        }
+    }
+    y
+}
+
+/// Manifests for the control plane: `n` services with `endpoints` endpoints each (addresses
+/// never contacted), every endpoint naming its node as in a real slice.
+pub fn manifests(n: usize, endpoints: usize) -> String {
+    let mut y = String::with_capacity(n * (700 + 80 * endpoints));
+    for i in 0..n {
+        let _ = write!(
+            y,
             "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: load}}\nspec:\n  clusterIP: {}\n  ports: [{{name: http, port: {HTTP_PORT}, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc-{i}-1, namespace: load, labels: {{kubernetes.io/service-name: svc-{i}}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n",
             vip_of(i)
         );
         for j in 0..endpoints {
-            // As in a real slice: every endpoint names its node (here one of 100).
             let _ = writeln!(
                 y,
                 "- addresses: [\"{}\"]\n  nodeName: node-{}",
@@ -95,12 +122,20 @@ pub fn manifests(n: usize, endpoints: usize) -> String {
     y
 }
 
+/// A client of one case.
+pub struct Runner {
+    pub case: Case,
+    pub client: Client,
+}
+
 pub struct World {
     pub sandbox: Sandbox,
-    pub agent: AgentProcess,
+    agent: Option<AgentProcess>,
     pub runners: Vec<Runner>,
-    pub iptables_ns: String,
-    pub nftables_ns: String,
+    direct_pod: crate::sandbox::ClientPod,
+    iptables_ns: String,
+    nftables_ns: String,
+    pub services: usize,
 }
 
 /// How long each way took to install N services.
@@ -115,25 +150,18 @@ pub struct LoadTimes {
 impl World {
     pub fn new() -> anyhow::Result<Self> {
         let sandbox = Sandbox::new()?;
-        for b in BACKENDS {
-            sandbox.add_backend(SocketAddr::new(b.parse()?, 8080), false)?;
-            sandbox.add_sink(SocketAddr::new(b.parse()?, BULK_PORT))?;
+        for ip in backend_ips() {
+            sandbox.add_backend(SocketAddr::new(ip, BACKEND_TCP), false)?;
+            sandbox.add_backend(SocketAddr::new(ip, BACKEND_UDP), true)?;
         }
-        sandbox.write_manifest("bench.yaml", &manifests(0, 3))?;
+        sandbox.write_manifest("bench.yaml", &datapath_manifests(0))?;
         let agent = sandbox.start_agent(&AgentOptions::default())?;
-        let vip = |port| SocketAddr::new(VIP.parse().expect("VIP"), port);
-        let backends: Vec<SocketAddr> = BACKENDS
-            .iter()
-            .map(|b| SocketAddr::new(b.parse().expect("IP"), 8080))
-            .collect();
-        let sink = SocketAddr::new(BACKENDS[0].parse()?, BULK_PORT);
         let mut runners = vec![Runner {
             case: Case::Socklb,
             client: sandbox.client()?,
-            targets: vec![vip(HTTP_PORT)],
-            bulk_target: vip(BULK_PORT),
         }];
-        let mut pod_ns = Vec::new();
+        let mut direct_pod = None;
+        let mut netns = Vec::new();
         for (case, name, addr) in [
             (Case::Direct, "direct", "10.244.0.3"),
             (Case::DirectControl, "control", "10.244.0.4"),
@@ -141,8 +169,7 @@ impl World {
             (Case::Nftables, "nft", "10.244.0.6"),
         ] {
             let pod = sandbox.extra_client_pod(name, addr)?;
-            let via_vip = matches!(case, Case::Iptables | Case::Nftables);
-            if via_vip {
+            if matches!(case, Case::Iptables | Case::Nftables) {
                 // DNAT in nat OUTPUT runs after connect()'s route lookup: the service range
                 // needs a route, in this namespace only.
                 ip(&[
@@ -155,24 +182,23 @@ impl World {
                     "eth0",
                 ])?;
             }
-            pod_ns.push(pod.netns.clone());
             runners.push(Runner {
                 case,
                 client: sandbox.client_in(&pod)?,
-                targets: if via_vip {
-                    vec![vip(HTTP_PORT)]
-                } else {
-                    backends.clone()
-                },
-                bulk_target: if via_vip { vip(BULK_PORT) } else { sink },
             });
+            netns.push(pod.netns.clone());
+            if case == Case::Direct {
+                direct_pod = Some(pod);
+            }
         }
         Ok(Self {
-            iptables_ns: pod_ns[2].clone(),
-            nftables_ns: pod_ns[3].clone(),
             sandbox,
-            agent,
+            agent: Some(agent),
             runners,
+            direct_pod: direct_pod.context("the direct pod")?,
+            iptables_ns: netns[2].clone(),
+            nftables_ns: netns[3].clone(),
+            services: 0,
         })
     }
 
@@ -180,29 +206,17 @@ impl World {
     pub fn set_services(&mut self, n: usize) -> anyhow::Result<LoadTimes> {
         let start = Instant::now();
         self.sandbox
-            .write_manifest("bench.yaml", &manifests(n, 3))?;
-        let want = (n + 2) as f64;
-        while self.agent.metric("socklb_service_ports")?.unwrap_or(0.0) < want - 0.5 {
-            anyhow::ensure!(
-                start.elapsed() < Duration::from_mins(2),
-                "socklb did not converge on {n} services"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            .write_manifest("bench.yaml", &datapath_manifests(n))?;
+        self.wait_service_ports(n + 2)?;
         let socklb_s = start.elapsed().as_secs_f64();
-        let mut services = bench_services();
-        // The benchmark's service sits in the middle of the others, as an average one would.
-        let others = other_services(n, 3);
-        let (head, tail) = others.split_at(n / 2);
-        let mut all: Vec<SvcPort> = head.to_vec();
-        all.append(&mut services);
-        all.extend_from_slice(tail);
+        let all = kube_proxy_services(n);
         let iptables_s = load_iptables(&self.iptables_ns, &all)
             .context("loading the iptables layout")?
             .as_secs_f64();
         let nftables_s = load_nftables(&self.nftables_ns, &all)
             .context("loading the nftables layout")?
             .as_secs_f64();
+        self.services = n;
         Ok(LoadTimes {
             services: n,
             socklb_s,
@@ -211,7 +225,54 @@ impl World {
         })
     }
 
-    pub fn runner(&mut self, case: Case) -> Option<&mut Runner> {
-        self.runners.iter_mut().find(|r| r.case == case)
+    pub fn agent(&self) -> anyhow::Result<&AgentProcess> {
+        self.agent.as_ref().context("no agent running")
+    }
+
+    fn wait_service_ports(&self, want: usize) -> anyhow::Result<()> {
+        let start = Instant::now();
+        let agent = self.agent()?;
+        while agent.metric("socklb_service_ports")?.unwrap_or(0.0) < want as f64 - 0.5 {
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_mins(3),
+                "socklb did not converge on {want} service ports"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Restarts the agent with `args` (the maps stay pinned; the programs are replaced).
+    pub fn restart_agent(&mut self, args: &[&str]) -> anyhow::Result<()> {
+        // The old agent goes first: one writer per pin folder.
+        drop(self.agent.take());
+        self.agent = Some(self.sandbox.start_agent(&AgentOptions {
+            args: args.iter().map(ToString::to_string).collect(),
+            ready_timeout: Some(Duration::from_mins(3)),
+            ..AgentOptions::default()
+        })?);
+        self.wait_service_ports(self.services + 2)
+    }
+
+    /// Stops the agent (its pins stay until the sandbox goes).
+    pub fn stop_agent(&mut self) {
+        drop(self.agent.take());
+    }
+
+    pub fn runner(&mut self, case: Case) -> anyhow::Result<&mut Runner> {
+        self.runners
+            .iter_mut()
+            .find(|r| r.case == case)
+            .with_context(|| format!("no {case} client"))
+    }
+
+    /// `k` more clients of `case` (socklb: in the served cgroup; direct: in the direct pod).
+    pub fn extra_clients(&self, case: Case, k: usize) -> anyhow::Result<Vec<Client>> {
+        (0..k)
+            .map(|_| match case {
+                Case::Socklb => self.sandbox.client(),
+                _ => self.sandbox.client_in(&self.direct_pod),
+            })
+            .collect()
     }
 }

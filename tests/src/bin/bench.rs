@@ -1,19 +1,19 @@
-//! `socklb-bench`: run by `cargo xtask bench`. Measures the data path (socklb beside direct
-//! connects and kube-proxy's iptables and nftables layouts, with 1, 1,000 and 10,000 other
-//! services) and the control plane, and writes target/bench/report.md, results.json and SVG
-//! charts. A benchmark, not a test: it reports targets missed, it does not fail on them.
+//! `socklb-bench`: run by `cargo xtask bench`. Measures socklb's programs beside empty ones, the
+//! data path beside direct connects and kube-proxy's iptables and nftables layouts at N other
+//! services, and the control plane beside a bare map-write loop; writes target/bench/report.md
+//! and results.json. A benchmark, not a test: it reports targets missed, it does not fail on them.
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
 };
 
-use anyhow::Context as _;
 use socklb_tests::{
     bench::{
         baselines::iptables_version,
         controlplane,
-        datapath::{self, Case, Plan},
-        report::{DatapathRun, Environment, Micro, Report},
+        datapath::{self, Plan, Scenario, Traffic},
+        kernel,
+        report::{Environment, Micro, Report},
         world::World,
     },
     privileges,
@@ -21,13 +21,19 @@ use socklb_tests::{
 
 struct Settings {
     quick: bool,
-    services: Vec<usize>,
+    /// Other services installed for the data path.
+    services: usize,
+    /// Passes of every ratio measured against a floor.
+    passes: usize,
+    /// Calls per pass in the kernel-cost workloads.
+    kernel_calls: usize,
     plan: Plan,
-    program_connects: usize,
-    bulk_bytes: u64,
+    /// Connects per client per pass when several clients run at once.
+    concurrent_connects: usize,
     cp_services: usize,
     cp_changes: usize,
     cp_rolling: usize,
+    api_changes: usize,
 }
 
 impl Settings {
@@ -35,32 +41,36 @@ impl Settings {
         if quick {
             Self {
                 quick,
-                services: vec![1, 100],
+                services: 1000,
+                passes: 5,
+                kernel_calls: 500,
                 plan: Plan {
-                    rounds: 3,
+                    rounds: 5,
                     batch: 100,
                     warmup: 50,
                 },
-                program_connects: 1000,
-                bulk_bytes: 64 << 20,
+                concurrent_connects: 200,
                 cp_services: 1000,
                 cp_changes: 200,
                 cp_rolling: 20,
+                api_changes: 50,
             }
         } else {
             Self {
                 quick,
-                services: vec![1, 1000, 10_000],
+                services: 10_000,
+                passes: 7,
+                kernel_calls: 3000,
                 plan: Plan {
                     rounds: 25,
                     batch: 400,
                     warmup: 400,
                 },
-                program_connects: 5000,
-                bulk_bytes: 2 << 30,
+                concurrent_connects: 1500,
                 cp_services: 10_000,
                 cp_changes: 1000,
                 cp_rolling: 1000,
+                api_changes: 300,
             }
         }
     }
@@ -105,7 +115,7 @@ fn environment(s: &Settings) -> Environment {
     Environment {
         date,
         kernel: read("/proc/sys/kernel/osrelease").trim().to_string(),
-        cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        cpus: cpus(),
         cpu: cpuinfo
             .lines()
             .find_map(|l| l.strip_prefix("model name"))
@@ -113,86 +123,161 @@ fn environment(s: &Settings) -> Environment {
             .unwrap_or_default(),
         iptables: iptables_version(),
         quick: s.quick,
+        passes: s.passes,
         rounds: s.plan.rounds,
         batch: s.plan.batch,
+        services: s.services,
     }
+}
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
 
 fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Report> {
     let mut report = Report {
-        environment: environment(s),
-        datapath: Vec::new(),
-        bulk: Vec::new(),
-        controlplane: Vec::new(),
-        footprint: None,
+        environment: Some(environment(s)),
         micro: criterion.map(micro).transpose()?.unwrap_or_default(),
+        ..Report::default()
     };
-    eprintln!("data path: setting up the sandbox");
-    let mut world = World::new()?;
-    for &n in &s.services {
-        eprintln!("data path: installing {n} other services");
-        let load = world.set_services(n)?;
-        eprintln!(
-            "data path: measuring {} rounds x {} connects per case",
-            s.plan.rounds, s.plan.batch
-        );
-        let cases = datapath::measure(&mut world.runners, &s.plan)?;
-        let pins = world.sandbox.pin_folder();
-        let socklb = world.runner(Case::Socklb).context("socklb case")?;
-        let program_ns = datapath::program_cost(socklb, s.program_connects, &pins)?;
-        for c in &cases {
-            eprintln!(
-                "  {n:>6} services  {:<17} p50 {:>6.1} us  p99 {:>7.1} us  {:>6.0} conn/s  ratio {:.3}",
-                c.case.to_string(),
-                c.p50_us,
-                c.p99_us,
-                c.connects_per_s,
-                c.p50_ratio_to_direct
-            );
-        }
-        eprintln!("  socklb connect4 program: {program_ns:.0} ns per connect");
-        report.datapath.push(DatapathRun {
-            services: n,
-            load,
-            cases,
-            program_ns,
-        });
-    }
-    eprintln!(
-        "data path: bulk throughput, {} MiB per case",
-        s.bulk_bytes >> 20
-    );
-    report.bulk = datapath::bulk(&mut world.runners, s.bulk_bytes)?;
-    drop(world.runners);
-    drop(world.agent);
-    let sandbox = world.sandbox;
-
-    eprintln!(
-        "control plane: {} services x 10 endpoints, in memory",
-        s.cp_services
-    );
-    report.controlplane.push(controlplane::in_memory(
-        s.cp_services,
-        10,
-        s.cp_changes,
-        s.cp_rolling,
-    )?);
-    eprintln!("control plane: the same on real BPF maps");
-    report.controlplane.push(controlplane::bpf_maps(
-        &sandbox,
-        s.cp_services,
-        10,
-        s.cp_changes,
-        s.cp_rolling,
-    )?);
-    eprintln!(
-        "control plane: the agent binary on {} x 10 manifests",
-        s.cp_services
-    );
-    report.footprint = Some(controlplane::agent_footprint(&sandbox, s.cp_services, 10)?);
+    let sandbox = data_path(s, &mut report)?;
+    control_plane(s, &sandbox, &mut report)?;
     drop(sandbox);
     report.write(out)?;
     Ok(report)
+}
+
+fn print_costs(costs: &[kernel::KernelCost]) {
+    for k in costs {
+        eprintln!(
+            "  {:<70} {:>16} ns  ratio {}",
+            k.name,
+            k.socklb_ns.show(0),
+            k.ratio.show(2)
+        );
+    }
+}
+
+/// The kernel cost of the programs and the data path's latency; hands back the sandbox for the
+/// control plane.
+fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::Sandbox> {
+    eprintln!("data path: setting up the sandbox");
+    let mut world = World::new()?;
+    eprintln!("data path: installing {} other services", s.services);
+    report.load = Some(world.set_services(s.services)?);
+    let pins = world.sandbox.pin_folder();
+
+    eprintln!(
+        "kernel cost: {} passes x {} calls per workload, beside empty programs",
+        s.passes, s.kernel_calls
+    );
+    report.kernel = kernel::program_costs(
+        &mut world,
+        &pins,
+        s.passes,
+        s.kernel_calls,
+        "socket recorded (default)",
+        false,
+    )?;
+    print_costs(&report.kernel);
+    report.close = Some(kernel::close_cost(
+        &mut world,
+        &pins,
+        s.passes,
+        s.kernel_calls,
+    )?);
+    let scenarios = [
+        Scenario::tcp_hot(),
+        Scenario::tcp_cold(s.services),
+        Scenario::udp(Traffic::UdpUnconnected),
+        Scenario::udp(Traffic::UdpConnected),
+    ];
+    for scenario in &scenarios {
+        eprintln!(
+            "data path: {} ({} rounds x {} per case)",
+            scenario.name, s.plan.rounds, s.plan.batch
+        );
+        let r = datapath::measure(&mut world, scenario, &s.plan)?;
+        for c in &r.cases {
+            eprintln!(
+                "  {:<17} p50 {:>7.1} us  p99 {:>7.1} us  ratio {}  failed {}",
+                c.case.to_string(),
+                c.p50_us,
+                c.p99_us,
+                c.p50_ratio.show(3),
+                c.failures
+            );
+        }
+        report.scenarios.push(r);
+    }
+    let clients = 2 * cpus();
+    eprintln!("data path: {clients} clients at once, {} passes", s.passes);
+    report.concurrent = Some(datapath::concurrent(
+        &world,
+        clients,
+        s.concurrent_connects,
+        s.passes,
+    )?);
+
+    eprintln!("kernel cost: the agent again with --tcp-peer-name backend");
+    world.restart_agent(&["--tcp-peer-name", "backend"])?;
+    report.kernel_no_tcp_record = kernel::program_costs(
+        &mut world,
+        &pins,
+        s.passes,
+        s.kernel_calls,
+        "no record (--tcp-peer-name backend)",
+        true,
+    )?;
+    print_costs(&report.kernel_no_tcp_record);
+    world.stop_agent();
+    drop(world.runners);
+    Ok(world.sandbox)
+}
+
+/// A full sync beside a bare write loop, single changes and a rolling update, and the agent in
+/// API mode.
+fn control_plane(
+    s: &Settings,
+    sandbox: &socklb_tests::Sandbox,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    eprintln!(
+        "control plane: full sync of {} x 10, {} passes, beside a bare write loop",
+        s.cp_services, s.passes
+    );
+    report.full_sync = Some(controlplane::full_sync_floor(
+        sandbox,
+        s.cp_services,
+        10,
+        s.passes,
+    )?);
+    eprintln!("control plane: single changes and a rolling update, in process");
+    report.changes.push(controlplane::in_memory(
+        s.cp_services,
+        10,
+        s.cp_changes,
+        s.cp_rolling,
+    )?);
+    report.changes.push(controlplane::bpf_maps(
+        sandbox,
+        s.cp_services,
+        10,
+        s.cp_changes,
+        s.cp_rolling,
+    )?);
+    eprintln!(
+        "control plane: the agent in API mode, {} realistic services, then {}",
+        s.cp_services / 2,
+        s.cp_services
+    );
+    report.api_half = Some(controlplane::api_mode(sandbox, s.cp_services / 2, 0)?);
+    report.api = Some(controlplane::api_mode(
+        sandbox,
+        s.cp_services,
+        s.api_changes,
+    )?);
+    Ok(())
 }
 
 /// Criterion's estimates, from `target/criterion/**/new/estimates.json`.

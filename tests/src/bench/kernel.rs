@@ -1,0 +1,253 @@
+//! The kernel cost of socklb's programs, per run, against an empty program on the same hook,
+//! attached to the same cgroup and run by the same system calls in the same pass (see
+//! [`super::floor`]). Each figure is the median over passes of socklb's ns per run ÷ the empty
+//! program's, with the range.
+use std::{net::SocketAddr, path::Path};
+
+use anyhow::Context as _;
+use serde::Serialize;
+use socklb::dataplane::loader::{PinFolder, attached_programs};
+
+use super::{
+    floor::{BpfStats, Floor, Hook},
+    stats::{Spread, median},
+    world::{BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, World, all_vips, backends},
+};
+use crate::client::{Command as ClientCommand, Op};
+
+/// One program on one kind of call.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelCost {
+    pub name: String,
+    pub hook: Hook,
+    pub socklb_ns: Spread,
+    pub floor_ns: Spread,
+    pub ratio: Spread,
+    /// socklb program runs per pass (checks the workload reached the program).
+    pub runs: u64,
+}
+
+/// The cost of closing a socket: no socklb program runs then; the kernel frees a translated
+/// socket's record with the socket. Measured as `close()` of a translated UDP socket ÷ `close()`
+/// of an untranslated one, from the same client.
+#[derive(Clone, Debug, Serialize)]
+pub struct CloseCost {
+    /// socklb programs attached to a socket-release hook.
+    pub release_programs: usize,
+    pub translated_us: Spread,
+    pub untranslated_us: Spread,
+    pub ratio: Spread,
+}
+
+struct Workload {
+    name: String,
+    command: ClientCommand,
+    hooks: Vec<Hook>,
+}
+
+fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
+    let vip_tcp = all_vips(services);
+    let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
+    let on_service_port: Vec<SocketAddr> = backends(HTTP_PORT);
+    vec![
+        Workload {
+            name: format!("connect4, service hit, TCP, {tcp_label}, spread over all services"),
+            command: ClientCommand::Bench {
+                targets: vip_tcp.clone(),
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: format!("connect4, service hit, TCP, {tcp_label}, one service (hot maps)"),
+            command: ClientCommand::Bench {
+                targets: vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: "connect4, service hit, UDP (socket recorded)".into(),
+            command: ClientCommand::Ops {
+                kind: Op::UdpConnected,
+                targets: vip_udp.clone(),
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: "connect4, not a service, a port no service uses".into(),
+            command: ClientCommand::Bench {
+                targets: backends(BACKEND_TCP),
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: "connect4, not a service, a port services use".into(),
+            // Nothing listens on the pods' port 80: refused at once, after the programs ran.
+            command: ClientCommand::Bench {
+                targets: on_service_port,
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: "getpeername4, translated TCP socket".into(),
+            command: ClientCommand::Ops {
+                kind: Op::TcpPeerName,
+                targets: vip_tcp,
+                count,
+            },
+            hooks: vec![Hook::GetPeerName4],
+        },
+        Workload {
+            name: "sendmsg4 / recvmsg4, unconnected UDP to a service".into(),
+            command: ClientCommand::Ops {
+                kind: Op::UdpUnconnected,
+                targets: vip_udp,
+                count,
+            },
+            hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],
+        },
+    ]
+}
+
+/// (runs, ns) of socklb's program on `hook`.
+fn socklb_counters(pins: &PinFolder, hook: Hook) -> anyhow::Result<(u64, u64)> {
+    let p = attached_programs(pins)?
+        .into_iter()
+        .find(|p| p.name == hook.socklb_program())
+        .with_context(|| format!("{} is not attached", hook.socklb_program()))?;
+    Ok((p.run_count, p.run_time_ns))
+}
+
+fn per_run(before: (u64, u64), after: (u64, u64)) -> (u64, f64) {
+    let runs = after.0.saturating_sub(before.0);
+    let ns = after.1.saturating_sub(before.1);
+    (runs, ns as f64 / runs.max(1) as f64)
+}
+
+/// Every workload, `passes` times, `count` calls each; socklb's programs beside empty ones.
+/// `tcp_label` says how the agent treats TCP sockets (recorded or not).
+pub fn program_costs(
+    world: &mut World,
+    pins: &Path,
+    passes: usize,
+    count: usize,
+    tcp_label: &str,
+    only_first: bool,
+) -> anyhow::Result<Vec<KernelCost>> {
+    let pins = PinFolder::new(pins);
+    let cgroup = world.sandbox.cgroup.clone();
+    let floors: Vec<Floor> = [
+        Hook::Connect4,
+        Hook::SendMsg4,
+        Hook::RecvMsg4,
+        Hook::GetPeerName4,
+    ]
+    .into_iter()
+    .map(|h| Floor::attach(h, &cgroup))
+    .collect::<anyhow::Result<_>>()?;
+    let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
+    let _stats = BpfStats::enable()?;
+    let mut loads = workloads(world.services, count, tcp_label);
+    if only_first {
+        loads.truncate(2);
+    }
+    // (workload, hook) → per pass (socklb ns, floor ns, runs)
+    let mut samples: Vec<Vec<(f64, f64, u64)>> =
+        vec![Vec::new(); loads.iter().map(|w| w.hooks.len()).sum()];
+    let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
+    client.run(&loads[0].command)?;
+    for _ in 0..passes {
+        let mut slot = 0;
+        for w in &loads {
+            let mut before = Vec::new();
+            for &h in &w.hooks {
+                before.push((socklb_counters(&pins, h)?, floor(h)?.counters()?));
+            }
+            let reply = client.run(&w.command)?;
+            anyhow::ensure!(reply.ok, "{}: {:?}", w.name, reply.error);
+            for (i, &h) in w.hooks.iter().enumerate() {
+                let (runs, s_ns) = per_run(before[i].0, socklb_counters(&pins, h)?);
+                let (_, f_ns) = per_run(before[i].1, floor(h)?.counters()?);
+                anyhow::ensure!(runs > 0, "{}: {} did not run", w.name, h.socklb_program());
+                samples[slot].push((s_ns, f_ns, runs));
+                slot += 1;
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut slot = 0;
+    for w in &loads {
+        for &h in &w.hooks {
+            let s = &samples[slot];
+            slot += 1;
+            let name = if w.hooks.len() > 1 {
+                format!("{} ({})", w.name, h.socklb_program())
+            } else {
+                w.name.clone()
+            };
+            out.push(KernelCost {
+                name,
+                hook: h,
+                socklb_ns: Spread::of(&s.iter().map(|x| x.0).collect::<Vec<_>>()),
+                floor_ns: Spread::of(&s.iter().map(|x| x.1).collect::<Vec<_>>()),
+                ratio: Spread::of(&s.iter().map(|x| x.0 / x.1).collect::<Vec<_>>()),
+                runs: s.first().map_or(0, |x| x.2),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `close()` of translated and untranslated UDP sockets, `passes` times, `count` each.
+pub fn close_cost(
+    world: &mut World,
+    pins: &Path,
+    passes: usize,
+    count: usize,
+) -> anyhow::Result<CloseCost> {
+    let release_programs = attached_programs(&PinFolder::new(pins))?
+        .iter()
+        .filter(|p| p.name.contains("release"))
+        .count();
+    let vip = vec![SocketAddr::new(VIP.parse()?, DNS_PORT)];
+    let direct = backends(BACKEND_UDP);
+    let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
+    let (mut through_vip, mut direct_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut p50 = |targets: &Vec<SocketAddr>| -> anyhow::Result<f64> {
+        let reply = client.run(&ClientCommand::Ops {
+            kind: Op::UdpClose,
+            targets: targets.clone(),
+            count,
+        })?;
+        anyhow::ensure!(
+            reply.ok && reply.failures() == 0,
+            "close: {:?}",
+            reply.errors
+        );
+        let mut l = reply.latencies_ns;
+        l.sort_unstable();
+        Ok(median(&l) / 1e3)
+    };
+    for pass in 0..passes {
+        let (translated, untranslated) = if pass % 2 == 0 {
+            let translated = p50(&vip)?;
+            (translated, p50(&direct)?)
+        } else {
+            let untranslated = p50(&direct)?;
+            (p50(&vip)?, untranslated)
+        };
+        through_vip.push(translated);
+        direct_us.push(untranslated);
+        ratios.push(translated / untranslated);
+    }
+    Ok(CloseCost {
+        release_programs,
+        translated_us: Spread::of(&through_vip),
+        untranslated_us: Spread::of(&direct_us),
+        ratio: Spread::of(&ratios),
+    })
+}
