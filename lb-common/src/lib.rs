@@ -184,7 +184,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: ports::WORDS,
         capacity_flag: None,
         preallocated: true,
-        help: "bitmaps of the ports services and backends use (the connect and reverse prefilters)",
+        help: "the frontend filter (a bit per hashed service address) and the bitmap of ports backends use: the connect and reverse prefilters",
     },
     MapDescriptor {
         id: MapId::Sockets,
@@ -343,31 +343,71 @@ pub const FRONTEND_FLAG_AFFINITY: u16 = 1;
 /// is on this node (endpoints exist elsewhere): refused, but counted apart.
 pub const FRONTEND_FLAG_NO_LOCAL: u16 = 2;
 
-/// Layout of the `PORTS` bitmaps: one bit per port, 1024 words per (use, protocol).
+/// Layout of the `PORTS` array: the programs' two prefilters, one array lookup each (the
+/// verifier inlines it).
+/// - The frontend filter, per protocol: one bit per hash of (address, port). A connect or
+///   sendmsg whose bit is clear goes to no service, so a miss costs this lookup only, also on
+///   the ports services use (443, 53, 80 to addresses outside the cluster). A set bit may be
+///   another service address's: that false positive costs the frontend hash lookup.
+/// - The backend bitmap, per protocol: one bit per port some backend uses (getpeername and
+///   recvmsg only look for a socket's record behind those).
 #[allow(
     clippy::inline_always,
     reason = "used on the programs' hot path, where a bpf-to-bpf call would cost more"
 )]
 pub mod ports {
-    /// Words in the `PORTS` array.
-    pub const WORDS: u32 = 4096;
-    /// Ports that some frontend uses (the connect/sendmsg prefilter).
+    /// Bits of the frontend filter per protocol: 2^20 (128 KiB), so 30,000 frontends of one
+    /// protocol leave 97% of misses at one lookup.
+    pub const FILTER_BITS: u32 = 20;
+    /// Words of the frontend filter per protocol.
+    pub const FILTER_WORDS: u32 = 1 << (FILTER_BITS - 6);
+    /// First word of the frontend filter (TCP, then UDP).
     pub const FRONTEND: u32 = 0;
-    /// Ports that some backend uses (the getpeername/recvmsg prefilter).
-    pub const BACKEND: u32 = 2048;
-    /// Offset of the UDP half of each bitmap (TCP is at 0).
-    pub const UDP: u32 = 1024;
+    /// First word of the backend port bitmap (TCP, then UDP).
+    pub const BACKEND: u32 = 2 * FILTER_WORDS;
+    /// Words of the backend port bitmap per protocol (65,536 ports).
+    pub const BACKEND_WORDS: u32 = 1024;
+    /// Words in the `PORTS` array.
+    pub const WORDS: u32 = BACKEND + 2 * BACKEND_WORDS;
 
-    /// The word holding `port`'s bit, for `bitmap` (`FRONTEND` or `BACKEND`) and a protocol.
+    /// The frontend filter's bit for a service address (address words and port in network
+    /// byte order, IPv4 in `addr[0]` and the rest zero): a well-mixed 32-bit hash of both,
+    /// cut to `FILTER_BITS`. The programs and the agent compute it with this one function.
     #[inline(always)]
-    pub const fn word(bitmap: u32, udp: bool, port: u16) -> u32 {
-        bitmap + if udp { UDP } else { 0 } + (port as u32 >> 6)
+    pub const fn frontend_bit(addr: &[u32; 4], port_be: u16) -> u32 {
+        let x =
+            addr[0] ^ addr[1].rotate_left(8) ^ addr[2].rotate_left(16) ^ addr[3].rotate_left(24);
+        // The port goes in after the address is mixed, so no (address, port) pair can cancel
+        // another's bits the way a plain XOR of both would.
+        mix(mix(x) ^ port_be as u32) >> (32 - FILTER_BITS)
     }
 
-    /// The bit of `port` within its word.
+    /// A 32-bit integer mixer (two multiplies): every input bit moves every output bit.
     #[inline(always)]
-    pub const fn bit(port: u16) -> u64 {
-        1 << (port & 63)
+    const fn mix(mut x: u32) -> u32 {
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x7feb_352d);
+        x ^= x >> 15;
+        x = x.wrapping_mul(0x846c_a68b);
+        x ^ (x >> 16)
+    }
+
+    /// The word holding frontend filter bit `index` (from `frontend_bit`).
+    #[inline(always)]
+    pub const fn frontend_word(udp: bool, index: u32) -> u32 {
+        FRONTEND + if udp { FILTER_WORDS } else { 0 } + (index >> 6)
+    }
+
+    /// The word holding a backend port's bit (host byte order).
+    #[inline(always)]
+    pub const fn backend_word(udp: bool, port: u16) -> u32 {
+        BACKEND + if udp { BACKEND_WORDS } else { 0 } + (port as u32 >> 6)
+    }
+
+    /// The bit of a filter index or port within its word.
+    #[inline(always)]
+    pub const fn bit(index: u32) -> u64 {
+        1 << (index & 63)
     }
 }
 

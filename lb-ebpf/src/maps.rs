@@ -36,7 +36,8 @@ pub static FRONTENDS6: HashMap<
 #[btf_map]
 pub static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
 
-/// Port bitmaps (`lb_common::ports`): the connect and reverse prefilters.
+/// The frontend filter and the backend port bitmap (`lb_common::ports`): the connect and
+/// reverse prefilters.
 #[btf_map]
 pub static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 

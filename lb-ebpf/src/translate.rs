@@ -1,8 +1,9 @@
 //! The translation logic behind every hook. `try_translate` returns the hook's verdict or a
 //! `Fault` that the entry point counts and turns into a verdict.
 //!
-//! The miss path (a destination that is no service) is one array lookup: the port bitmap. Only a
-//! port some frontend uses costs a hash lookup.
+//! The miss path (a destination that is no service) is one array lookup: the frontend filter, a
+//! bit per hashed service address. Only a set bit (a service, or rarely another address whose
+//! hash collides) costs the frontend hash lookup.
 use aya_ebpf::{
     helpers::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns,
@@ -83,7 +84,7 @@ pub fn try_translate(
         PROTOCOL_UDP => true,
         _ => return Ok(ALLOW),
     };
-    if !port_in_use(ports::FRONTEND, udp, dest.port_be) {
+    if !maybe_frontend(udp, &dest) {
         return Ok(ALLOW);
     }
     let key = FrontendKey {
@@ -152,7 +153,7 @@ pub fn try_translate(
 pub fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     let peer = load(ctx, family);
     let udp = sockaddr::protocol(ctx) == PROTOCOL_UDP;
-    if !port_in_use(ports::BACKEND, udp, peer.port_be) {
+    if !backend_port_in_use(udp, peer.port_be) {
         return ALLOW;
     }
     // SAFETY: this socket's own storage, or null.
@@ -185,12 +186,24 @@ fn read_flag(flag: &u8) -> bool {
     unsafe { core::ptr::read_volatile(flag) != 0 }
 }
 
-/// Whether some frontend (or backend) uses `port_be` with this protocol.
+/// Whether the frontend filter has `dest`'s bit: false means no service has this address.
 #[inline(always)]
-fn port_in_use(bitmap: u32, udp: bool, port_be: u16) -> bool {
+fn maybe_frontend(udp: bool, dest: &SockAddr) -> bool {
+    let index = ports::frontend_bit(&dest.addr, dest.port_be);
+    word_has(ports::frontend_word(udp, index), index)
+}
+
+/// Whether some backend uses `port_be` with this protocol.
+#[inline(always)]
+fn backend_port_in_use(udp: bool, port_be: u16) -> bool {
     let port = u16::from_be(port_be);
-    match PORTS.get(ports::word(bitmap, udp, port)) {
-        Some(word) => *word & ports::bit(port) != 0,
+    word_has(ports::backend_word(udp, port), u32::from(port))
+}
+
+#[inline(always)]
+fn word_has(word: u32, index: u32) -> bool {
+    match PORTS.get(word) {
+        Some(bits) => *bits & ports::bit(index) != 0,
         // The array has every word; a missing one would be a bug: do not skip the lookup.
         None => true,
     }

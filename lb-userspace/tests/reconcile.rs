@@ -343,11 +343,11 @@ fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
     assert_eq!(
         kinds,
         ["delete frontend", "delete meta", "put ports"],
-        "removal: the frontend first, then its metadata, then the port bit"
+        "removal: the frontend first, then its metadata, then the filter bit"
     );
-    assert!(!r.snapshot().port_bit(ports::FRONTEND, false, 80));
+    assert!(!r.snapshot().filter_bit(&frontend_key(vip("10.96.0.1"))));
     assert!(
-        r.snapshot().port_bit(ports::BACKEND, false, 8080),
+        r.snapshot().backend_port_bit(false, 8080),
         "backend port bits stay: sockets may keep a backend after it left"
     );
 }

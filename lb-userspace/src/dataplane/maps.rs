@@ -22,7 +22,7 @@ pub enum MapWrite {
     },
     PutMeta(u32, ServiceMeta),
     DeleteMeta(u32),
-    /// One word of the `PORTS` bitmaps.
+    /// One word of `PORTS` (the frontend filter or the backend port bitmap).
     PutPorts {
         word: u32,
         bits: u64,
@@ -150,7 +150,7 @@ pub struct MapSnapshot {
     pub frontends: BTreeMap<FrontendKey, Frontend>,
     pub backends: BTreeMap<u32, Backend>,
     pub meta: BTreeMap<u32, ServiceMeta>,
-    /// Non-zero words of the port bitmaps.
+    /// Non-zero words of `PORTS`.
     pub ports: BTreeMap<u32, u64>,
 }
 
@@ -217,15 +217,25 @@ impl MapSnapshot {
         self.meta.get(&service_id).and_then(service_port_key)
     }
 
-    /// Whether the bitmap word for `port` has its bit (see `lb_common::ports`).
-    pub fn port_bit(&self, bitmap: u32, udp: bool, port: u16) -> bool {
+    /// Whether the frontend filter has the bit of this service address (see
+    /// `lb_common::ports`).
+    pub fn filter_bit(&self, key: &FrontendKey) -> bool {
+        let udp = key.protocol == lb_common::PROTOCOL_UDP;
+        let index = ports::frontend_bit(&key.addr, key.port_be);
         self.ports
-            .get(&ports::word(bitmap, udp, port))
-            .is_some_and(|w| w & ports::bit(port) != 0)
+            .get(&ports::frontend_word(udp, index))
+            .is_some_and(|w| w & ports::bit(index) != 0)
+    }
+
+    /// Whether the backend port bitmap has this port (host byte order).
+    pub fn backend_port_bit(&self, udp: bool, port: u16) -> bool {
+        self.ports
+            .get(&ports::backend_word(udp, port))
+            .is_some_and(|w| w & ports::bit(u32::from(port)) != 0)
     }
 
     /// The entries `map` holds, where a snapshot knows them: each frontend map's keys, the
-    /// metadata's, and the bitmap words with a port set. `None` for the others (the backend
+    /// metadata's, and the `PORTS` words with a bit set. `None` for the others (the backend
     /// array's use is its ranges, which the reconciler knows).
     pub fn entries(&self, map: MapId) -> Option<usize> {
         match map {

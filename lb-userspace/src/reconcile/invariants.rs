@@ -1,9 +1,8 @@
 //! What must hold in the maps at every moment, for any concurrent connect: each frontend's
 //! backend range lies inside the array and holds backends of the frontend's family, its port
-//! is in the frontend port bitmap, and its backend set is named in the metadata (`violations`);
+//! is in the frontend filter, and its backend set is named in the metadata (`violations`);
 //! and no write touches a range a frontend uses (`overwrites_used_range`). Tests, golden files
 //! and the fuzz target check them around every single write.
-use lb_common::ports;
 
 use crate::dataplane::{
     abi::{backend_addr, service_addr},
@@ -44,7 +43,7 @@ pub fn violations(snap: &MapSnapshot, backends_capacity: u32) -> Vec<String> {
                 Some(b) if b.family == key.family && backend_addr(b).is_some() => {
                     let udp = key.protocol == lb_common::PROTOCOL_UDP;
                     let port = u16::from_be(b.port_be);
-                    if !snap.port_bit(ports::BACKEND, udp, port) {
+                    if !snap.backend_port_bit(udp, port) {
                         out.push(format!(
                             "frontend {name} slot {i}: backend port {port} missing from the reverse bitmap"
                         ));
@@ -61,15 +60,8 @@ pub fn violations(snap: &MapSnapshot, backends_capacity: u32) -> Vec<String> {
                 )),
             }
         }
-        let port = u16::from_be(key.port_be);
-        if !snap.port_bit(
-            ports::FRONTEND,
-            key.protocol == lb_common::PROTOCOL_UDP,
-            port,
-        ) {
-            out.push(format!(
-                "frontend {name}: port {port} missing from the port bitmap"
-            ));
+        if !snap.filter_bit(key) {
+            out.push(format!("frontend {name}: missing from the frontend filter"));
         }
         if !snap.meta.contains_key(&fe.service_id) {
             out.push(format!(

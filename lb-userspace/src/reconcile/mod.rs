@@ -2,9 +2,10 @@
 //! a time, in an order that never lets a concurrent connect see a half-written service:
 //!
 //! 1. a changed backend set is written into a fresh range of the backend array (no frontend
-//!    points there yet); 2. the port bitmaps gain the new ports; 3. metadata; 4. the frontends
-//!    flip to the new range and count; 5. frontends no longer wanted are deleted; 6. the
-//!    bitmaps lose ports nobody uses; 7. the old range waits out a grace period before reuse.
+//!    points there yet); 2. the prefilters gain the new frontends and ports; 3. metadata;
+//!    4. the frontends flip to the new range and count; 5. frontends no longer wanted are
+//!    deleted; 6. the filter loses bits no frontend sets; 7. the old range waits out a grace
+//!    period before reuse.
 //!
 //! A range a frontend uses is never written, so no connect can read a half-written or deleted
 //! backend. When a write fails, the writes already done are undone in reverse order, which walks
@@ -25,7 +26,7 @@ use std::{
 use lb_common::{
     FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, MapId, ports,
 };
-pub use mirror::{Mirror, port_of};
+pub use mirror::{Mirror, filter_of};
 pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 
 use crate::{
@@ -342,15 +343,15 @@ impl<M: ServiceMaps> Reconciler<M> {
                     }
                 }
                 // Frontend ports this set stopped using, now that its frontends are gone.
-                self.release_ports(&plan.released_ports, report);
+                self.release_ports(&plan.released_filter, report);
             }
             Err(e) => {
                 let undone = self.rollback(undo);
-                let claimed: Vec<(bool, u16)> = plan
+                let claimed: Vec<(bool, u32)> = plan
                     .writes
                     .iter()
                     .filter_map(|w| match w {
-                        MapWrite::PutFrontend(k, _) => Some(port_of(k)),
+                        MapWrite::PutFrontend(k, _) => Some(filter_of(k)),
                         _ => None,
                     })
                     .collect();
@@ -443,8 +444,8 @@ impl<M: ServiceMaps> Reconciler<M> {
             old.base
         };
 
-        // 2. Port bitmaps: the ports of new frontends, and of the backends (set only: a socket
-        // may keep a backend long after the backend left its set).
+        // 2. Prefilters: the frontend filter bits of new frontends, and the backends' ports (set
+        // only: a socket may keep a backend long after the backend left its set).
         let wanted: BTreeSet<FrontendKey> = want
             .frontends
             .iter()
@@ -453,13 +454,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
         let mut words: BTreeMap<u32, u64> = BTreeMap::new();
         for k in &wanted {
-            let (_, port) = port_of(k);
-            let w = ports::word(ports::FRONTEND, udp, port);
-            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(port);
+            let (_, index) = filter_of(k);
+            let w = ports::frontend_word(udp, index);
+            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(index);
         }
         for b in &layout {
-            let w = ports::word(ports::BACKEND, udp, b.port());
-            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(b.port());
+            let w = ports::backend_word(udp, b.port());
+            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(u32::from(b.port()));
         }
         for (word, bits) in words {
             if bits != self.word(word) {
@@ -510,10 +511,10 @@ impl<M: ServiceMaps> Reconciler<M> {
             base,
             layout,
             new_range,
-            released_ports: current
+            released_filter: current
                 .iter()
                 .filter(|k| !wanted.contains(k))
-                .map(port_of)
+                .map(filter_of)
                 .collect(),
         })
     }
@@ -522,15 +523,15 @@ impl<M: ServiceMaps> Reconciler<M> {
         self.mirror.snap.ports.get(&word).copied().unwrap_or(0)
     }
 
-    /// Clears the bits of these ports where no frontend uses them any more (after the
+    /// Clears these frontend filter bits where no frontend sets them any more (after the
     /// frontends are gone).
-    fn release_ports(&mut self, released: &[(bool, u16)], report: &mut SyncReport) {
+    fn release_ports(&mut self, released: &[(bool, u32)], report: &mut SyncReport) {
         let mut words: BTreeMap<u32, u64> = BTreeMap::new();
-        for &(udp, port) in released {
-            if !self.mirror.port_in_use(udp, port) {
-                let w = ports::word(ports::FRONTEND, udp, port);
+        for &(udp, index) in released {
+            if !self.mirror.filter_in_use(udp, index) {
+                let w = ports::frontend_word(udp, index);
                 let current = self.word(w);
-                *words.entry(w).or_insert(current) &= !ports::bit(port);
+                *words.entry(w).or_insert(current) &= !ports::bit(index);
             }
         }
         let writes: Vec<MapWrite> = words
@@ -541,7 +542,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         self.write_ports(&writes, report);
     }
 
-    /// Clears every frontend port bit no frontend uses (after a full sync, and for bits an
+    /// Clears every frontend filter bit no frontend sets (after a full sync, and for bits an
     /// earlier agent left).
     fn sweep_ports(&mut self, report: &mut SyncReport) {
         let mut writes = Vec::new();
@@ -549,11 +550,11 @@ impl<M: ServiceMaps> Reconciler<M> {
             if word >= ports::BACKEND {
                 continue;
             }
-            let udp = word >= ports::UDP;
-            let first = ((word - if udp { ports::UDP } else { 0 }) << 6) as u16;
+            let udp = word >= ports::FILTER_WORDS;
+            let first = (word - if udp { ports::FILTER_WORDS } else { 0 }) << 6;
             let mut keep = 0u64;
-            for bit in 0..64u16 {
-                if bits & (1 << bit) != 0 && self.mirror.port_in_use(udp, first + bit) {
+            for bit in 0..64u32 {
+                if bits & (1 << bit) != 0 && self.mirror.filter_in_use(udp, first + bit) {
                     keep |= 1 << bit;
                 }
             }
@@ -670,6 +671,6 @@ struct Plan {
     layout: Vec<SocketAddr>,
     /// The set moved to a new range (the old one is released after a successful write).
     new_range: bool,
-    /// Ports of the frontends the plan deletes: their bits go once nobody uses them.
-    released_ports: Vec<(bool, u16)>,
+    /// Filter bits of the frontends the plan deletes: they go once no frontend sets them.
+    released_filter: Vec<(bool, u32)>,
 }
