@@ -25,13 +25,27 @@ impl Registry {
         })
     }
 
-    /// SIGKILL to every tracked, unreaped child.
+    /// SIGKILLs every child still registered and waits (at most 2 s) until each has exited
+    /// (a zombie, or reaped), so what it held (an agent's lock, its fds) is released before
+    /// the caller cleans up after it.
     pub fn kill_all(&self) {
-        for pid in self.lock().iter() {
+        let pids: Vec<u32> = self.lock().iter().copied().collect();
+        for pid in &pids {
             if let Ok(pid) = i32::try_from(*pid) {
                 // SAFETY: signalling our own unreaped child by PID.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
+        }
+        let running = |pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                // The state follows the command name in parentheses.
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while pids.iter().any(running) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
 }
