@@ -31,11 +31,55 @@ impl fmt::Display for Kind {
 }
 
 /// `namespace/name` of a namespaced object. Shared strings: the agent keeps a Service's key in
-/// several indexes, and a clone is a reference count, not an allocation.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// several indexes, and a clone is a reference count, not an allocation. Namespaces are
+/// interned where objects are read, so keys of one namespace compare it by pointer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ObjectKey {
     pub namespace: Arc<str>,
     pub name: Arc<str>,
+}
+
+/// Equality of shared strings: the same allocation is equal without reading it.
+fn shared_eq(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || **a == **b
+}
+
+/// Order of shared strings (as `str`), without reading them when they are one allocation.
+fn shared_cmp(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+    if Arc::ptr_eq(a, b) {
+        std::cmp::Ordering::Equal
+    } else {
+        a.cmp(b)
+    }
+}
+
+impl PartialEq for ObjectKey {
+    fn eq(&self, other: &Self) -> bool {
+        shared_eq(&self.namespace, &other.namespace) && shared_eq(&self.name, &other.name)
+    }
+}
+
+impl Eq for ObjectKey {}
+
+/// By content, as equality compares (a pointer is only its shortcut).
+impl std::hash::Hash for ObjectKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.namespace.hash(state);
+        self.name.hash(state);
+    }
+}
+
+impl Ord for ObjectKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        shared_cmp(&self.namespace, &other.namespace)
+            .then_with(|| shared_cmp(&self.name, &other.name))
+    }
+}
+
+impl PartialOrd for ObjectKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl ObjectKey {
@@ -229,7 +273,7 @@ impl fmt::Display for Scope {
 
 /// One backend set: a Service port, in one family, for one scope. It owns a service id in the
 /// maps, and every frontend of it shares its backends.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ServicePortKey {
     pub service: ObjectKey,
     /// The port's name, or its number when the Service's only port is unnamed.
@@ -237,6 +281,46 @@ pub struct ServicePortKey {
     pub protocol: Protocol,
     pub family: Family,
     pub scope: Scope,
+}
+
+impl PartialEq for ServicePortKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.service == other.service
+            && shared_eq(&self.port_name, &other.port_name)
+            && self.protocol == other.protocol
+            && self.family == other.family
+            && self.scope == other.scope
+    }
+}
+
+impl Eq for ServicePortKey {}
+
+impl std::hash::Hash for ServicePortKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.service.hash(state);
+        self.port_name.hash(state);
+        self.protocol.hash(state);
+        self.family.hash(state);
+        self.scope.hash(state);
+    }
+}
+
+/// Field by field, as the fields are declared (what a derived order would be).
+impl Ord for ServicePortKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.service
+            .cmp(&other.service)
+            .then_with(|| shared_cmp(&self.port_name, &other.port_name))
+            .then_with(|| self.protocol.cmp(&other.protocol))
+            .then_with(|| self.family.cmp(&other.family))
+            .then_with(|| self.scope.cmp(&other.scope))
+    }
+}
+
+impl PartialOrd for ServicePortKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl fmt::Display for ServicePortKey {
@@ -313,6 +397,38 @@ pub fn canonical(addrs: &mut [SocketAddr]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys order and compare as their (namespace, name) strings, whether or not they share
+    /// allocations, and equal keys hash alike.
+    #[test]
+    fn object_keys_compare_by_content() {
+        use std::hash::BuildHasher as _;
+        let shared: Arc<str> = Arc::from("team-a");
+        let names = ["a", "a", "c", "b"];
+        let mut keys: Vec<ObjectKey> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let ns = if i % 2 == 0 {
+                    Arc::clone(&shared)
+                } else {
+                    Arc::from("team-a")
+                };
+                ObjectKey::new(ns, *n)
+            })
+            .collect();
+        keys.push(ObjectKey::new("team-0", "z"));
+        keys.sort();
+        let text: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            ["team-0/z", "team-a/a", "team-a/a", "team-a/b", "team-a/c"]
+        );
+        assert_eq!(keys[1], keys[2]);
+        let h = std::collections::hash_map::RandomState::new();
+        assert_eq!(h.hash_one(&keys[1]), h.hash_one(&keys[2]));
+        assert_ne!(keys[1], keys[3]);
+    }
 
     #[test]
     fn service_addresses_parse_and_print() {

@@ -48,7 +48,7 @@ impl Checker {
         };
         c.dns_name("metadata.name", name, name_max)?;
         c.dns_name("metadata.namespace", namespace, 63)?;
-        let key = ObjectKey::new(namespace, name);
+        let key = ObjectKey::new(super::intern::intern(namespace), name);
         Ok((c, key))
     }
 

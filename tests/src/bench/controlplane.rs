@@ -151,6 +151,12 @@ impl<M: ServiceMaps> ServiceMaps for Recording<M> {
 
 /// Maps that take every write and keep nothing: the engine on them is translation and diff
 /// alone (the reconciler keeps its own mirror of what it wrote).
+/// One full sync of `services` x `endpoints` through the engine into maps that discard every
+/// write: translation and diff only (seconds).
+pub fn translate_and_diff_secs(services: usize, endpoints: usize) -> anyhow::Result<f64> {
+    Ok(full_sync(Discard, world_events(services, endpoints)?)?.1)
+}
+
 struct Discard;
 
 impl ServiceMaps for Discard {
