@@ -45,6 +45,9 @@ struct Workload {
     hooks: Vec<Hook>,
 }
 
+/// A port nothing listens on in the backend pods and no service uses.
+const CLOSED_PORT: u16 = 9;
+
 fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
     let vip_tcp = all_vips(services);
     let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
@@ -77,6 +80,16 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
         },
         Workload {
             name: "connect4, not a service, a port no service uses".into(),
+            // Nothing listens there either: refused at once, so the connection's own traffic
+            // does not interrupt the programs (the live-server workload below shows that).
+            command: ClientCommand::Bench {
+                targets: backends(CLOSED_PORT),
+                count,
+            },
+            hooks: vec![Hook::Connect4],
+        },
+        Workload {
+            name: "connect4, not a service, a live server (a full TCP connection each)".into(),
             command: ClientCommand::Bench {
                 targets: backends(BACKEND_TCP),
                 count,

@@ -113,12 +113,24 @@ impl Report {
                 limit: "≤ 4".into(),
                 measured: ratio(k),
                 met: at_most(&k.ratio, 4.0),
-                note: match alt {
-                    Some(a) => format!(
-                        "with --tcp-peer-name backend (no TCP record): {}; the difference is the socket-local record the kernel allocates",
-                        ratio(a)
-                    ),
-                    None => String::new(),
+                note: {
+                    let hot = |costs: &[KernelCost]| {
+                        costs
+                            .iter()
+                            .find(|k| k.name.contains("one service"))
+                            .map(|k| format!(", one service (hot maps) {}×", k.ratio.show(2)))
+                            .unwrap_or_default()
+                    };
+                    let mut note = format!("connects spread over every service{}", hot(&self.kernel));
+                    if let Some(a) = alt {
+                        let _ = write!(
+                            note,
+                            "; with --tcp-peer-name backend (no TCP record): {}{}; the difference is the socket-local record the kernel allocates",
+                            ratio(a),
+                            hot(&self.kernel_no_tcp_record)
+                        );
+                    }
+                    note
                 },
             });
         }
@@ -150,6 +162,7 @@ impl Report {
             });
         }
         for prefix in [
+            "connect4, not a service, a live server",
             "getpeername4",
             "connect4, service hit, UDP",
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_sendmsg4)",
