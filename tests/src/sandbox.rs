@@ -242,6 +242,19 @@ impl Sandbox {
         Ok(ns)
     }
 
+    /// Sets a sysctl (`name=value`) inside one of this sandbox's network namespaces.
+    pub fn netns_sysctl(&self, netns: &str, setting: &str) -> anyhow::Result<()> {
+        let out = Process::new("ip")
+            .args(["netns", "exec", netns, "sysctl", "-q", "-w", setting])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "sysctl {setting} in {netns}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
     /// Starts a backend answering on `addr` (TCP, or UDP with `udp`) in its pod.
     pub fn add_backend(&self, addr: SocketAddr, udp: bool) -> anyhow::Result<()> {
         self.add_server(addr, udp.then_some("--udp"), udp)

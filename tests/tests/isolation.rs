@@ -379,7 +379,7 @@ fn a_tenant_holding_many_sockets_does_not_degrade_another() -> anyhow::Result<()
             &format!("10.244.101.{}", pods + 1),
         )?;
         pods += 1;
-        widen_port_range(&pod.netns)?;
+        sandbox.netns_sysctl(&pod.netns, "net.ipv4.ip_local_port_range=1024 65535")?;
         let in_pod = per_pod.min(held - holding);
         let mut pod_holds = 0;
         while pod_holds < in_pod {
@@ -412,24 +412,6 @@ fn a_tenant_holding_many_sockets_does_not_degrade_another() -> anyhow::Result<()
     for mut client in greedy {
         client.run(&Command::Release)?;
     }
-    Ok(())
-}
-
-fn widen_port_range(netns: &str) -> anyhow::Result<()> {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", netns])
-        .args([
-            "sysctl",
-            "-q",
-            "-w",
-            "net.ipv4.ip_local_port_range=1024 65535",
-        ])
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     Ok(())
 }
 

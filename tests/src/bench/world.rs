@@ -153,7 +153,9 @@ impl World {
         for ip in backend_ips() {
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_TCP), false)?;
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_UDP), true)?;
+            tcp_hygiene(&sandbox, &sandbox.pod(ip)?)?;
         }
+        tcp_hygiene(&sandbox, &sandbox.client_ns)?;
         sandbox.write_manifest("bench.yaml", &datapath_manifests(0))?;
         let agent = sandbox.start_agent(&AgentOptions::default())?;
         let mut runners = vec![Runner {
@@ -182,6 +184,7 @@ impl World {
                     "eth0",
                 ])?;
             }
+            tcp_hygiene(&sandbox, &pod.netns)?;
             runners.push(Runner {
                 case,
                 client: sandbox.client_in(&pod)?,
@@ -275,4 +278,12 @@ impl World {
             })
             .collect()
     }
+}
+
+/// Tens of thousands of short connections between the same few addresses leave their 4-tuples
+/// in `TIME_WAIT` for a minute: let new connects reuse them and use the whole port range, as a
+/// busy node is tuned, so no pass stalls on a SYN retransmit (in every case alike).
+fn tcp_hygiene(sandbox: &Sandbox, netns: &str) -> anyhow::Result<()> {
+    sandbox.netns_sysctl(netns, "net.ipv4.tcp_tw_reuse=1")?;
+    sandbox.netns_sysctl(netns, "net.ipv4.ip_local_port_range=1024 65535")
 }
