@@ -523,6 +523,16 @@ pub fn map_memory(pins: &std::path::Path) -> anyhow::Result<Vec<MapMemory>> {
 /// The agent in API mode on `services` realistic services: time to ready, memory, then
 /// `changes` EndpointSlice changes through the API, each timed until the maps show it.
 pub fn api_mode(sandbox: &Sandbox, services: usize, changes: usize) -> anyhow::Result<ApiMode> {
+    api_mode_with(sandbox, services, changes, Vec::new())
+}
+
+/// [`api_mode`] with extra environment variables for the agent (to try allocator settings).
+pub fn api_mode_with(
+    sandbox: &Sandbox,
+    services: usize,
+    changes: usize,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<ApiMode> {
     const PER_SLICE: usize = 5;
     if sandbox.pin_folder().exists() {
         remove_pins(&PinFolder::new(sandbox.pin_folder()))?;
@@ -551,6 +561,7 @@ pub fn api_mode(sandbox: &Sandbox, services: usize, changes: usize) -> anyhow::R
         kubeconfig: Some(kubeconfig),
         args: vec!["--node-name".into(), "node-3".into()],
         ready_timeout: Some(Duration::from_mins(3)),
+        env,
         ..AgentOptions::default()
     })?;
     let ready_s = start.elapsed().as_secs_f64();
