@@ -262,7 +262,17 @@ impl Report {
                     f.write_floor_s.median
                 ),
                 met: at_most(&f.ratio, 1.5),
-                note: n.clone(),
+                note: [
+                    n.clone(),
+                    format!(
+                        "translation and diff alone take {:.3} s of it: CPU in the agent, not syscalls",
+                        f.in_memory_s.median
+                    ),
+                ]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+                .join("; "),
             });
             out.push(Verdict {
                 target: format!(
@@ -288,7 +298,7 @@ impl Report {
             });
             let per_service = self.api_half.as_ref().map(|h| {
                 format!(
-                    "; {:.1} KiB RSS per extra service",
+                    "{:.1} KiB RSS per extra service",
                     (a.peak_rss_mib - h.peak_rss_mib) * 1024.0
                         / (a.services.saturating_sub(h.services)).max(1) as f64
                 )
@@ -304,15 +314,18 @@ impl Report {
                     a.peak_rss_mib, a.rss_mib
                 ),
                 met: Some(a.peak_rss_mib <= 48.0),
-                note: format!(
-                    "{}{}",
+                note: [
                     if a.services < 10_000 {
-                        scale.as_str()
+                        scale.clone()
                     } else {
-                        ""
+                        String::new()
                     },
-                    per_service.unwrap_or_default()
-                ),
+                    per_service.unwrap_or_default(),
+                ]
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+                .join("; "),
             });
             out.push(Verdict {
                 target: "BPF map memory at default capacity".into(),
@@ -369,7 +382,7 @@ impl Report {
         self.controlplane_section(&mut m);
         let _ = writeln!(
             m,
-            "\n## Reproduce\n\n`cargo xtask bench` (about 25 minutes; `--quick` for a smoke run). Results: `target/bench/results.json`."
+            "\n## Reproduce\n\n`cargo xtask bench` (about 10 minutes on 2 vCPUs; `--quick` for a smoke run). Results: `target/bench/results.json`."
         );
         m
     }
