@@ -17,6 +17,10 @@ impl<T: Ord> VecSet<T> {
         match self.0.binary_search(&value) {
             Ok(_) => false,
             Err(i) => {
+                if self.0.is_empty() {
+                    // Most of these sets hold one element for good: room for one, not four.
+                    self.0.reserve_exact(1);
+                }
                 self.0.insert(i, value);
                 true
             }
@@ -36,6 +40,11 @@ impl<T: Ord> VecSet<T> {
 
     pub fn contains(&self, value: &T) -> bool {
         self.0.binary_search(value).is_ok()
+    }
+
+    /// The smallest element.
+    pub fn first(&self) -> Option<&T> {
+        self.0.first()
     }
 
     pub fn is_empty(&self) -> bool {

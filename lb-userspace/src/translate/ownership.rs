@@ -47,7 +47,8 @@ impl std::fmt::Display for Conflict {
 /// Every claim on every address, kept up to date one backend set at a time.
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
-    claims: BTreeMap<ServiceAddr, BTreeSet<Claimant>>,
+    /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
+    claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
     by_key: HashMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
 }
 
@@ -74,16 +75,15 @@ impl Ownership {
             })
             .collect();
         let mut affected = self.release(key);
-        for (addr, claimant) in claimants {
-            let set = self.claims.entry(addr).or_default();
+        for (addr, claimant) in &claimants {
+            let set = self.claims.entry(*addr).or_default();
             if let Some(first) = set.first() {
                 affected.insert(first.key.clone());
             }
             set.insert(claimant.clone());
-            self.by_key
-                .entry(key.clone())
-                .or_default()
-                .push((addr, claimant));
+        }
+        if !claimants.is_empty() {
+            self.by_key.insert(key.clone(), claimants);
         }
         affected.insert(key.clone());
         affected
@@ -113,7 +113,7 @@ impl Ownership {
     pub fn owner(&self, addr: &ServiceAddr) -> Option<(&ServicePortKey, ClaimKind)> {
         self.claims
             .get(addr)
-            .and_then(BTreeSet::first)
+            .and_then(VecSet::first)
             .map(|c| (&c.key, c.kind))
     }
 
