@@ -164,7 +164,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         return e.broken_at(Link::Service, format!("Service {key}: {why}"));
     };
     let slices = store.slices_of(&key);
-    e.selector.clone_from(&svc.selector);
+    e.selector = svc.selector.as_ref().map(|s| s.iter().cloned().collect());
     e.resource_versions.push(ObjectVersion {
         object: ObjectRef::service(key.clone()),
         resource_version: svc.resource_version.clone(),

@@ -1,10 +1,10 @@
 //! The Service as socklb needs it, validated from the Kubernetes API type.
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
 use k8s_openapi::{api::core::v1 as core, apimachinery::pkg::util::intstr::IntOrString};
 
 use super::{
-    ValidationError,
+    LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ValidationError,
     validate::{Checker, Cidr, parse_ip_sloppy},
 };
 use crate::vocab::{Family, Kind, ObjectKey, Protocol};
@@ -74,7 +74,10 @@ pub struct Service {
     pub uid: String,
     /// `metadata.creationTimestamp`, seconds since the epoch.
     pub created: Option<i64>,
-    pub labels: BTreeMap<String, String>,
+    /// `service.kubernetes.io/service-proxy-name`, when labelled.
+    pub proxy_name: Option<String>,
+    /// Labelled `service.kubernetes.io/headless` (kube-proxy ignores such Services).
+    pub headless_label: bool,
     pub type_: ServiceType,
     /// `clusterIP: None`.
     pub headless: bool,
@@ -85,7 +88,9 @@ pub struct Service {
     /// `spec.loadBalancerSourceRanges`, parsed; entries that do not parse are left out (noted).
     pub source_ranges: Vec<Cidr>,
     pub ports: Vec<ServicePort>,
-    pub selector: Option<BTreeMap<String, String>>,
+    /// `spec.selector`, sorted by key; explain shows it. Pairs, not a map: a one-entry
+    /// `BTreeMap` allocates a node for eleven, and the agent holds every Service.
+    pub selector: Option<Vec<(String, String)>>,
     /// sessionAffinity ClientIP timeout, when affinity is on.
     pub affinity_timeout_s: Option<u32>,
     pub internal_traffic_policy: TrafficPolicy,
@@ -151,7 +156,15 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         resource_version: meta.resource_version.clone().unwrap_or_default(),
         uid: meta.uid.clone().unwrap_or_default(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
-        labels: meta.labels.clone().unwrap_or_default(),
+        proxy_name: meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
+            .cloned(),
+        headless_label: meta
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
         type_,
         headless,
         cluster_ips,
@@ -159,7 +172,10 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         lb_ingress,
         source_ranges,
         ports,
-        selector: spec.selector.clone(),
+        selector: spec
+            .selector
+            .as_ref()
+            .map(|s| s.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
         affinity_timeout_s,
         internal_traffic_policy: policy(
             &c,

@@ -54,9 +54,9 @@ pub struct Endpoint {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EndpointDetails {
     /// `hints.forZones` names, when hints are present.
-    pub zone_hints: Option<Vec<String>>,
+    pub zone_hints: Option<Box<[Arc<str>]>>,
     /// `hints.forNodes` names, when present.
-    pub node_hints: Option<Vec<String>>,
+    pub node_hints: Option<Box<[Arc<str>]>>,
     /// `targetRef`, for explain.
     pub target: Option<TargetRef>,
 }
@@ -83,11 +83,11 @@ impl Endpoint {
         self.zone.as_deref()
     }
 
-    pub fn zone_hints(&self) -> Option<&[String]> {
+    pub fn zone_hints(&self) -> Option<&[Arc<str>]> {
         self.details.as_ref()?.zone_hints.as_deref()
     }
 
-    pub fn node_hints(&self) -> Option<&[String]> {
+    pub fn node_hints(&self) -> Option<&[Arc<str>]> {
         self.details.as_ref()?.node_hints.as_deref()
     }
 
@@ -293,10 +293,10 @@ fn details(ep: &discovery::Endpoint, namespace: &str) -> Option<Box<EndpointDeta
     let d = EndpointDetails {
         zone_hints: hints
             .and_then(|h| h.for_zones.as_ref())
-            .map(|z| z.iter().map(|z| z.name.clone()).collect()),
+            .map(|z| z.iter().map(|z| intern(&z.name)).collect()),
         node_hints: hints
             .and_then(|h| h.for_nodes.as_ref())
-            .map(|n| n.iter().map(|n| n.name.clone()).collect()),
+            .map(|n| n.iter().map(|n| intern(&n.name)).collect()),
         target: ep.target_ref.as_ref().map(|t| TargetRef {
             kind: intern(t.kind.as_deref().unwrap_or("Object")),
             key: ObjectKey::new(

@@ -167,10 +167,12 @@ impl Merged<'_> {
             };
         }
         let endpoint = |i: &usize| self.seen[*i].endpoint;
-        let for_me = |hints: Option<&[String]>, me: Option<&str>| {
-            me.is_some_and(|me| !me.is_empty() && hints.is_some_and(|h| h.iter().any(|x| x == me)))
+        let for_me = |hints: Option<&[Arc<str>]>, me: Option<&str>| {
+            me.is_some_and(|me| {
+                !me.is_empty() && hints.is_some_and(|h| h.iter().any(|x| &**x == me))
+            })
         };
-        let all_hinted = |f: fn(&Endpoint) -> Option<&[String]>| {
+        let all_hinted = |f: fn(&Endpoint) -> Option<&[Arc<str>]>| {
             ready
                 .iter()
                 .all(|i| f(endpoint(i)).is_some_and(|h| !h.is_empty()))
@@ -297,10 +299,20 @@ impl Merged<'_> {
         }
         match chosen.rule {
             Rule::NodeHints => Exclusion::HintedForOtherNode {
-                hints: e.node_hints().unwrap_or_default().to_vec(),
+                hints: e
+                    .node_hints()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
             },
             Rule::ZoneHints => Exclusion::OtherZone {
-                hints: e.zone_hints().unwrap_or_default().to_vec(),
+                hints: e
+                    .zone_hints()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
             },
             _ => Exclusion::NotReady,
         }
@@ -313,7 +325,7 @@ fn usable(e: &Endpoint) -> bool {
 }
 
 /// An endpoint's topology hints of one kind (node or zone).
-type Hints = fn(&Endpoint) -> Option<&[String]>;
+type Hints = fn(&Endpoint) -> Option<&[Arc<str>]>;
 
 /// On this node: the endpoint's nodeName is exactly this node's name.
 fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {

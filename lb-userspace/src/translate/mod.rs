@@ -310,14 +310,14 @@ impl PortContext<'_> {
 /// Why a Service produces nothing at all, as kube-proxy's informers and `ShouldSkipService`
 /// decide.
 fn skip_reason(svc: &Service, node: &NodeInfo) -> Option<String> {
-    if let Some(proxy) = svc.labels.get(LABEL_SERVICE_PROXY_NAME)
+    if let Some(proxy) = &svc.proxy_name
         && *proxy != node.proxy_name
     {
         return Some(format!(
             "labelled {LABEL_SERVICE_PROXY_NAME}={proxy}: handled by another proxy"
         ));
     }
-    if svc.labels.contains_key(LABEL_HEADLESS) {
+    if svc.headless_label {
         return Some(format!(
             "labelled {LABEL_HEADLESS}: no proxy serves it (kube-proxy's informers skip it)"
         ));
