@@ -1,18 +1,16 @@
 //! Heap in use (glibc `mallinfo2`) as the engine takes in N realistic services (default
-//! 10,000: two slices of five endpoints each, with targetRef, zone and hints) and writes them
-//! to in-memory maps: what the agent's model, translation and reconciler hold per service.
+//! 10,000: two slices of five endpoints each, with targetRef, zone and hints) and syncs them
+//! to maps outside the process: what the agent's model and reconciler hold per service.
 use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
 use socklb::{
     agent::Engine,
-    dataplane::maps::{
-        Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps,
-    },
     model::{service_from_api, slice_from_api},
     reconcile::Reconciler,
     source::{Object, SourceEvent},
     translate::{DEFAULT_PROXY_NAME, NodeFlags},
     vocab::Kind,
 };
+use socklb_tests::bench::controlplane::Discard;
 
 fn in_use_mib() -> f64 {
     // SAFETY: reads the allocator's statistics.
@@ -54,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         proxy_name: DEFAULT_PROXY_NAME.into(),
         ..NodeFlags::default()
     };
-    let mut engine = Engine::new(Reconciler::new(Kernel)?, flags);
+    let mut engine = Engine::new(Reconciler::new(Discard)?, flags);
     engine.handle(SourceEvent::Listed {
         kind: Kind::Service,
         objects: svcs,
@@ -75,21 +73,4 @@ fn main() -> anyhow::Result<()> {
         (synced - base) * 1024.0 / services as f64
     );
     Ok(())
-}
-
-/// Maps kept outside the process, as BPF maps are: writes cost no heap here.
-struct Kernel;
-
-impl ServiceMaps for Kernel {
-    fn write(&mut self, _: &MapWrite) -> Result<(), MapWriteError> {
-        Ok(())
-    }
-
-    fn read_all(&self) -> Result<MapSnapshot, MapReadError> {
-        Ok(MapSnapshot::default())
-    }
-
-    fn capacities(&self) -> Capacities {
-        Capacities::default()
-    }
 }

@@ -157,7 +157,9 @@ pub fn translate_and_diff_secs(services: usize, endpoints: usize) -> anyhow::Res
     Ok(full_sync(Discard, world_events(services, endpoints)?)?.1)
 }
 
-struct Discard;
+/// Maps that discard every write, as if they lived outside the process (BPF maps do): the
+/// engine's own work alone.
+pub struct Discard;
 
 impl ServiceMaps for Discard {
     fn write(&mut self, _: &MapWrite) -> Result<(), MapWriteError> {
@@ -362,19 +364,9 @@ pub fn bpf_maps(
     changes: usize,
     rolling: usize,
 ) -> anyhow::Result<ControlPlaneResult> {
-    let pins = sandbox.pin_mount.join("controlplane");
-    let cgroup = sandbox.extra_cgroup("controlplane")?;
-    let dataplane = Dataplane::load(&LoadConfig {
-        pin_folder: pins.clone(),
-        cgroup,
-        capacities: Capacities::default(),
-        log_level: 0,
-        record_tcp: true,
-    })?;
-    let maps = dataplane.service_maps()?;
+    let (dataplane, maps) = fresh_maps(sandbox, "controlplane")?;
     let result = run("BPF maps", maps, services, endpoints, changes, rolling);
-    drop(dataplane);
-    remove_pins(&PinFolder::new(&pins))?;
+    drop_maps(sandbox, "controlplane", dataplane)?;
     result
 }
 

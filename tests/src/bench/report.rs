@@ -363,20 +363,19 @@ impl Report {
             );
         }
         let _ = writeln!(m, "## Targets\n");
-        let _ = writeln!(m, "| target | limit | measured | verdict | note |");
-        let _ = writeln!(m, "|---|---|---|---|---|");
-        for v in self.verdicts() {
+        let rows = self.verdicts().into_iter().map(|v| {
             let verdict = match v.met {
                 Some(true) => "met",
                 Some(false) => "**missed**",
                 None => "reported",
             };
-            let _ = writeln!(
-                m,
-                "| {} | {} | {} | {verdict} | {} |",
-                v.target, v.limit, v.measured, v.note
-            );
-        }
+            vec![v.target, v.limit, v.measured, verdict.into(), v.note]
+        });
+        table(
+            &mut m,
+            &["target", "limit", "measured", "verdict", "note"],
+            rows,
+        );
         self.kernel_section(&mut m);
         self.datapath_section(&mut m);
         self.controlplane_section(&mut m);
@@ -392,19 +391,24 @@ impl Report {
             m,
             "\n## Kernel cost per call\n\nsocklb's program and an empty program (`r0 = 1; exit`) on the same hook and cgroup, run by the same calls (kernel run counters).\n"
         );
-        let _ = writeln!(m, "| call | socklb ns | empty ns | ratio | runs per pass |");
-        let _ = writeln!(m, "|---|---|---|---|---|");
-        for k in self.kernel.iter().chain(&self.kernel_no_tcp_record) {
-            let _ = writeln!(
-                m,
-                "| {} | {} | {} | {} | {} |",
-                k.name,
-                k.socklb_ns.show(0),
-                k.floor_ns.show(0),
-                k.ratio.show(2),
-                k.runs
-            );
-        }
+        let rows = self
+            .kernel
+            .iter()
+            .chain(&self.kernel_no_tcp_record)
+            .map(|k| {
+                vec![
+                    k.name.clone(),
+                    k.socklb_ns.show(0),
+                    k.floor_ns.show(0),
+                    k.ratio.show(2),
+                    k.runs.to_string(),
+                ]
+            });
+        table(
+            m,
+            &["call", "socklb ns", "empty ns", "ratio", "runs per pass"],
+            rows,
+        );
         if let Some(c) = &self.close {
             let _ = writeln!(
                 m,
@@ -428,23 +432,28 @@ impl Report {
         }
         for s in &self.scenarios {
             let _ = writeln!(m, "### {}\n", s.name);
-            let _ = writeln!(
+            let rows = s.cases.iter().map(|c| {
+                vec![
+                    c.case.to_string(),
+                    c.operations.to_string(),
+                    c.failures.to_string(),
+                    format!("{:.1}", c.p50_us),
+                    format!("{:.1}", c.p99_us),
+                    c.p50_ratio.show(3),
+                ]
+            });
+            table(
                 m,
-                "| case | operations | failed | p50 µs | p99 µs | p50 ÷ direct |"
+                &[
+                    "case",
+                    "operations",
+                    "failed",
+                    "p50 µs",
+                    "p99 µs",
+                    "p50 ÷ direct",
+                ],
+                rows,
             );
-            let _ = writeln!(m, "|---|---|---|---|---|---|");
-            for c in &s.cases {
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {:.1} | {:.1} | {} |",
-                    c.case,
-                    c.operations,
-                    c.failures,
-                    c.p50_us,
-                    c.p99_us,
-                    c.p50_ratio.show(3)
-                );
-            }
             let _ = writeln!(m);
         }
         if let Some(c) = &self.concurrent {
@@ -496,24 +505,28 @@ impl Report {
                 "API mode, {} services × {} endpoints (two slices each, targetRef, zone, hints): ready in {:.1} s, peak RSS {:.1} MiB.\n",
                 a.services, a.endpoints_per_service, a.ready_s, a.peak_rss_mib
             );
-            let _ = writeln!(
+            let rows = a.maps.iter().map(|mm| {
+                vec![
+                    mm.map.clone(),
+                    mm.kind.clone(),
+                    mm.capacity.to_string(),
+                    format!("{} + {}", mm.key_size, mm.value_size),
+                    (if mm.preallocated { "yes" } else { "no" }).into(),
+                    format!("{:.2} MiB", mm.bytes as f64 / (1024.0 * 1024.0)),
+                ]
+            });
+            table(
                 m,
-                "| map | kind | capacity | key + value bytes | preallocated | kernel memory |"
+                &[
+                    "map",
+                    "kind",
+                    "capacity",
+                    "key + value bytes",
+                    "preallocated",
+                    "kernel memory",
+                ],
+                rows,
             );
-            let _ = writeln!(m, "|---|---|---|---|---|---|");
-            for mm in &a.maps {
-                let _ = writeln!(
-                    m,
-                    "| {} | {} | {} | {} + {} | {} | {:.2} MiB |",
-                    mm.map,
-                    mm.kind,
-                    mm.capacity,
-                    mm.key_size,
-                    mm.value_size,
-                    if mm.preallocated { "yes" } else { "no" },
-                    mm.bytes as f64 / (1024.0 * 1024.0)
-                );
-            }
             let _ = writeln!(m);
         }
         if !self.micro.is_empty() {
@@ -557,5 +570,14 @@ impl Report {
         )?;
         std::fs::write(dir.join("report.md"), self.markdown())?;
         Ok(())
+    }
+}
+
+/// A markdown table: the header, its rule, then one line per row.
+fn table(m: &mut String, header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) {
+    let _ = writeln!(m, "| {} |", header.join(" | "));
+    let _ = writeln!(m, "|{}", "---|".repeat(header.len()));
+    for row in rows {
+        let _ = writeln!(m, "| {} |", row.join(" | "));
     }
 }
