@@ -32,9 +32,14 @@ pub mod program {
     pub const RECVMSG6: &str = "socklb_recvmsg6";
     pub const GETPEERNAME4: &str = "socklb_getpeername4";
     pub const GETPEERNAME6: &str = "socklb_getpeername6";
-    /// The iterator over `SOCKETS` (every translated socket's cookie and record), pinned as
-    /// `SOCKETS_ITER` in the map directory; not attached to the cgroup.
+    /// The iterator over `SOCKETS` (every translated socket's cookie and state, in one walk),
+    /// pinned as `SOCKETS_ITER` beside the socket maps; not attached to the cgroup. Optional:
+    /// some kernels refuse iterators over map elements.
     pub const SOCKETS_ITER: &str = "socklb_sockets";
+    /// The iterator over the UDP sockets of one network namespace, reporting those with a
+    /// `SOCKETS` value (the fallback when `SOCKETS_ITER` is refused), pinned as `UDP_ITER`.
+    /// Optional.
+    pub const UDP_ITER: &str = "socklb_udp_sockets";
     /// Every cgroup program, in attach order.
     pub const ALL: [&str; 8] = [
         CONNECT4,
@@ -66,6 +71,8 @@ pub enum MapId {
     Backends,
     Ports,
     Sockets,
+    SocketQuota,
+    Config,
     Affinity,
     AffinityEmpty,
     ServiceMeta,
@@ -91,6 +98,10 @@ pub struct MapDescriptor {
     pub capacity_flag: Option<&'static str>,
     /// Whether the kernel allocates every entry when the map is created (`false`: on insert).
     pub preallocated: bool,
+    /// Pinned beside the socket records rather than in the layout generation: these maps keep
+    /// their contents when the agent migrates to other capacities (a socket connected before
+    /// the migration keeps its record). Their folder is named by a digest of their own layout.
+    pub per_socket: bool,
     /// What it holds, for humans (inspect, metrics help, the README).
     pub help: &'static str,
 }
@@ -100,12 +111,14 @@ pub const MAP_F_NO_PREALLOC: u32 = 1;
 
 impl MapId {
     /// Every map, in the order the descriptor table lists them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Frontends4,
         Self::Frontends6,
         Self::Backends,
         Self::Ports,
         Self::Sockets,
+        Self::SocketQuota,
+        Self::Config,
         Self::Affinity,
         Self::AffinityEmpty,
         Self::ServiceMeta,
@@ -133,7 +146,7 @@ impl MapId {
 }
 
 /// The maps, indexed by `MapId`.
-pub const MAPS: [MapDescriptor; 9] = [
+pub const MAPS: [MapDescriptor; 11] = [
     MapDescriptor {
         id: MapId::Frontends4,
         name: "FRONTENDS4",
@@ -145,6 +158,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 65_536,
         capacity_flag: Some("max-frontends"),
         preallocated: false,
+        per_socket: false,
         help: "IPv4 service addresses (address, port, protocol) and the backend range they use",
     },
     MapDescriptor {
@@ -158,6 +172,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 65_536,
         capacity_flag: Some("max-frontends"),
         preallocated: false,
+        per_socket: false,
         help: "IPv6 service addresses and the backend range they use",
     },
     MapDescriptor {
@@ -171,6 +186,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 262_144,
         capacity_flag: Some("max-backends"),
         preallocated: true,
+        per_socket: false,
         help: "backend addresses; each backend set owns a contiguous range",
     },
     MapDescriptor {
@@ -184,6 +200,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: ports::WORDS,
         capacity_flag: None,
         preallocated: true,
+        per_socket: false,
         help: "the frontend filter (a bit per hashed service address) and the bitmap of ports backends use: the connect and reverse prefilters",
     },
     MapDescriptor {
@@ -192,12 +209,41 @@ pub const MAPS: [MapDescriptor; 9] = [
         kind: MapKind::SkStorage,
         key_type: "i32",
         key_size: 4,
-        value_type: "SockRecord",
-        value_size: size_of::<SockRecord>() as u32,
+        value_type: "SockState",
+        value_size: size_of::<SockState>() as u32,
         default_capacity: 0,
         capacity_flag: None,
         preallocated: false,
+        per_socket: true,
         help: "per-socket translation records, stored with the socket and freed with it",
+    },
+    MapDescriptor {
+        id: MapId::SocketQuota,
+        name: "SOCKET_QUOTA",
+        kind: MapKind::LruHash,
+        key_type: "u64",
+        key_size: 8,
+        value_type: "u64",
+        value_size: 8,
+        default_capacity: 65_536,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: true,
+        help: "socket records per client cgroup: counted up at each new record, recounted by the agent from the live sockets",
+    },
+    MapDescriptor {
+        id: MapId::Config,
+        name: "CONFIG",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "DatapathConfig",
+        value_size: size_of::<DatapathConfig>() as u32,
+        default_capacity: 1,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: false,
+        help: "settings the agent decides after probing the kernel (the per-client socket record bound)",
     },
     MapDescriptor {
         id: MapId::Affinity,
@@ -210,6 +256,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 4_096,
         capacity_flag: Some("max-affinity-clients"),
         preallocated: true,
+        per_socket: false,
         help: "sessionAffinity ClientIP choices: one fixed-size table per client cgroup",
     },
     MapDescriptor {
@@ -223,6 +270,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 1,
         capacity_flag: None,
         preallocated: true,
+        per_socket: false,
         help: "one empty affinity table, copied for a new client (a table is larger than the BPF stack)",
     },
     MapDescriptor {
@@ -236,6 +284,7 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: 65_536,
         capacity_flag: Some("max-services"),
         preallocated: false,
+        per_socket: false,
         help: "which Kubernetes service port each backend set is (read by the agent and inspect only)",
     },
     MapDescriptor {
@@ -249,13 +298,14 @@ pub const MAPS: [MapDescriptor; 9] = [
         default_capacity: Counter::ALL.len() as u32,
         capacity_flag: None,
         preallocated: true,
+        per_socket: false,
         help: "the data path's event counters, per CPU",
     },
 ];
 
 /// The data path's counters: indexes into the per-CPU `COUNTERS` array. Every connect or sendmsg
 /// addressed to a frontend ends in exactly one of `Translations`, `NoBackend`, `NoLocalBackend`,
-/// `RecordFailed` or `Faults`, so their sum is the number of service lookups.
+/// `RecordFailed`, `RecordQuota` or `Faults`, so their sum is the number of service lookups.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Counter {
@@ -279,10 +329,13 @@ pub enum Counter {
     RecordFailed = 7,
     /// A frontend pointed outside the backend array (should never happen).
     Faults = 8,
+    /// Refused with ENOBUFS: the client cgroup already holds as many socket records as one
+    /// client may (`--max-sockets-per-pod`); its other sockets, and other clients, go on.
+    RecordQuota = 9,
 }
 
 impl Counter {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Translations,
         Self::NoBackend,
         Self::NoLocalBackend,
@@ -292,6 +345,7 @@ impl Counter {
         Self::StickyHits,
         Self::RecordFailed,
         Self::Faults,
+        Self::RecordQuota,
     ];
 
     /// The name in metrics (`socklb_datapath_<name>_total`) and `socklb inspect stats`.
@@ -306,6 +360,7 @@ impl Counter {
             Self::StickyHits => "sticky_hits",
             Self::RecordFailed => "record_failed",
             Self::Faults => "faults",
+            Self::RecordQuota => "record_quota",
         }
     }
 
@@ -333,6 +388,9 @@ impl Counter {
                 "Calls refused with ENOBUFS because the socket's translation record could not be stored"
             }
             Self::Faults => "Frontends pointing outside the backend array (never expected)",
+            Self::RecordQuota => {
+                "Calls refused with ENOBUFS because the client cgroup holds as many socket records as one client may"
+            }
         }
     }
 }
@@ -475,14 +533,12 @@ pub struct Backend {
     pub _pad: u8,
 }
 
-/// `SOCKETS` value (socket-local storage): what a socket was translated to, so getpeername and
-/// recvmsg can report the service address, an unconnected UDP socket keeps its backend, and the
-/// agent can find the connected UDP sockets whose backend left. It lives with the socket and is
-/// freed with it.
+/// One destination a socket was translated to: the service address it dialled and the backend
+/// it was sent to instead.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockRecord {
-    /// The service address the socket dialled.
+    /// The service address the socket dialled (family 0: the record is unused).
     pub frontend: FrontendKey,
     /// Where it was sent instead.
     pub backend: Backend,
@@ -491,13 +547,56 @@ pub struct SockRecord {
     pub slot: u32,
 }
 
-/// What the `SOCKETS` iterator writes for each translated socket.
+/// Destinations one socket remembers: a UDP socket connected to one service that also sends
+/// to others (or one `sendmmsg()` batch to several) gets each one's replies from that service's
+/// address. glibc and musl resolvers use at most 3 nameservers (`MAXNS`); a fifth destination
+/// replaces the oldest.
+pub const SOCK_DESTINATIONS: usize = 4;
+
+/// `SOCKETS` value (socket-local storage): who the socket belongs to and where it was
+/// translated, so getpeername and recvmsg report the service address, an unconnected UDP socket
+/// keeps its backend, and the agent can list live sockets per backend and client, and find the
+/// connected UDP sockets whose backend left. It lives with the socket and is freed with it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockState {
+    /// The cgroup v2 id of the process whose call created the record (the client pod's
+    /// container): socket records are counted and listed per client by it.
+    pub cgroup_id: u64,
+    /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`) when the record was created: the socket's age.
+    pub created_ns: u64,
+    /// Which record the next new destination replaces once all are used (taken modulo
+    /// `SOCK_DESTINATIONS`).
+    pub next: u32,
+    pub _pad: u32,
+    pub records: [SockRecord; SOCK_DESTINATIONS],
+}
+
+/// What the socket iterators write for each socket with a `SOCKETS` value.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SocketEntry {
     /// The socket's cookie (as `sock_diag` reports it).
     pub cookie: u64,
-    pub record: SockRecord,
+    pub state: SockState,
+}
+
+/// `CONFIG` value: what the agent decides once it knows what the kernel offers.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// Socket records one client cgroup may hold (`SOCKET_QUOTA`); `u64::MAX` turns the bound
+    /// off (the agent can only recount live sockets where the kernel lets it list them).
+    pub max_sockets_per_cgroup: u64,
+}
+
+impl Default for DatapathConfig {
+    /// No bound until the agent writes one.
+    fn default() -> Self {
+        Self {
+            max_sockets_per_cgroup: u64::MAX,
+        }
+    }
 }
 
 /// Entries in one client's affinity table.
@@ -596,7 +695,13 @@ const _: () = {
     assert!(offset_of!(SockRecord, backend) == 20);
     assert!(offset_of!(SockRecord, service_id) == 40);
     assert!(offset_of!(SockRecord, slot) == 44);
-    assert!(size_of::<SocketEntry>() == 56);
+    assert!(offset_of!(SockState, created_ns) == 8);
+    assert!(offset_of!(SockState, next) == 16);
+    assert!(offset_of!(SockState, records) == 24);
+    assert!(size_of::<SockState>() == 24 + 48 * SOCK_DESTINATIONS);
+    assert!(SOCK_DESTINATIONS.is_power_of_two());
+    assert!(size_of::<SocketEntry>() == 8 + size_of::<SockState>());
+    assert!(size_of::<DatapathConfig>() == 8);
     assert!(size_of::<AffinityEntry>() == 48);
     assert!(offset_of!(AffinityEntry, backend) == 16);
     assert!(offset_of!(AffinityEntry, service_id) == 36);
@@ -629,6 +734,8 @@ mod pod {
     unsafe impl aya::Pod for super::Frontend {}
     unsafe impl aya::Pod for super::Backend {}
     unsafe impl aya::Pod for super::SockRecord {}
+    unsafe impl aya::Pod for super::SockState {}
+    unsafe impl aya::Pod for super::DatapathConfig {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::AffinityTable {}
     unsafe impl aya::Pod for super::ServiceMeta {}

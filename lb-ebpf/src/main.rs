@@ -7,6 +7,11 @@
 //! definitions in `maps`, and context access in `sockaddr`.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// BPF has an atomic add but no compare-exchange, so core's `AtomicU64::fetch_add` does not
+// exist for this target; the intrinsic compiles to the BPF instruction. (The eBPF crate is
+// built with RUSTC_BOOTSTRAP=1 for `-Z build-std` already.)
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(target_arch = "bpf", allow(internal_features))]
 #![allow(
     clippy::inline_always,
     reason = "helpers are inlined into each program: no bpf-to-bpf calls on the hot path"

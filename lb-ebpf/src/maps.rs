@@ -5,8 +5,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use lb_common::{
-    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, MAP_F_NO_PREALLOC, MapId,
-    ServiceMeta, SockRecord,
+    AffinityTable, Backend, Counter, DatapathConfig, Frontend, Frontend4Key, FrontendKey,
+    MAP_F_NO_PREALLOC, MapId, ServiceMeta, SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -41,10 +41,20 @@ pub static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
 #[btf_map]
 pub static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 
-/// Each translated socket's record, in the socket's own storage: created at connect (or the
+/// Each translated socket's state, in the socket's own storage: created at connect (or the
 /// first sendmsg), freed by the kernel with the socket. No shared capacity to exhaust.
 #[btf_map]
-pub static SOCKETS: SkStorage<SockRecord> = SkStorage::new();
+pub static SOCKETS: SkStorage<SockState> = SkStorage::new();
+
+/// Socket records per client cgroup: counted up when a record is created, recounted by the
+/// agent from the live sockets (there is no program at close). An LRU, so a node with more
+/// clients than entries forgets the least recently active client's count, not anyone's records.
+#[btf_map]
+pub static SOCKET_QUOTA: LruHashMap<u64, u64, { size(MapId::SocketQuota) }> = LruHashMap::new();
+
+/// The agent's settings (one entry).
+#[btf_map]
+pub static CONFIG: Array<DatapathConfig, { size(MapId::Config) }> = Array::new();
 
 /// sessionAffinity ClientIP: one fixed table per client cgroup.
 #[btf_map]

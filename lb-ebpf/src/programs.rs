@@ -58,7 +58,7 @@ pub struct SkStorageIterCtx {
     meta: *mut IterMeta,
     map: *mut core::ffi::c_void,
     sk: *mut core::ffi::c_void,
-    value: *mut lb_common::SockRecord,
+    value: *mut lb_common::SockState,
 }
 
 impl SkStorageIterCtx {
@@ -68,7 +68,7 @@ impl SkStorageIterCtx {
     }
 
     #[inline(always)]
-    pub fn value_ptr(&self) -> *mut lb_common::SockRecord {
+    pub fn value_ptr(&self) -> *mut lb_common::SockState {
         self.value
     }
 
@@ -84,6 +84,32 @@ impl SkStorageIterCtx {
     }
 }
 
+/// `bpf_iter__udp`, the context of an iterator over one network namespace's UDP sockets (the
+/// fields after `udp_sk`, `uid` and `bucket`, are not read).
+#[repr(C)]
+pub struct UdpIterCtx {
+    meta: *mut IterMeta,
+    udp_sk: *mut core::ffi::c_void,
+}
+
+impl UdpIterCtx {
+    /// The socket (`struct udp_sock *`, which starts with its `struct sock`), or null.
+    #[inline(always)]
+    pub fn sk_ptr(&self) -> *mut core::ffi::c_void {
+        self.udp_sk
+    }
+
+    /// The `seq_file` to write to.
+    ///
+    /// # Safety
+    /// `meta` must be the kernel's pointer (it always is in an iterator run).
+    #[inline(always)]
+    pub unsafe fn seq(&self) -> *mut core::ffi::c_void {
+        // SAFETY: the caller's promise; the verifier types this load from the context's BTF.
+        unsafe { (*self.meta).seq }
+    }
+}
+
 /// `struct bpf_iter_meta`: the `seq_file` the iterator writes to.
 #[repr(C)]
 pub struct IterMeta {
@@ -92,11 +118,19 @@ pub struct IterMeta {
     seq_num: u64,
 }
 
-/// Every socket with a record: its cookie and the record, so the agent can find the connected
-/// UDP sockets socklb translated (`sock_diag` reports socket storage for TCP only) and count
-/// translated sockets per pod.
+/// Every socket with a record, in one walk over the storage map: its cookie and state, so the
+/// agent can find the connected UDP sockets socklb translated (`sock_diag` reports socket
+/// storage for TCP only) and count translated sockets per backend and client.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/bpf_sk_storage_map")]
 pub extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
     crate::translate::write_socket_entry(ctx)
+}
+
+/// The UDP sockets of the calling thread's network namespace that have a record: the fallback
+/// where the kernel refuses iterators over map elements (run once per pod network namespace).
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/udp")]
+pub extern "C" fn socklb_udp_sockets(ctx: *mut UdpIterCtx) -> i32 {
+    crate::translate::write_udp_entry(ctx)
 }

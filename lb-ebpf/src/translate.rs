@@ -14,11 +14,15 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use lb_common::{
     AFFINITY_WAYS, AffinityEntry, Backend, Counter, FAMILY_IPV4, FRONTEND_FLAG_AFFINITY,
-    FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SockRecord, ports,
+    FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS,
+    SockRecord, SockState, ports,
 };
 
 use crate::{
-    maps::{AFFINITY, AFFINITY_EMPTY, BACKENDS, FRONTENDS4, FRONTENDS6, PORTS, SOCKETS, count},
+    maps::{
+        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, FRONTENDS4, FRONTENDS6, PORTS, SOCKET_QUOTA,
+        SOCKETS, count,
+    },
     sockaddr::{self, SockAddr},
 };
 
@@ -35,6 +39,8 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// The API's longest affinity timeout (one day): older entries are dead whatever their service.
 /// Masks table indexes so the verifier sees them bounded.
 const WAY_MASK: usize = AFFINITY_WAYS - 1;
+/// Masks record indexes so the verifier sees them bounded.
+const RECORD_MASK: usize = SOCK_DESTINATIONS - 1;
 const MAX_AFFINITY_NS: u64 = 86_400 * NANOS_PER_SECOND;
 
 /// Whether TCP sockets get a record (so getpeername reports the service address). Set by the
@@ -115,27 +121,16 @@ pub fn try_translate(
         return Ok(refuse(ECONNREFUSED));
     }
     let wants_record = udp || read_flag(&RECORD_TCP);
-    let mut record = core::ptr::null_mut::<SockRecord>();
+    let mut state = core::ptr::null_mut::<SockState>();
     if wants_record {
-        // SAFETY: the socket is the hook's own; the helper returns its storage or null.
-        record = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
-        if record.is_null() {
-            count(Counter::RecordFailed);
-            return Ok(refuse(ENOBUFS));
-        }
+        state = match socket_state(ctx) {
+            Ok(state) => state,
+            Err(verdict) => return Ok(verdict),
+        };
     }
-    let choice = choose(ctx, hook, &key, &frontend, record)?;
+    let choice = choose(ctx, hook, &key, &frontend, state)?;
     if wants_record && !choice.recorded {
-        // SAFETY: checked non-null above; the storage belongs to this socket, which cannot be
-        // released while this hook runs.
-        unsafe {
-            *record = SockRecord {
-                frontend: key,
-                backend: choice.backend,
-                service_id: frontend.service_id,
-                slot: choice.slot,
-            };
-        }
+        remember(state, &key, &choice, frontend.service_id);
     }
     let b = &choice.backend;
     store(ctx, family, &b.addr, b.port_be, b.family);
@@ -157,27 +152,140 @@ pub fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
         return ALLOW;
     }
     // SAFETY: this socket's own storage, or null.
-    let record = unsafe { SOCKETS.get_ptr_mut(ctx) };
-    if record.is_null() {
+    let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
+    if state.is_null() {
         return ALLOW;
     }
-    // SAFETY: non-null; only hooks of this socket write it, and not concurrently with this one
-    // for the fields compared (a torn read only fails the comparison).
-    let record = unsafe { *record };
-    let backend = &record.backend;
-    if backend.family == peer.family && backend.port_be == peer.port_be && backend.addr == peer.addr
-    {
-        let frontend = &record.frontend;
-        store(
-            ctx,
-            family,
-            &frontend.addr,
-            frontend.port_be,
-            frontend.family,
-        );
-        count(Counter::ReverseTranslations);
+    for i in 0..SOCK_DESTINATIONS {
+        // SAFETY: non-null, `i` masked below the array's length; only hooks of this socket
+        // write it, and a torn read only fails the comparison.
+        let record = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+        let backend = &record.backend;
+        if backend.family == peer.family
+            && backend.port_be == peer.port_be
+            && backend.addr == peer.addr
+        {
+            let frontend = &record.frontend;
+            store(
+                ctx,
+                family,
+                &frontend.addr,
+                frontend.port_be,
+                frontend.family,
+            );
+            count(Counter::ReverseTranslations);
+            break;
+        }
     }
     ALLOW
+}
+
+/// The socket's state, created on its first translation and counted against its client's
+/// bound. `Err` holds the verdict refusing the call (ENOBUFS): past the bound, or when the
+/// kernel cannot allocate the storage.
+#[inline(always)]
+fn socket_state(ctx: &SockAddrContext) -> Result<*mut SockState, i32> {
+    // SAFETY: this socket's own storage, or null.
+    let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
+    if !state.is_null() {
+        return Ok(state);
+    }
+    // SAFETY: plain helper call.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    if !charge(cgroup) {
+        count(Counter::RecordQuota);
+        return Err(refuse(ENOBUFS));
+    }
+    // SAFETY: the socket is the hook's own; the helper returns its storage or null.
+    let state = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
+    if state.is_null() {
+        // Counted against the client already; the agent's next recount corrects that.
+        count(Counter::RecordFailed);
+        return Err(refuse(ENOBUFS));
+    }
+    // SAFETY: non-null; a new value is all zero and only this socket's hooks write it.
+    unsafe {
+        (*state).cgroup_id = cgroup;
+        (*state).created_ns = bpf_ktime_get_ns();
+    }
+    Ok(state)
+}
+
+/// Counts one more socket record for `cgroup`; false when it already holds as many as one
+/// client may. No bound configured: nothing is counted.
+#[inline(always)]
+fn charge(cgroup: u64) -> bool {
+    let max = match CONFIG.get(0) {
+        Some(config) => config.max_sockets_per_cgroup,
+        None => u64::MAX,
+    };
+    if max == u64::MAX {
+        return true;
+    }
+    let held = if let Some(held) = SOCKET_QUOTA.get_ptr_mut(cgroup) {
+        held
+    } else {
+        let _ = SOCKET_QUOTA.insert(cgroup, 0, BPF_NOEXIST);
+        match SOCKET_QUOTA.get_ptr_mut(cgroup) {
+            Some(held) => held,
+            // The LRU could not make room (only under extreme pressure): do not refuse.
+            None => return true,
+        }
+    };
+    // SAFETY: a value of the map, valid while this program runs. The add is atomic (BPF's
+    // atomic add; the target has no compare-exchange, so core's atomics lack `fetch_add`):
+    // other CPUs count the same client. A concurrent check may let a few more through; the
+    // bound is approximate by that much.
+    unsafe {
+        if core::ptr::read_volatile(held) >= max {
+            return false;
+        }
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+            held, 1,
+        );
+    }
+    true
+}
+
+/// Records the choice in the socket's state: in the record of the same service address, else
+/// a free one, else the one whose turn it is.
+#[inline(always)]
+fn remember(state: *mut SockState, key: &FrontendKey, choice: &Choice, service_id: u32) {
+    let mut index = SOCK_DESTINATIONS;
+    let mut free = SOCK_DESTINATIONS;
+    for i in 0..SOCK_DESTINATIONS {
+        // SAFETY: `state` is non-null (callers pass it only with a record wanted) and `i` masked.
+        let record = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+        if record.frontend == *key {
+            index = i;
+            break;
+        }
+        if free == SOCK_DESTINATIONS && record.frontend.family == 0 {
+            free = i;
+        }
+    }
+    if index == SOCK_DESTINATIONS {
+        index = if free < SOCK_DESTINATIONS {
+            free
+        } else {
+            // SAFETY: as above.
+            unsafe {
+                let next = (*state).next;
+                (*state).next = next.wrapping_add(1);
+                next as usize
+            }
+        };
+    }
+    // SAFETY: as above; the storage belongs to this socket, which cannot be released while
+    // this hook runs.
+    unsafe {
+        *core::ptr::addr_of_mut!((*state).records[index & RECORD_MASK]) = SockRecord {
+            frontend: *key,
+            backend: choice.backend,
+            service_id,
+            slot: choice.slot,
+        };
+    }
 }
 
 #[inline(always)]
@@ -271,24 +379,29 @@ fn choose(
     hook: Hook,
     key: &FrontendKey,
     frontend: &Frontend,
-    record: *mut SockRecord,
+    state: *mut SockState,
 ) -> Result<Choice, Fault> {
     if frontend.flags & FRONTEND_FLAG_AFFINITY != 0 {
         return choose_with_affinity(ctx, frontend);
     }
-    if hook == Hook::SendMsg && !record.is_null() {
-        // SAFETY: this socket's own record (non-null), copied at once.
-        let previous = unsafe { *record };
-        if previous.frontend == *key
-            && previous.service_id == frontend.service_id
-            && slot_holds(frontend, previous.slot, &previous.backend)
-        {
-            count(Counter::StickyHits);
-            return Ok(Choice {
-                slot: previous.slot,
-                backend: previous.backend,
-                recorded: true,
-            });
+    if hook == Hook::SendMsg && !state.is_null() {
+        for i in 0..SOCK_DESTINATIONS {
+            // SAFETY: this socket's own state (non-null), `i` masked; the record is read in
+            // place and its backend copied only on a hit.
+            let previous = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+            if previous.frontend == *key {
+                if previous.service_id == frontend.service_id
+                    && slot_holds(frontend, previous.slot, &previous.backend)
+                {
+                    count(Counter::StickyHits);
+                    return Ok(Choice {
+                        slot: previous.slot,
+                        backend: previous.backend,
+                        recorded: true,
+                    });
+                }
+                break;
+            }
         }
     }
     choose_random(frontend)
@@ -395,27 +508,62 @@ fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Ch
     Ok(choice)
 }
 
-/// The `SOCKETS` iterator's step: writes (cookie, record) for one socket.
+/// The `SOCKETS` iterator's step: writes (cookie, state) for one socket.
 #[inline(always)]
 pub fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) -> i32 {
-    use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};
     // SAFETY: the kernel hands the iterator a valid context; the pointers in it may be null
     // (the end of the walk), which is checked before use.
     unsafe {
         let ctx = &*ctx;
-        let (sk, value) = (ctx.sk_ptr(), ctx.value_ptr());
-        if sk.is_null() || value.is_null() {
+        write_entry(ctx.seq(), ctx.sk_ptr(), ctx.value_ptr());
+    }
+    0
+}
+
+/// The UDP iterator's step (one network namespace's UDP sockets): writes (cookie, state) for
+/// a socket that has a `SOCKETS` value.
+#[inline(always)]
+pub fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
+    use aya_ebpf::helpers::generated::bpf_sk_storage_get;
+    // SAFETY: as above; the helper returns the socket's value in `SOCKETS` or null, and takes a
+    // null socket.
+    unsafe {
+        let ctx = &*ctx;
+        let sk = ctx.sk_ptr();
+        if sk.is_null() {
             return 0;
         }
+        let map = core::ptr::from_ref(&SOCKETS).cast_mut().cast();
+        let value = bpf_sk_storage_get(map, sk, core::ptr::null_mut(), 0).cast::<SockState>();
+        write_entry(ctx.seq(), sk, value);
+    }
+    0
+}
+
+/// Writes one `SocketEntry` to the iterator's `seq_file`.
+///
+/// # Safety
+/// `seq` is the iterator's `seq_file`; `sk` and `value` are the kernel's pointers or null.
+#[inline(always)]
+unsafe fn write_entry(
+    seq: *mut core::ffi::c_void,
+    sk: *mut core::ffi::c_void,
+    value: *mut SockState,
+) {
+    use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};
+    if sk.is_null() || value.is_null() {
+        return;
+    }
+    // SAFETY: the caller's promise; both pointers were checked non-null.
+    unsafe {
         let entry = lb_common::SocketEntry {
             cookie: bpf_get_socket_cookie(sk),
-            record: *value,
+            state: *value,
         };
         bpf_seq_write(
-            ctx.seq().cast(),
+            seq.cast(),
             core::ptr::from_ref(&entry).cast_mut().cast(),
             size_of::<lb_common::SocketEntry>() as u32,
         );
     }
-    0
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    dataplane::features::Probe,
     translate::Conflict,
     vocab::{ErrorKind, ServicePortKey, Subject},
 };
@@ -24,6 +25,13 @@ pub struct Status {
     pub conflicts: Vec<Owned>,
     /// Objects and files that could not be used (their last good version stays in effect).
     pub rejected: Vec<Rejected>,
+    /// Each optional part of the data path: enabled, disabled by flag, or refused by the kernel
+    /// (with its errno and message).
+    #[serde(default)]
+    pub features: Vec<Probe>,
+    /// The guarantees lost with the parts that are off, in words (empty: nothing lost).
+    #[serde(default)]
+    pub degraded: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -353,10 +353,12 @@ pub enum ErrorKind {
     Source,
     /// An object was rejected by validation.
     Rejected,
+    /// Recounting the socket records per client failed.
+    Recount,
 }
 
 impl ErrorKind {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::MapFull,
         Self::MapWrite,
         Self::Injected,
@@ -365,6 +367,7 @@ impl ErrorKind {
         Self::UdpTerminate,
         Self::Source,
         Self::Rejected,
+        Self::Recount,
     ];
 
     /// The `kind` label of `socklb_errors_total`.
@@ -378,6 +381,7 @@ impl ErrorKind {
             Self::UdpTerminate => "udp_terminate",
             Self::Source => "source",
             Self::Rejected => "rejected",
+            Self::Recount => "recount",
         }
     }
 }

@@ -16,7 +16,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("dataplane", &["vocab"]),
     ("reconcile", &["translate", "dataplane", "vocab", "vec_set"]),
     ("source", &["model", "vocab"]),
-    ("status", &["translate", "vocab"]),
+    ("status", &["translate", "dataplane", "vocab"]),
     (
         "explain",
         &["status", "translate", "model", "dataplane", "vocab"],

@@ -12,7 +12,7 @@ use std::{
 use lb_common::MapId;
 use socklb::{
     agent::{Engine, Format, Metrics},
-    dataplane::{loader::PinFolder, maps::InMemoryMaps},
+    dataplane::{features::Features, maps::InMemoryMaps},
     model::{ManifestObject, parse_manifests},
     reconcile::Reconciler,
     source::{Object, SourceEvent},
@@ -83,7 +83,7 @@ fn engine() -> Engine<InMemoryMaps> {
 /// Metrics over a pin folder that does not exist: no data path counters, everything else.
 fn metrics() -> Metrics {
     let nowhere = PathBuf::from("/nonexistent/socklb-metrics-test");
-    Metrics::new(nowhere.join("maps"), PinFolder::new(&nowhere))
+    Metrics::new(nowhere.join("maps"), &Features::all_enabled())
 }
 
 fn list(engine: &mut Engine<InMemoryMaps>, services: &str, slices: &str) {

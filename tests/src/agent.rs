@@ -236,6 +236,13 @@ impl AgentProcess {
         Ok((code, body))
     }
 
+    /// The agent's /status, as the library's own type.
+    pub fn status(&self) -> anyhow::Result<socklb::status::Status> {
+        let (code, body) = self.get("/status")?;
+        anyhow::ensure!(code == 200, "GET /status: HTTP {code}: {body}");
+        serde_json::from_str(&body).with_context(|| format!("/status: {body}"))
+    }
+
     /// The value of a metric line (`name{labels} value`) from /metrics.
     pub fn metric(&self, name_and_labels: &str) -> anyhow::Result<Option<f64>> {
         let (_, body) = self.get("/metrics")?;

@@ -7,18 +7,28 @@ use std::{
 };
 
 #[derive(Clone, Default)]
-pub struct Registry(Arc<Mutex<BTreeSet<u32>>>);
+pub struct Registry(Arc<Mutex<Pids>>);
+
+/// The children, and whether the registry still takes new ones.
+#[derive(Default)]
+pub struct Pids {
+    live: BTreeSet<u32>,
+    closed: bool,
+}
 
 impl Registry {
-    fn lock(&self) -> MutexGuard<'_, BTreeSet<u32>> {
+    fn lock(&self) -> MutexGuard<'_, Pids> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Starts `cmd` and tracks the child.
+    /// Starts `cmd` and tracks the child (refused once the registry is closed).
     pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<Owned> {
         let mut pids = self.lock();
+        if pids.closed {
+            return Err(std::io::Error::other("the sandbox is being torn down"));
+        }
         let child = cmd.spawn()?;
-        pids.insert(child.id());
+        pids.live.insert(child.id());
         Ok(Owned {
             child: Some(child),
             registry: self.clone(),
@@ -29,7 +39,7 @@ impl Registry {
     /// (a zombie, or reaped), so what it held (an agent's lock, its fds) is released before
     /// the caller cleans up after it.
     pub fn kill_all(&self) {
-        let pids: Vec<u32> = self.lock().iter().copied().collect();
+        let pids: Vec<u32> = self.lock().live.iter().copied().collect();
         for pid in &pids {
             if let Ok(pid) = i32::try_from(*pid) {
                 // SAFETY: signalling our own unreaped child by PID.
@@ -47,6 +57,14 @@ impl Registry {
         while pids.iter().any(running) && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+}
+
+impl Registry {
+    /// Takes no new children any more, then kills every one it has (see `kill_all`).
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.kill_all();
     }
 }
 
@@ -73,7 +91,7 @@ impl Drop for Owned {
             let mut pids = self.registry.lock();
             let _ = child.kill();
             let _ = child.wait();
-            pids.remove(&child.id());
+            pids.live.remove(&child.id());
         }
     }
 }

@@ -52,13 +52,26 @@ pub struct Sandbox {
     made: Made,
 }
 
-/// What has been created so far, so a half-built sandbox is torn down too.
+/// What has been created so far, so a half-built sandbox is torn down too. Each kind is made
+/// while its lock is held and only while the sandbox is open: a teardown (from a signal
+/// handler, while the demo's main thread is still building) closes it first and then waits
+/// for the creation in progress, so nothing is made after it looked.
 #[derive(Default)]
 struct Made {
+    closed: std::sync::atomic::AtomicBool,
     netns: Mutex<Vec<String>>,
     cgroups: Mutex<Vec<PathBuf>>,
     mount: Mutex<Option<PathBuf>>,
     workdir: Mutex<Option<PathBuf>>,
+}
+
+impl Made {
+    fn open(&self) -> anyhow::Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            bail!("the sandbox is being torn down");
+        }
+        Ok(())
+    }
 }
 
 impl Sandbox {
@@ -85,8 +98,12 @@ impl Sandbox {
     }
 
     fn add_netns(&self, name: &str) -> anyhow::Result<()> {
-        ip(&["netns", "add", name])?;
-        lock(&self.made.netns).push(name.to_string());
+        {
+            let mut made = lock(&self.made.netns);
+            self.made.open()?;
+            ip(&["netns", "add", name])?;
+            made.push(name.to_string());
+        }
         ip(&["-n", name, "link", "set", "lo", "up"])
     }
 
@@ -130,18 +147,25 @@ impl Sandbox {
 
         self.add_cgroup(&self.cgroup)?;
 
-        std::fs::create_dir_all(&self.pin_mount)?;
-        crate::system::mount_bpffs(&self.pin_mount)?;
-        *lock(&self.made.mount) = Some(self.pin_mount.clone());
-
+        {
+            let mut mount = lock(&self.made.mount);
+            self.made.open()?;
+            std::fs::create_dir_all(&self.pin_mount)?;
+            *mount = Some(self.pin_mount.clone());
+            crate::system::mount_bpffs(&self.pin_mount)?;
+        }
+        let mut workdir = lock(&self.made.workdir);
+        self.made.open()?;
+        *workdir = Some(self.workdir.clone());
         std::fs::create_dir_all(self.manifests())?;
-        *lock(&self.made.workdir) = Some(self.workdir.clone());
         Ok(())
     }
 
     fn add_cgroup(&self, path: &Path) -> anyhow::Result<()> {
+        let mut made = lock(&self.made.cgroups);
+        self.made.open()?;
         std::fs::create_dir(path).with_context(|| format!("creating {}", path.display()))?;
-        lock(&self.made.cgroups).push(path.to_path_buf());
+        made.push(path.to_path_buf());
         Ok(())
     }
 
@@ -425,7 +449,8 @@ impl Sandbox {
     /// Removes everything: processes, programs and pins, the cgroup, the namespaces, the
     /// files. Safe to call more than once, and from another thread.
     pub fn teardown(&self) {
-        self.processes.kill_all();
+        self.made.closed.store(true, Ordering::SeqCst);
+        self.processes.close();
         lock(&self.servers).clear();
         if let Some(mount) = lock(&self.made.mount).take() {
             let pins = mount.join("socklb");
@@ -440,6 +465,11 @@ impl Sandbox {
             }
             crate::system::unmount(&mount);
             let _ = std::fs::remove_dir(&mount);
+        }
+        if let Some(mount) = Some(&self.pin_mount).filter(|m| m.exists()) {
+            // Created, but its mount not recorded (torn down while mounting).
+            crate::system::unmount(mount);
+            let _ = std::fs::remove_dir(mount);
         }
         for cgroup in lock(&self.made.cgroups).drain(..).rev() {
             crate::system::remove_cgroup(&cgroup);
@@ -459,17 +489,41 @@ impl Drop for Sandbox {
     }
 }
 
-/// Tears the sandbox down and exits when the process gets SIGINT or SIGTERM (Ctrl-C).
+/// Set once a signal's teardown has begun: the process ends when it is done.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a signal is tearing the sandbox down. The main thread, which sees its work fail
+/// as the processes go, must then not return (that would end the process half-way through the
+/// teardown): it calls `wait_if_interrupted` and the handler's exit ends the process.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// Blocks forever when a signal is tearing the sandbox down (see `interrupted`).
+pub fn wait_if_interrupted() {
+    while interrupted() {
+        std::thread::park();
+    }
+}
+
+/// Tears the sandbox down and exits when the process gets SIGINT (Ctrl-C), SIGTERM or SIGHUP
+/// (the terminal closed). The handler holds the sandbox weakly: when the demo ends on its own
+/// (done, failed or panicked), dropping its last handle tears it down.
 pub fn teardown_on_signal(sandbox: &Arc<Sandbox>) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
     ])?;
-    let sandbox = Arc::clone(sandbox);
+    let sandbox = Arc::downgrade(sandbox);
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            eprintln!("\ninterrupted: cleaning up the sandbox");
-            sandbox.teardown();
+            INTERRUPTED.store(true, Ordering::SeqCst);
+            // Stdout may be a closed terminal now: say it on stderr, ignore failures.
+            let _ = writeln!(std::io::stderr(), "\ninterrupted: cleaning up the sandbox");
+            if let Some(sandbox) = sandbox.upgrade() {
+                sandbox.teardown();
+            }
             std::process::exit(128 + signal);
         }
     });

@@ -6,6 +6,8 @@ pub struct Story {
     pub passed: usize,
     pub failed: Vec<String>,
     interactive: bool,
+    /// Colour and bold only on a terminal (not in a file or a CI log).
+    styled: bool,
 }
 
 impl Story {
@@ -15,6 +17,16 @@ impl Story {
             passed: 0,
             failed: Vec::new(),
             interactive: interactive && std::io::stdin().is_terminal(),
+            styled: std::io::stdout().is_terminal(),
+        }
+    }
+
+    /// `text` in the SGR style `code` (1 bold, 31 red, 32 green) when on a terminal.
+    fn style(&self, code: u8, text: &str) -> String {
+        if self.styled {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_string()
         }
     }
 
@@ -26,7 +38,13 @@ impl Story {
             let _ = std::io::stdin().lock().read_line(&mut String::new());
         }
         self.step += 1;
-        println!("\n\x1b[1m{}. {title}\x1b[0m", self.step);
+        // The tests' way to make the demo fail mid-way and check it cleans up after a panic.
+        assert!(
+            std::env::var("SOCKLB_DEMO_PANIC_AT_STEP").ok() != Some(self.step.to_string()),
+            "SOCKLB_DEMO_PANIC_AT_STEP={}: panicking on purpose",
+            self.step
+        );
+        println!("\n{}", self.style(1, &format!("{}. {title}", self.step)));
         for line in what.lines() {
             println!("   {line}");
         }
@@ -43,10 +61,10 @@ impl Story {
     pub fn claim(&mut self, claim: &str, holds: bool) -> bool {
         if holds {
             self.passed += 1;
-            println!("   \x1b[32mPASS\x1b[0m {claim}");
+            println!("   {} {claim}", self.style(32, "PASS"));
         } else {
             self.failed.push(claim.to_string());
-            println!("   \x1b[31mFAIL\x1b[0m {claim}");
+            println!("   {} {claim}", self.style(31, "FAIL"));
         }
         holds
     }
@@ -54,14 +72,18 @@ impl Story {
     pub fn summary(&self) -> bool {
         println!();
         if self.failed.is_empty() {
-            println!("\x1b[1mAll {} claims held.\x1b[0m", self.passed);
+            println!(
+                "{}",
+                self.style(1, &format!("All {} claims held.", self.passed))
+            );
             true
         } else {
-            println!(
-                "\x1b[1m{} of {} claims failed:\x1b[0m",
+            let line = format!(
+                "{} of {} claims failed:",
                 self.failed.len(),
                 self.failed.len() + self.passed
             );
+            println!("{}", self.style(1, &line));
             for f in &self.failed {
                 println!("  - {f}");
             }

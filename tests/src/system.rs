@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use socklb::dataplane::sys::{self, bpf_attach_type};
 
 /// Runs `ip ARGS`, failing with its stderr.
 pub fn ip(args: &[&str]) -> anyhow::Result<()> {
@@ -87,6 +88,32 @@ fn owner_pid(name: &str) -> Option<u32> {
     u32::from_str_radix(pid, 16).ok()
 }
 
+/// Everything a sandbox of process `pid` made that still exists: network namespaces, cgroups,
+/// bpffs mounts and work folders (by the name prefix every sandbox of that process carries),
+/// and files in /etc/netns.
+pub fn leftovers_of(pid: u32) -> Vec<String> {
+    let prefix = format!("slb{pid:x}x");
+    let mut found = Vec::new();
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if name.starts_with(&prefix) {
+                found.push(format!("netns {name}"));
+            }
+        }
+    }
+    let mut dirs = vec![std::env::temp_dir(), PathBuf::from("/etc/netns")];
+    dirs.extend(cgroup2_mount());
+    for dir in dirs {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                found.push(entry.path().display().to_string());
+            }
+        }
+    }
+    found
+}
+
 /// Removes what sandboxes of processes that no longer exist left behind (a run killed with
 /// SIGKILL cannot clean up after itself).
 pub fn sweep_stale() {
@@ -124,77 +151,54 @@ pub fn sweep_stale() {
     }
 }
 
-/// The cgroup attach types socklb uses (`enum bpf_attach_type`), by bpftool's names.
-pub const SOCKLB_ATTACH_TYPES: [(u32, &str); 8] = [
-    (10, "cgroup_inet4_connect"),
-    (11, "cgroup_inet6_connect"),
-    (14, "cgroup_udp4_sendmsg"),
-    (15, "cgroup_udp6_sendmsg"),
-    (19, "cgroup_udp4_recvmsg"),
-    (20, "cgroup_udp6_recvmsg"),
-    (29, "cgroup_inet4_getpeername"),
-    (30, "cgroup_inet6_getpeername"),
+/// The cgroup attach types socklb uses, by bpftool's names.
+pub const SOCKLB_ATTACH_TYPES: [(bpf_attach_type, &str); 8] = [
+    (
+        bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
+        "cgroup_inet4_connect",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_INET6_CONNECT,
+        "cgroup_inet6_connect",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_UDP4_SENDMSG,
+        "cgroup_udp4_sendmsg",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_UDP6_SENDMSG,
+        "cgroup_udp6_sendmsg",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_UDP4_RECVMSG,
+        "cgroup_udp4_recvmsg",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_UDP6_RECVMSG,
+        "cgroup_udp6_recvmsg",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
+        "cgroup_inet4_getpeername",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_INET6_GETPEERNAME,
+        "cgroup_inet6_getpeername",
+    ),
 ];
 
 /// The programs attached to `cgroup` itself (not inherited), by attach type, as the kernel
 /// reports them: `BPF_PROG_QUERY`, what `bpftool cgroup show` runs. Independent of socklb's
 /// pins, so it also sees a link whose pin is gone.
 pub fn cgroup_programs(cgroup: &Path) -> anyhow::Result<BTreeMap<&'static str, Vec<u32>>> {
-    use std::os::fd::AsRawFd as _;
-    /// The `BPF_PROG_QUERY` part of `union bpf_attr`, field names as the kernel's.
-    #[repr(C)]
-    #[allow(clippy::struct_field_names)]
-    struct Query {
-        target_fd: u32,
-        attach_type: u32,
-        query_flags: u32,
-        attach_flags: u32,
-        prog_ids: u64,
-        prog_cnt: u32,
-        _pad: u32,
-        prog_attach_flags: u64,
-        link_ids: u64,
-        link_attach_flags: u64,
-        revision: u64,
-    }
-    const BPF_PROG_QUERY: libc::c_long = 16;
+    use std::os::fd::AsFd as _;
     let dir = std::fs::File::open(cgroup)
         .with_context(|| format!("opening cgroup {}", cgroup.display()))?;
     let mut out = BTreeMap::new();
     for (attach_type, name) in SOCKLB_ATTACH_TYPES {
-        let mut ids = [0u32; 64];
-        let mut query = Query {
-            target_fd: u32::try_from(dir.as_raw_fd())?,
-            attach_type,
-            query_flags: 0,
-            attach_flags: 0,
-            prog_ids: ids.as_mut_ptr() as u64,
-            prog_cnt: u32::try_from(ids.len())?,
-            _pad: 0,
-            prog_attach_flags: 0,
-            link_ids: 0,
-            link_attach_flags: 0,
-            revision: 0,
-        };
-        // SAFETY: a valid bpf_attr for BPF_PROG_QUERY; `ids` outlives the call and holds
-        // `prog_cnt` entries.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_QUERY,
-                &raw mut query,
-                size_of::<Query>(),
-            )
-        };
-        if rc != 0 {
-            bail!(
-                "BPF_PROG_QUERY {name} on {}: {}",
-                cgroup.display(),
-                std::io::Error::last_os_error()
-            );
-        }
-        let count = usize::try_from(query.prog_cnt)?.min(ids.len());
-        out.insert(name, ids[..count].to_vec());
+        let ids = sys::prog_query(dir.as_fd(), attach_type)
+            .with_context(|| format!("BPF_PROG_QUERY {name} on {}", cgroup.display()))?;
+        out.insert(name, ids);
     }
     Ok(out)
 }

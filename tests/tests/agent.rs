@@ -456,34 +456,27 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes a key that is not in the map through `fd`: ENOENT if the descriptor may write,
-/// EPERM if it may not.
-fn delete_missing_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Error {
-    use std::os::fd::AsRawFd as _;
-    const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-    // FRONTENDS6's key: an address no frontend has (the all-ones IPv6 address, port 0).
-    let key = [0xffu8; size_of::<lb_common::FrontendKey>()];
-    // union bpf_attr, map element variant: map_fd, pad, key, value, flags.
-    let mut attr = [0u64; 4];
-    attr[0] = u64::try_from(fd.as_raw_fd()).unwrap_or(0);
-    attr[1] = key.as_ptr() as u64;
-    // SAFETY: a valid bpf_attr for BPF_MAP_DELETE_ELEM; key outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_DELETE_ELEM,
-            attr.as_ptr(),
-            size_of_val(&attr),
-        )
+/// Deletes a key that is not in FRONTENDS6 through `map` (with aya): ENOENT if the descriptor
+/// may write, EPERM if it may not.
+fn delete_missing_key(map: aya::maps::MapData) -> std::io::Error {
+    let mut frontends: aya::maps::HashMap<_, lb_common::FrontendKey, lb_common::Frontend> =
+        aya::maps::Map::from_map_data(map)
+            .and_then(aya::maps::HashMap::try_from)
+            .expect("FRONTENDS6 is a hash map");
+    // An address no frontend has (the all-ones IPv6 address, port 0).
+    let key = lb_common::FrontendKey {
+        addr: [u32::MAX; 4],
+        ..lb_common::FrontendKey::default()
     };
-    assert_eq!(rc, -1, "deleting a key that is not there");
-    std::io::Error::last_os_error()
+    match frontends.remove(&key) {
+        Err(aya::maps::MapError::SyscallError(e)) => e.io_error,
+        other => panic!("deleting a key that is not there: {other:?}"),
+    }
 }
 
 #[test]
 fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
     use socklb::dataplane::bpf::open_map;
-    use std::os::fd::AsFd as _;
     if !privileged("inspect_opens_the_maps_read_only") {
         return Ok(());
     }
@@ -496,12 +489,12 @@ fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
     let writable = open_map(&dir, lb_common::MapId::Frontends6, false)?;
     let read_only = open_map(&dir, lb_common::MapId::Frontends6, true)?;
     assert_eq!(
-        delete_missing_key(writable.fd().as_fd()).raw_os_error(),
+        delete_missing_key(writable).raw_os_error(),
         Some(libc::ENOENT),
         "the agent's kind of descriptor reaches the map"
     );
     assert_eq!(
-        delete_missing_key(read_only.fd().as_fd()).raw_os_error(),
+        delete_missing_key(read_only).raw_os_error(),
         Some(libc::EPERM),
         "inspect's descriptor cannot write"
     );

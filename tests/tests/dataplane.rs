@@ -87,6 +87,17 @@ impl<'n> World<'n> {
         backends: &[usize],
         extra: &[&'static str],
     ) -> anyhow::Result<Self> {
+        Self::with_agent(net, udp, backends, extra, &[])
+    }
+
+    /// The same, the agent started with `agent_args` too.
+    fn with_agent(
+        net: &'n Net,
+        udp: bool,
+        backends: &[usize],
+        extra: &[&'static str],
+        agent_args: &[&str],
+    ) -> anyhow::Result<Self> {
         let sandbox = Sandbox::new()?;
         for i in 0..3 {
             sandbox.add_backend(net.backend(i), udp)?;
@@ -110,7 +121,10 @@ impl<'n> World<'n> {
         )?;
         let world_slice = slice_yaml(net, udp, backends);
         sandbox.write_manifest("slice.yaml", &world_slice)?;
-        let agent = sandbox.start_agent(&AgentOptions::default())?;
+        let agent = sandbox.start_agent(&AgentOptions {
+            args: agent_args.iter().map(|a| (*a).to_string()).collect(),
+            ..AgentOptions::default()
+        })?;
         let w = Self {
             net,
             sandbox,
@@ -397,9 +411,23 @@ fn session_affinity(net: &Net) -> anyhow::Result<()> {
 }
 
 /// A connected UDP socket whose backend leaves is terminated, so the application sees an
-/// error instead of sending into the void.
+/// error instead of sending into the void. Where the agent runs without a way to find such
+/// sockets (an optional part refused or turned off), it says so, and the socket keeps its old
+/// endpoint, exactly as that claim promises.
 fn connected_udp_socket_terminated(net: &Net) -> anyhow::Result<()> {
-    let w = World::new(net, true, &[0, 1, 2], &[])?;
+    udp_termination(net, &[])
+}
+
+/// The same where the kernel refuses the sockets iterator (as a lockdown kernel does): the
+/// agent finds the sockets namespace by namespace (the UDP iterator) and terminates them all
+/// the same.
+fn connected_udp_socket_terminated_without_the_sockets_iterator(net: &Net) -> anyhow::Result<()> {
+    udp_termination(net, &["--disable-feature", "sockets-iterator"])
+}
+
+fn udp_termination(net: &Net, agent_args: &[&str]) -> anyhow::Result<()> {
+    let w = World::with_agent(net, true, &[0, 1, 2], &[], agent_args)?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
     let mut client = w.client()?;
     let opened = client.run(&Command::Open {
         id: 1,
@@ -422,6 +450,15 @@ fn connected_udp_socket_terminated(net: &Net) -> anyhow::Result<()> {
             break;
         }
         sleep(Duration::from_millis(50));
+    }
+    if !claims.udp_termination {
+        // The named loss: the socket stays on the endpoint that left (its pod still answers).
+        assert_eq!(error, None, "terminated although the agent says it cannot");
+        assert_eq!(
+            w.agent.metric("socklb_udp_sockets_terminated_total")?,
+            Some(0.0)
+        );
+        return Ok(());
     }
     // SOCK_DESTROY aborts the socket: a blocked recv gets ECONNABORTED, and the socket is
     // disconnected, so the next send gets EDESTADDRREQ. Either way the application knows.
@@ -482,6 +519,7 @@ both_families!(
     refused_without_backends,
     session_affinity,
     connected_udp_socket_terminated,
+    connected_udp_socket_terminated_without_the_sockets_iterator,
     outside_cgroup_untouched,
 );
 

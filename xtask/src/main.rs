@@ -145,6 +145,27 @@ fn test() -> anyhow::Result<()> {
         "tests (unit, golden, property, privileged end-to-end)",
         || cmd("cargo", &["test", "--workspace"]),
     )?;
+    // As on a kernel that refuses every optional part, whatever this kernel allows: the
+    // agents these tests start read the variable as their --disable-feature.
+    step(
+        "agent and data-path tests with every optional part off (SOCKLB_DISABLE_FEATURE=all)",
+        || {
+            cargo_within(
+                &[
+                    "test",
+                    "-p",
+                    "socklb-tests",
+                    "--test",
+                    "agent",
+                    "--test",
+                    "dataplane",
+                ],
+                &[("SOCKLB_DISABLE_FEATURE", "all")],
+                STRESS_RUN_LIMIT,
+            )
+            .map(drop)
+        },
+    )?;
     step("fuzz manifests (20 s)", || fuzz(20).map(|_| ()))?;
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
     step(

@@ -17,10 +17,11 @@ use crate::{cmd, workspace_root};
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages the tests and benchmarks use, by the command each provides.
-const PACKAGES: [(&str, &str); 3] = [
+const PACKAGES: [(&str, &str); 4] = [
     ("ip", "iproute2"),
     ("iptables", "iptables"),
     ("nft", "nftables"),
+    ("bpftool", "bpftool"),
 ];
 
 /// Where promtool goes when setup extracts it from Debian's `prometheus` package.

@@ -38,8 +38,9 @@ use super::engine::{Engine, Pass};
 use crate::{
     dataplane::{
         bpf::{ReadOnlyMaps, open_map},
-        loader::PinFolder,
+        features::Features,
         maps::ServiceMaps,
+        sockets::quota::Recount,
     },
     vocab::ErrorKind,
 };
@@ -128,6 +129,8 @@ pub struct Metrics {
     rejected_objects: Counter,
     rejected_now: Gauge,
     udp_terminated: Counter,
+    socket_records: Gauge,
+    clients_at_bound: Gauge,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
@@ -207,10 +210,42 @@ fn fixed_sizes(
     affinity
 }
 
+/// The per-client socket bound's gauges, set at each recount.
+fn socket_gauges(r: &mut Registry) -> [Gauge; 2] {
+    [
+        (
+            "socket_records",
+            "Socket records (translated sockets) held for all clients, at the last recount",
+        ),
+        (
+            "socket_clients_at_bound",
+            "Client cgroups holding as many socket records as one may \
+             (--max-sockets-per-pod), at the last recount",
+        ),
+    ]
+    .map(|(name, help)| register(r, name, help, Gauge::default()))
+}
+
+/// `socklb_feature_enabled{feature}`: decided at start, fixed for the agent's life.
+fn register_features(r: &mut Registry, features: &Features) {
+    let feature_enabled: Family<Labels, Gauge> = register(
+        r,
+        "feature_enabled",
+        "Whether each optional part of the data path is on (1) or off (0: refused by the \
+         kernel or turned off with --disable-feature; /status says why)",
+        Family::default(),
+    );
+    for probe in &features.probes {
+        feature_enabled
+            .get_or_create(&vec![("feature".to_string(), probe.feature.to_string())])
+            .set(i64::from(features.enabled(probe.feature)));
+    }
+}
+
 impl Metrics {
     /// The agent's metrics over the maps pinned in `maps_dir`. Reads the capacity of the maps
     /// the reconciler does not hold once, here.
-    pub fn new(maps_dir: PathBuf, _pins: PinFolder) -> Self {
+    pub fn new(maps_dir: PathBuf, features: &Features) -> Self {
         let mut root = Registry::default();
         root.register_collector(Box::new(Process::new()));
         let r = root.sub_registry_with_prefix("socklb");
@@ -269,6 +304,8 @@ impl Metrics {
             ),
         ]
         .map(|(name, help)| register(r, name, help, Counter::default()));
+        register_features(r, features);
+        let [socket_records, clients_at_bound] = socket_gauges(r);
         r.register(
             "build",
             "The socklb version and git commit of the running agent",
@@ -298,6 +335,8 @@ impl Metrics {
             rejected_objects,
             rejected_now,
             udp_terminated,
+            socket_records,
+            clients_at_bound,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
             maps_dir,
@@ -370,6 +409,12 @@ impl Metrics {
 
     pub fn record_udp_terminated(&self, sockets: usize) {
         self.udp_terminated.inc_by(sockets as u64);
+    }
+
+    pub fn record_recount(&self, recount: &Recount) {
+        self.socket_records
+            .set(i64::try_from(recount.records).unwrap_or(i64::MAX));
+        self.clients_at_bound.set(gauge(recount.at_bound));
     }
 
     pub fn record_error(&self, kind: ErrorKind) {

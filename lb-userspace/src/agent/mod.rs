@@ -40,8 +40,9 @@ use crate::{
     dataplane::{
         abi::frontend_key,
         bpf::BpfServiceMaps,
+        features::{Features, State},
         loader::{Dataplane, LoadConfig},
-        udp_sockets,
+        sockets::{self, SocketPins, quota},
     },
     reconcile::Reconciler,
     source::{self, SourceEvent},
@@ -52,6 +53,10 @@ use crate::{
 
 /// How long the source may fail before the agent reports itself not ready.
 const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
+/// How often the agent looks at the per-client socket counts; a client past half its bound
+/// gets its count recounted from the live sockets at once, the others every `RECOUNT_EVERY`.
+const QUOTA_CHECK: Duration = Duration::from_secs(2);
+const RECOUNT_EVERY: Duration = Duration::from_mins(1);
 
 /// Where the agent reads Services and EndpointSlices from.
 #[derive(Clone, Debug)]
@@ -109,11 +114,25 @@ impl Listeners {
 /// State shared with the HTTP server.
 pub struct Shared {
     pub ready: AtomicBool,
+    /// What the kernel said about each optional part, at start.
+    pub features: Features,
+    /// One UDP-termination pass at a time; a change during a pass asks for another.
+    udp_pass: Mutex<Pass2>,
+    /// The UDP backend sets' serving endpoints for the pass asked for while one ran.
+    udp_serving:
+        Mutex<Option<std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>>>,
     /// When the loop last ran, and since when changes wait to be written (liveness).
     pub progress: Mutex<Progress>,
     pub stuck_after: Duration,
     pub metrics: Metrics,
     pub status: Mutex<Status>,
+}
+
+/// Whether a UDP-termination pass runs, and whether another was asked for meanwhile.
+#[derive(Debug, Default)]
+struct Pass2 {
+    running: bool,
+    again: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -152,6 +171,7 @@ pub fn prepare(config: &AgentConfig) -> anyhow::Result<Dataplane> {
         adopted = dataplane.adopted,
         "programs loaded and verified; they attach after the first complete sync"
     );
+    log_features(&dataplane.features);
     match security::drop_capabilities() {
         Ok(kept) => tracing::info!(?kept, "dropped the other capabilities"),
         Err(e) => tracing::warn!(error = %e, "could not drop capabilities; running with all"),
@@ -178,34 +198,25 @@ pub async fn run(
     let mut engine = Engine::new(reconciler, config.node.clone());
     let shared = Arc::new(Shared {
         ready: AtomicBool::new(false),
+        features: dataplane.features.clone(),
+        udp_pass: Mutex::new(Pass2::default()),
+        udp_serving: Mutex::new(None),
         progress: Mutex::new(Progress {
             pending_since: None,
             unhealthy_since: None,
         }),
         stuck_after: config.stuck_after,
-        metrics: Metrics::new(dataplane.maps_dir.clone(), dataplane.pins.clone()),
+        metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
         status: Mutex::new(Status::default()),
     });
-    if let Some(l) = listeners.health {
-        tracing::info!(listen = %l.local_addr()?, "serving /healthz, /livez, /readyz");
-        tokio::spawn(http::serve_health(
-            tokio::net::TcpListener::from_std(l)?,
-            shared.clone(),
-        ));
-    }
-    if let Some(l) = listeners.metrics {
-        tracing::info!(listen = %l.local_addr()?, "serving /metrics, /status");
-        tokio::spawn(http::serve_metrics(
-            tokio::net::TcpListener::from_std(l)?,
-            shared.clone(),
-        ));
-    }
+    serve(listeners, &shared)?;
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
     let mut api_route = start_source(&config, tx).await?;
 
     let mut retry = tokio::time::interval(config.retry_interval);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    spawn_recount(&config, &dataplane, &shared);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
@@ -227,7 +238,7 @@ pub async fn run(
         }
         if let Some(pass) = engine.reconcile() {
             log_pass(&pass);
-            if pass.report.udp_changed && attached {
+            if pass.report.udp_changed && attached && shared.features.udp_termination() {
                 terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
@@ -265,6 +276,25 @@ pub async fn run(
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
     );
+    Ok(())
+}
+
+/// Serves health, metrics and status on the listeners bound at start.
+fn serve(listeners: Listeners, shared: &Arc<Shared>) -> anyhow::Result<()> {
+    if let Some(l) = listeners.health {
+        tracing::info!(listen = %l.local_addr()?, "serving /healthz, /livez, /readyz");
+        tokio::spawn(http::serve_health(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
+    }
+    if let Some(l) = listeners.metrics {
+        tracing::info!(listen = %l.local_addr()?, "serving /metrics, /status");
+        tokio::spawn(http::serve_metrics(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
+    }
     Ok(())
 }
 
@@ -328,51 +358,213 @@ fn check_api_route(route: Option<&mut ApiRoute>, engine: &Engine<BpfServiceMaps>
     tokio::task::block_in_place(|| route.check_frontend(is_frontend));
 }
 
-/// Destroys connected UDP sockets whose backend stopped serving (off the event loop).
+/// Destroys connected UDP sockets whose backend stopped serving, off the event loop, one pass
+/// at a time: a change while a pass runs makes it run once more with the latest state.
 fn terminate_udp_sockets(
     config: &AgentConfig,
     dataplane: &Dataplane,
     engine: &Engine<BpfServiceMaps>,
     shared: &Arc<Shared>,
 ) {
+    {
+        let mut pass = shared
+            .udp_pass
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pass.running {
+            pass.again = true;
+            // The running pass reads the state it was given; the next one needs the new state.
+            *shared
+                .udp_serving
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(engine.reconciler().udp_serving());
+            return;
+        }
+        pass.running = true;
+    }
     let serving = engine.reconciler().udp_serving();
-    let (cgroup, maps_dir, shared) = (
+    let (cgroup, pins, listing, shared) = (
         config.load.cgroup.clone(),
-        dataplane.maps_dir.clone(),
+        dataplane.sockets.clone(),
+        dataplane.features.listing(),
         shared.clone(),
     );
     tokio::task::spawn_blocking(move || {
-        match udp_sockets::terminate_stale(&cgroup, &maps_dir, &serving) {
-            Ok(done) => {
-                shared.metrics.record_udp_terminated(done.sockets);
-                for e in &done.errors {
-                    shared
-                        .metrics
-                        .record_error(crate::vocab::ErrorKind::UdpTerminate);
+        let mut serving = serving;
+        loop {
+            udp_pass(&pins, listing, &cgroup, &serving, &shared);
+            let mut pass = shared
+                .udp_pass
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !pass.again {
+                pass.running = false;
+                return;
+            }
+            pass.again = false;
+            if let Some(newer) = shared
+                .udp_serving
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take()
+            {
+                serving = newer;
+            }
+        }
+    });
+}
+
+/// One termination pass; each namespace or socket that fails is counted and logged on its own.
+fn udp_pass(
+    pins: &SocketPins,
+    listing: crate::dataplane::features::Listing,
+    cgroup: &std::path::Path,
+    serving: &std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>,
+    shared: &Shared,
+) {
+    match sockets::terminate_stale(pins, listing, cgroup, serving) {
+        Ok(done) => {
+            shared.metrics.record_udp_terminated(done.sockets);
+            for e in &done.namespace_errors {
+                shared
+                    .metrics
+                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
+                tracing::warn!(
+                    error = e as &dyn std::error::Error,
+                    "could not look for stale UDP sockets in a network namespace"
+                );
+            }
+            for e in &done.errors {
+                shared
+                    .metrics
+                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
+                tracing::warn!(
+                    error = e as &dyn std::error::Error,
+                    "could not terminate a stale UDP socket"
+                );
+            }
+            if done.sockets > 0 {
+                tracing::info!(
+                    sockets = done.sockets,
+                    namespaces = done.namespaces,
+                    "terminated connected UDP sockets whose backend stopped serving"
+                );
+            }
+        }
+        Err(e) => {
+            shared
+                .metrics
+                .record_error(crate::vocab::ErrorKind::UdpTerminate);
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "could not look for stale UDP sockets"
+            );
+        }
+    }
+}
+
+/// Starts the recount loop when the per-client bound is on.
+fn spawn_recount(config: &AgentConfig, dataplane: &Dataplane, shared: &Arc<Shared>) {
+    if let Some(bound) = config
+        .load
+        .max_sockets_per_pod
+        .filter(|_| shared.features.socket_bound())
+    {
+        tokio::spawn(recount_loop(
+            config.load.cgroup.clone(),
+            dataplane.sockets.clone(),
+            dataplane.features.listing(),
+            shared.clone(),
+            bound,
+        ));
+    }
+}
+
+/// Recounts the per-client socket records from the live sockets when a client is past half its
+/// bound, or every `RECOUNT_EVERY`; one recount at a time, off the event loop.
+async fn recount_loop(
+    cgroup: std::path::PathBuf,
+    pins: SocketPins,
+    listing: crate::dataplane::features::Listing,
+    shared: Arc<Shared>,
+    bound: u64,
+) {
+    let mut tick = tokio::time::interval(QUOTA_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
+    loop {
+        tick.tick().await;
+        let near = match quota::counts(&pins) {
+            Ok(counts) => counts.values().any(|c| *c >= bound / 2),
+            Err(e) => {
+                tracing::debug!(
+                    error = &e as &dyn std::error::Error,
+                    "reading the socket counts"
+                );
+                false
+            }
+        };
+        if !(near || last.elapsed() >= RECOUNT_EVERY) {
+            continue;
+        }
+        last = Instant::now();
+        let (cgroup, pins, shared) = (cgroup.clone(), pins.clone(), shared.clone());
+        let done = tokio::task::spawn_blocking(move || {
+            let result = quota::recount(&pins, listing, &cgroup, bound);
+            (result, shared)
+        })
+        .await;
+        let Ok((result, shared)) = done else {
+            continue;
+        };
+        match result {
+            Ok(r) => {
+                shared.metrics.record_recount(&r);
+                if r.at_bound > 0 {
                     tracing::warn!(
-                        error = e as &dyn std::error::Error,
-                        "could not terminate a stale UDP socket"
-                    );
-                }
-                if done.sockets > 0 {
-                    tracing::info!(
-                        sockets = done.sockets,
-                        namespaces = done.namespaces,
-                        "terminated connected UDP sockets whose backend stopped serving"
+                        clients = r.at_bound,
+                        bound,
+                        largest = r.largest,
+                        "clients hold as many socket records as one may: their new service sockets get ENOBUFS"
                     );
                 }
             }
             Err(e) => {
                 shared
                     .metrics
-                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
+                    .record_error(crate::vocab::ErrorKind::Recount);
                 tracing::warn!(
                     error = &e as &dyn std::error::Error,
-                    "could not look for stale UDP sockets"
+                    "could not recount the socket records"
                 );
             }
         }
-    });
+    }
+}
+
+/// Says once, at start, which optional parts are off and why, and what that costs.
+fn log_features(features: &Features) {
+    for probe in &features.probes {
+        match probe.state {
+            State::Enabled => {}
+            State::Disabled => tracing::info!(
+                feature = %probe.feature,
+                "optional part turned off with --disable-feature"
+            ),
+            State::Refused => tracing::warn!(
+                feature = %probe.feature,
+                errno = probe.errno,
+                reason = probe.reason.as_deref().unwrap_or(""),
+                "the kernel refused an optional part; running without it"
+            ),
+        }
+    }
+    for fallback in features.fallbacks() {
+        tracing::info!("{fallback}");
+    }
+    for lost in features.losses() {
+        tracing::warn!(lost, "a guarantee is lost with the parts that are off");
+    }
 }
 
 fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
@@ -408,6 +600,13 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
                 subject: s.clone(),
                 message: m.clone(),
             })
+            .collect(),
+        features: shared.features.probes.clone(),
+        degraded: shared
+            .features
+            .losses()
+            .into_iter()
+            .map(str::to_string)
             .collect(),
     };
     *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;

@@ -7,7 +7,8 @@ use clap::ValueEnum;
 use lb_common::MapId;
 
 use super::{
-    DEFAULT_HEALTH_ADDRESS, DEFAULT_METRICS_ADDRESS, LogFormat, NodeArgs, PinArgs, init_logging,
+    DEFAULT_HEALTH_ADDRESS, DEFAULT_METRICS_ADDRESS, FeatureArgs, LogFormat, NodeArgs, PinArgs,
+    init_logging,
 };
 use crate::{
     agent::{AgentConfig, Listeners, SourceConfig},
@@ -97,6 +98,13 @@ pub struct AgentArgs {
     /// Capacity of AFFINITY: client cgroups with a session-affinity table (an LRU).
     #[arg(long, default_value_t = MapId::Affinity.default_capacity(), env = "SOCKLB_MAX_AFFINITY_CLIENTS")]
     pub max_affinity_clients: u32,
+    /// Translated sockets one client cgroup (a pod's container) may hold at once; past it, its
+    /// new service sockets get ENOBUFS. Each holds a record the kernel charges to the agent's
+    /// memory. 0 turns the bound off.
+    #[arg(long, default_value_t = 65_536, env = "SOCKLB_MAX_SOCKETS_PER_POD")]
+    pub max_sockets_per_pod: u64,
+    #[command(flatten)]
+    pub features: FeatureArgs,
 }
 
 impl AgentArgs {
@@ -151,6 +159,8 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
             capacities: args.capacities(),
             log_level: args.bpf_log_level as u8,
             record_tcp: args.tcp_peer_name == PeerName::Service,
+            disabled: args.features.disabled(),
+            max_sockets_per_pod: (args.max_sockets_per_pod > 0).then_some(args.max_sockets_per_pod),
         },
         node: args.node.flags(),
         health_listen: listen(&args.health_listen, "health-listen")?,

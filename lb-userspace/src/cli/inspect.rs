@@ -34,6 +34,10 @@ pub struct InspectArgs {
     /// Only backend sets of Services in this namespace.
     #[arg(short = 'n', long, global = true, env = "SOCKLB_NAMESPACE")]
     pub namespace: Option<String>,
+    /// The cgroup v2 directory the agent attaches to (`sockets`, `connections`: whose
+    /// processes' network namespaces are walked; default: the cgroup2 mount).
+    #[arg(long, global = true, env = "SOCKLB_CGROUP")]
+    pub cgroup: Option<std::path::PathBuf>,
     #[command(subcommand)]
     pub what: What,
 }
@@ -52,6 +56,17 @@ pub enum What {
     Sockets,
     /// The attached programs: instruction counts and the kernel's run counters.
     Programs,
+}
+
+impl InspectArgs {
+    fn cgroup(&self) -> anyhow::Result<std::path::PathBuf> {
+        match &self.cgroup {
+            Some(c) => Ok(c.clone()),
+            None => crate::dataplane::sysfs::cgroup2_mount().ok_or_else(|| {
+                anyhow::anyhow!("no cgroup2 mount in /proc/self/mountinfo; pass --cgroup")
+            }),
+        }
+    }
 }
 
 pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
@@ -97,7 +112,7 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             print_output(args.output, &rows, || affinity_text(&rows))?;
         }
         What::Sockets => {
-            let rows = sockets(&dir, &snap)?;
+            let rows = sockets(&pins, &args.cgroup()?, &snap)?;
             print_output(args.output, &rows, || sockets_text(&rows))?;
         }
         What::Programs => {
@@ -292,38 +307,60 @@ fn programs_text(programs: &[ProgramView]) -> String {
     t.render()
 }
 
-/// One translated socket.
+/// One destination of a translated socket.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SocketRow {
     pub cookie: u64,
+    /// The client's cgroup id (the process that created the record).
+    pub cgroup_id: u64,
     pub frontend: Option<ServiceAddr>,
     pub backend: Option<SocketAddr>,
     /// The backend set the frontend belongs to now (`None`: gone).
     pub service: Option<ServicePortKey>,
 }
 
-fn sockets(dir: &std::path::Path, snap: &MapSnapshot) -> anyhow::Result<Vec<SocketRow>> {
-    Ok(crate::dataplane::sockets::translated(dir)?
-        .into_iter()
-        .map(|e| {
-            let frontend = crate::dataplane::abi::service_addr(&e.record.frontend);
-            SocketRow {
-                cookie: e.cookie,
+fn sockets(
+    pins: &PinFolder,
+    cgroup: &std::path::Path,
+    snap: &MapSnapshot,
+) -> anyhow::Result<Vec<SocketRow>> {
+    use crate::dataplane::sockets;
+    let Some(socket_pins) = pins.current_sockets() else {
+        anyhow::bail!("no socket maps pinned under {}", pins.root.display());
+    };
+    let listing = socket_pins.listing();
+    let census = sockets::census(&socket_pins, cgroup, listing, !listing.global)?;
+    for e in &census.errors {
+        eprintln!(
+            "warning: {:#}",
+            anyhow::Error::from(std::io::Error::other(e.to_string()))
+        );
+    }
+    let mut rows = Vec::new();
+    for socket in &census.sockets {
+        for record in sockets::records(&socket.state) {
+            let frontend = crate::dataplane::abi::service_addr(&record.frontend);
+            rows.push(SocketRow {
+                cookie: socket.cookie,
+                cgroup_id: socket.state.cgroup_id,
                 service: frontend
                     .and_then(|f| snap.reach(&f))
                     .and_then(|r| snap.service_port(r.service_id)),
                 frontend,
-                backend: backend_addr(&e.record.backend),
-            }
-        })
-        .collect())
+                backend: backend_addr(&record.backend),
+            });
+        }
+    }
+    rows.sort_by_key(|r| (r.cookie, r.frontend));
+    Ok(rows)
 }
 
 fn sockets_text(rows: &[SocketRow]) -> String {
-    let mut t = Table::new(["COOKIE", "FRONTEND", "BACKEND", "SERVICE"]);
+    let mut t = Table::new(["COOKIE", "CGROUP", "FRONTEND", "BACKEND", "SERVICE"]);
     for r in rows {
         t.row(vec![
             r.cookie.to_string(),
+            r.cgroup_id.to_string(),
             r.frontend.map_or_else(|| "-".into(), |f| f.to_string()),
             r.backend.map_or_else(|| "-".into(), |b| b.to_string()),
             r.service

@@ -9,6 +9,7 @@ mod version;
 
 pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
 pub use reset::Reset;
+pub use version::{KernelReport, Versions};
 
 use std::{net::IpAddr, path::PathBuf, time::Duration};
 
@@ -97,6 +98,64 @@ pub struct PinArgs {
     /// Folder on a bpf filesystem holding socklb's pinned maps and links.
     #[arg(long = "bpffs", default_value = DEFAULT_PIN_FOLDER, env = "SOCKLB_BPFFS", global = true)]
     pub pin_folder: PathBuf,
+}
+
+/// Optional parts of the data path to leave off, shared by `agent` and `version --features`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct FeatureArgs {
+    /// An optional part of the data path not to load: sockets-iterator, udp-iterator,
+    /// sock-diag-storage, socket-destroy, or all (repeatable or comma-separated). What the
+    /// kernel would refuse anyway, on purpose: to test a node's degraded mode.
+    #[arg(
+        long = "disable-feature",
+        value_delimiter = ',',
+        value_parser = parse_disable,
+        env = "SOCKLB_DISABLE_FEATURE"
+    )]
+    pub disable_feature: Vec<Disable>,
+}
+
+/// One `--disable-feature` value: a part, or every part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disable {
+    All,
+    One(crate::dataplane::features::Feature),
+}
+
+fn parse_disable(value: &str) -> Result<Disable, String> {
+    use clap::ValueEnum as _;
+    if value == "all" {
+        return Ok(Disable::All);
+    }
+    crate::dataplane::features::Feature::from_str(value, false)
+        .map(Disable::One)
+        .map_err(|_| {
+            let names: Vec<&str> = crate::dataplane::features::Feature::ALL
+                .iter()
+                .map(|f| f.name())
+                .collect();
+            format!(
+                "{value}: not an optional part (one of {}, or all)",
+                names.join(", ")
+            )
+        })
+}
+
+impl FeatureArgs {
+    pub fn disabled(&self) -> std::collections::BTreeSet<crate::dataplane::features::Feature> {
+        let named: Vec<_> = self
+            .disable_feature
+            .iter()
+            .filter_map(|d| match d {
+                Disable::One(f) => Some(*f),
+                Disable::All => None,
+            })
+            .collect();
+        crate::dataplane::features::disabled_set(
+            &named,
+            self.disable_feature.contains(&Disable::All),
+        )
+    }
 }
 
 /// Whether `spec.externalIPs` are served.

@@ -25,9 +25,10 @@ fn typed<T: TryFrom<Map, Error = MapError>>(map: MapId, data: MapData) -> Result
         .map_err(|e| read_error(map, e))
 }
 
-/// Opens one pinned map of a pin folder's map directory, read-only when asked.
+/// Opens one pinned map of a layout generation (`dir`, its map directory; per-socket maps are
+/// found beside it), read-only when asked.
 pub fn open_map(dir: &Path, map: MapId, read_only: bool) -> Result<MapData, MapReadError> {
-    let path = dir.join(map.name());
+    let path = super::loader::map_path(dir, map);
     let fd = sys::obj_get(&path, read_only).map_err(|e| {
         MapReadError::new(
             map,

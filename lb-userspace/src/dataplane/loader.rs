@@ -15,6 +15,7 @@
 //! link), after which links of programs this agent does not have, and other generations' maps,
 //! are removed.
 use std::{
+    collections::BTreeSet,
     fs, io,
     os::{
         fd::{AsFd as _, OwnedFd},
@@ -25,30 +26,59 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::MapData,
+    maps::{Array, MapData},
     programs::{CgroupAttachMode, Program, links::FdLink, links::PinnedLink},
 };
-use lb_common::{MapDescriptor, MapId, MapKind, program};
+use lb_common::{DatapathConfig, MapDescriptor, MapId, MapKind, program};
 use sha2::{Digest as _, Sha256};
 
 use super::{
     bpf::BpfServiceMaps,
+    features::{Feature, Features},
     maps::{Capacities, MapReadError},
+    probe,
+    sockets::SocketPins,
     sysfs,
 };
 
 /// The eBPF object built by build.rs.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"));
 
+/// What the pin folder was asked to do when it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PinOp {
+    Create,
+    Open,
+    Lock,
+    Mount,
+    Remove,
+    Move,
+}
+
+impl std::fmt::Display for PinOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Create => "creating",
+            Self::Open => "opening",
+            Self::Lock => "locking",
+            Self::Mount => "mounting bpffs on",
+            Self::Remove => "removing",
+            Self::Move => "moving a pin to",
+        })
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("pin folder {}: {what}", .path.display())]
+    #[error("{op} {}", .path.display())]
     PinFolder {
         path: PathBuf,
-        what: &'static str,
+        op: PinOp,
         #[source]
         source: io::Error,
     },
+    #[error("pin folder {}: not on a bpf filesystem; mount one (mount -t bpf bpf DIR) or use the default /sys/fs/bpf/socklb", .path.display())]
+    NotBpffs { path: PathBuf },
     #[error("another socklb agent{} is using the pin folder {}; stop it first (a second agent would hand out ids next to the first)", .holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), .path.display())]
     Busy { path: PathBuf, holder: Option<u32> },
     #[error("--cgroup {}: not a cgroup v2 directory (socklb needs cgroup v2; see /proc/self/mountinfo for its mount)", .path.display())]
@@ -65,12 +95,34 @@ pub enum LoadError {
         detail: String,
         folder: PathBuf,
     },
-    #[error("loading the eBPF object{}", permission_hint(.source))]
+    #[error("pinned map {}", .path.display())]
+    PinnedMap {
+        path: PathBuf,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("loading the eBPF object (creating its maps){}", capability_hint())]
     Object {
         #[source]
         source: aya::EbpfError,
     },
-    #[error("program {program}: {what}{}{}", verifier_tail(.source), permission_hint(.source))]
+    /// The kernel refused to create a map: its errno is the source.
+    #[error("creating map {name}{}", capability_hint())]
+    MapCreate {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused a core program: its errno is the source, the verifier's output is in
+    /// the message (once).
+    #[error("the kernel refused program {program}, which translation needs{}{}", capability_hint(), probe::verifier_tail(.verifier_log))]
+    Refused {
+        program: &'static str,
+        verifier_log: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("program {program}: {what}")]
     Program {
         program: &'static str,
         what: &'static str,
@@ -83,26 +135,92 @@ pub enum LoadError {
         #[source]
         source: aya::programs::links::LinkError,
     },
+    #[error("program {program}: pinning its link at {}", .path.display())]
+    PinLink {
+        program: &'static str,
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("writing the data path's settings (CONFIG)")]
+    Config(#[source] aya::maps::MapError),
     #[error("program {program}: missing from the eBPF object")]
     MissingProgram { program: &'static str },
+    #[error("map {}: missing from the eBPF object", .map.name())]
+    MissingMap { map: MapId },
+    #[error("map {}: duplicating its descriptor", .map.name())]
+    MapFd {
+        map: MapId,
+        #[source]
+        source: io::Error,
+    },
     #[error(transparent)]
     Maps(#[from] MapReadError),
 }
 
-fn permission_hint(e: &(dyn std::error::Error + 'static)) -> &'static str {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<io::Error>()
-            && io.raw_os_error() == Some(libc::EPERM)
-        {
-            return " (socklb needs root, or CAP_BPF + CAP_SYS_ADMIN + CAP_NET_ADMIN)";
+impl LoadError {
+    /// An object load that failed: a map the kernel refused to create keeps its name and errno.
+    fn object(e: aya::EbpfError) -> Self {
+        match e {
+            aya::EbpfError::MapError(aya::maps::MapError::CreateError { name, io_error }) => {
+                Self::MapCreate {
+                    name,
+                    source: io_error,
+                }
+            }
+            source => Self::Object { source },
         }
-        if s.to_string().contains("Operation not permitted") {
-            return " (socklb needs root, or CAP_BPF + CAP_SYS_ADMIN + CAP_NET_ADMIN)";
-        }
-        source = s.source();
     }
-    ""
+
+    fn refused(program: &'static str, e: aya::programs::ProgramError) -> Self {
+        match e {
+            aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => Self::Refused {
+                program,
+                verifier_log: verifier_log.to_string(),
+                source: io_error,
+            },
+            source => Self::Program {
+                program,
+                what: "loading it",
+                source,
+            },
+        }
+    }
+}
+
+/// The capabilities loading needs that this process lacks, read from its effective set (not
+/// guessed from an error), and the kernel's lockdown mode when it is on: for messages.
+pub fn capability_hint() -> String {
+    use caps::{CapSet, Capability};
+    let Ok(effective) = caps::read(None, CapSet::Effective) else {
+        return String::new();
+    };
+    let mut missing: Vec<&str> = Vec::new();
+    if !effective.contains(&Capability::CAP_BPF) && !effective.contains(&Capability::CAP_SYS_ADMIN)
+    {
+        missing.push("CAP_BPF");
+    }
+    if !effective.contains(&Capability::CAP_NET_ADMIN) {
+        missing.push("CAP_NET_ADMIN");
+    }
+    if !effective.contains(&Capability::CAP_SYS_ADMIN) {
+        missing.push("CAP_SYS_ADMIN");
+    }
+    let mut hint = String::new();
+    if !missing.is_empty() {
+        hint = format!(
+            " (this process lacks {}: run socklb as root, or grant CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN and CAP_SYS_ADMIN)",
+            missing.join(", ")
+        );
+    }
+    if let Some(mode) = sysfs::lockdown() {
+        use std::fmt::Write as _;
+        let _ = write!(hint, " (kernel lockdown: {mode})");
+    }
+    hint
 }
 
 /// What to load and where.
@@ -118,6 +236,10 @@ pub struct LoadConfig {
     pub log_level: u8,
     /// Give TCP sockets a record, so getpeername reports the service address.
     pub record_tcp: bool,
+    /// Optional parts not to load (`--disable-feature`).
+    pub disabled: BTreeSet<Feature>,
+    /// Socket records one client cgroup may hold (`--max-sockets-per-pod`); `None`: no bound.
+    pub max_sockets_per_pod: Option<u64>,
 }
 
 /// The pin folder's layout.
@@ -127,6 +249,7 @@ pub struct PinFolder {
 }
 
 const GENERATION_PREFIX: &str = "maps-";
+const SOCKETS_PREFIX: &str = "sockets-";
 
 impl PinFolder {
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -144,6 +267,53 @@ impl PinFolder {
     /// The map directory of a layout generation.
     pub fn generation(&self, layout: &str) -> PathBuf {
         self.root.join(format!("{GENERATION_PREFIX}{layout}"))
+    }
+
+    /// The directory of the per-socket maps (and the socket iterators' links) of one record
+    /// layout: it outlives capacity migrations.
+    pub fn sockets(&self, layout: &str) -> PathBuf {
+        self.root.join(format!("{SOCKETS_PREFIX}{layout}"))
+    }
+
+    /// Every per-socket map directory present.
+    pub fn socket_dirs(&self) -> Vec<PathBuf> {
+        self.dirs_with_prefix(SOCKETS_PREFIX)
+    }
+
+    /// The per-socket maps the attached programs use: the only directory, or the one whose
+    /// `SOCKETS` map the attached connect4 program reads.
+    pub fn current_sockets(&self) -> Option<SocketPins> {
+        let dirs = self.socket_dirs();
+        if dirs.len() <= 1 {
+            return dirs.into_iter().next().map(SocketPins::new);
+        }
+        let used = attached_map_ids(self);
+        dirs.iter()
+            .find(|d| {
+                MapData::from_pin(d.join(MapId::Sockets.name()))
+                    .ok()
+                    .and_then(|m| m.info().ok())
+                    .is_some_and(|i| used.contains(&i.id()))
+            })
+            .or_else(|| dirs.last())
+            .cloned()
+            .map(SocketPins::new)
+    }
+
+    fn dirs_with_prefix(&self, prefix: &str) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// Every map directory present (generations, and the unversioned `maps` of older agents).
@@ -203,11 +373,36 @@ fn attached_map_ids(pins: &PinFolder) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// A digest of the map layout and sizes: two agents with the same digest read each other's
-/// maps correctly.
+/// A digest of the map layout and sizes of the generation's maps (the per-socket maps have a
+/// digest of their own): two agents with the same digest read each other's maps correctly.
 pub fn layout_digest(capacities: &Capacities) -> String {
+    digest(lb_common::MAPS.iter().filter(|d| !d.per_socket), capacities)
+}
+
+/// Where `map` is pinned for the generation whose map directory is `generation`: there, or for
+/// a per-socket map in the record layout's folder beside it.
+pub fn map_path(generation: &Path, map: MapId) -> PathBuf {
+    if map.descriptor().per_socket {
+        let root = generation.parent().unwrap_or(generation);
+        PinFolder::new(root)
+            .sockets(&socket_layout_digest())
+            .join(map.name())
+    } else {
+        generation.join(map.name())
+    }
+}
+
+/// A digest of the per-socket maps' layout: records survive every migration that keeps it.
+pub fn socket_layout_digest() -> String {
+    digest(
+        lb_common::MAPS.iter().filter(|d| d.per_socket),
+        &Capacities::default(),
+    )
+}
+
+fn digest<'a>(maps: impl Iterator<Item = &'a MapDescriptor>, capacities: &Capacities) -> String {
     let mut h = Sha256::new();
-    for d in lb_common::MAPS {
+    for d in maps {
         h.update(d.name.as_bytes());
         h.update([d.kind as u8, u8::from(d.preallocated)]);
         h.update(d.key_size.to_le_bytes());
@@ -238,7 +433,7 @@ impl PinLock {
         )
         .map_err(|e| LoadError::PinFolder {
             path: root.to_path_buf(),
-            what: "opening",
+            op: PinOp::Open,
             source: e.into(),
         })?;
         match rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
@@ -249,7 +444,7 @@ impl PinLock {
             }),
             Err(e) => Err(LoadError::PinFolder {
                 path: root.to_path_buf(),
-                what: "locking",
+                op: PinOp::Lock,
                 source: e.into(),
             }),
         }
@@ -280,16 +475,21 @@ pub struct Dataplane {
     pub pins: PinFolder,
     /// This agent's map directory.
     pub maps_dir: PathBuf,
+    /// This agent's per-socket maps and iterator pins.
+    pub sockets: SocketPins,
     /// The maps were there already (a restart of the same layout): they hold the last state.
     pub adopted: bool,
+    /// What the kernel said about each optional part.
+    pub features: Features,
     cgroup: PathBuf,
     _lock: PinLock,
 }
 
 impl Dataplane {
-    /// Takes the pin folder's lock, creates or adopts this layout's maps, and loads (verifies)
-    /// the programs. Nothing is attached yet: until `attach`, whatever was attached before keeps
-    /// serving.
+    /// Takes the pin folder's lock, creates or adopts this layout's maps, loads (verifies) the
+    /// programs translation needs, and tries the optional parts. Nothing is attached yet: until
+    /// `attach`, whatever was attached before keeps serving. A start that fails removes the map
+    /// folders it created.
     pub fn load(config: &LoadConfig) -> Result<Self, LoadError> {
         let pins = PinFolder::new(&config.pin_folder);
         prepare_pin_folder(&pins)?;
@@ -300,51 +500,30 @@ impl Dataplane {
             });
         }
         let maps_dir = pins.generation(&layout_digest(&config.capacities));
+        let sockets_dir = pins.sockets(&socket_layout_digest());
         let adopted = maps_dir.join(MapId::Frontends4.name()).exists();
-        mkdir(&maps_dir)?;
-        check_pinned_maps(&maps_dir, &pins, &config.capacities)?;
-        sysfs::raise_memlock_limit();
-
-        let mut loader = EbpfLoader::new();
-        let paths: Vec<(MapId, PathBuf)> = MapId::ALL
-            .iter()
-            .map(|m| (*m, maps_dir.join(m.name())))
+        let created: Vec<PathBuf> = [&maps_dir, &sockets_dir]
+            .into_iter()
+            .filter(|d| !d.exists())
+            .cloned()
             .collect();
-        for (map, path) in &paths {
-            loader.map_pin_path(map.name(), path.as_path());
-            if map.descriptor().capacity_flag.is_some() {
-                loader.map_max_entries(map.name(), config.capacities.get(*map));
+        let loaded = load_into(config, &maps_dir, &sockets_dir, &pins);
+        let (ebpf, features) = match loaded {
+            Ok(done) => done,
+            Err(e) => {
+                for dir in &created {
+                    remove_dir_pins(dir);
+                }
+                return Err(e);
             }
-        }
-        let record_tcp = u8::from(config.record_tcp);
-        loader
-            .override_global(aya_log::LEVEL, &config.log_level, true)
-            .override_global("RECORD_TCP", &record_tcp, true);
-        let mut ebpf = loader
-            .load(EBPF_OBJECT)
-            .map_err(|source| LoadError::Object { source })?;
-        for map in MapId::ALL {
-            restrict(&maps_dir.join(map.name()), 0o600);
-        }
-        for name in program::ALL {
-            let prog = ebpf
-                .program_mut(name)
-                .ok_or(LoadError::MissingProgram { program: name })?;
-            let Program::CgroupSockAddr(prog) = prog else {
-                return Err(LoadError::MissingProgram { program: name });
-            };
-            prog.load().map_err(|source| LoadError::Program {
-                program: name,
-                what: "the kernel refused it",
-                source,
-            })?;
-        }
-        pin_sockets_iter(&mut ebpf, &maps_dir)?;
+        };
         Ok(Self {
             ebpf,
             pins,
             maps_dir,
+            sockets: SocketPins::new(sockets_dir),
             adopted,
+            features,
             cgroup: config.cgroup.clone(),
             _lock: lock,
         })
@@ -387,56 +566,120 @@ impl Dataplane {
             pin_link(&self.pins, name, link)?;
             ids.push((name, id));
         }
-        remove_stale(&self.pins, &self.maps_dir);
+        remove_stale(&self.pins, &self.maps_dir, &self.sockets.dir);
         Ok(ids)
     }
 }
 
-/// Loads the `SOCKETS` iterator and pins a link of it over the map (replacing an older pin).
-fn pin_sockets_iter(ebpf: &mut Ebpf, maps_dir: &Path) -> Result<(), LoadError> {
-    let name = program::SOCKETS_ITER;
-    let btf = aya::Btf::from_sys_fs().map_err(|e| LoadError::PinFolder {
-        path: PathBuf::from("/sys/kernel/btf/vmlinux"),
-        what: "reading the kernel's BTF (socklb needs a kernel with BTF)",
-        source: io::Error::other(e),
-    })?;
-    let Some(Program::Iter(iter)) = ebpf.program_mut(name) else {
-        return Err(LoadError::MissingProgram { program: name });
-    };
-    iter.load("bpf_sk_storage_map", &btf)
-        .map_err(|source| LoadError::Program {
-            program: name,
-            what: "the kernel refused it",
-            source,
-        })?;
-    let prog = iter.fd().map_err(|source| LoadError::Program {
-        program: name,
-        what: "reading its descriptor",
-        source,
-    })?;
-    let map = MapData::from_pin(maps_dir.join(MapId::Sockets.name())).map_err(|e| {
-        LoadError::PinFolder {
-            path: maps_dir.join(MapId::Sockets.name()),
-            what: "opening the socket storage map",
-            source: io::Error::other(e),
+/// Creates or opens the maps under their pins, loads the core programs, tries the optional
+/// parts and writes the settings that depend on them.
+fn load_into(
+    config: &LoadConfig,
+    maps_dir: &Path,
+    sockets_dir: &Path,
+    pins: &PinFolder,
+) -> Result<(Ebpf, Features), LoadError> {
+    mkdir(maps_dir)?;
+    mkdir(sockets_dir)?;
+    check_pinned_maps(maps_dir, pins, &config.capacities)?;
+    check_pinned_maps(sockets_dir, pins, &config.capacities)?;
+    sysfs::raise_memlock_limit();
+    let dir_of = |d: &MapDescriptor| if d.per_socket { sockets_dir } else { maps_dir };
+    let mut loader = EbpfLoader::new();
+    let paths: Vec<(MapId, PathBuf)> = lb_common::MAPS
+        .iter()
+        .map(|d| (d.id, dir_of(d).join(d.name)))
+        .collect();
+    for (map, path) in &paths {
+        loader.map_pin_path(map.name(), path.as_path());
+        if map.descriptor().capacity_flag.is_some() {
+            loader.map_max_entries(map.name(), config.capacities.get(*map));
         }
-    })?;
-    let link = super::sys::map_iter_link(prog.as_fd(), map.fd().as_fd()).map_err(|source| {
-        LoadError::PinFolder {
-            path: maps_dir.to_path_buf(),
-            what: "creating the sockets iterator link",
-            source,
-        }
-    })?;
-    let pin = maps_dir.join(super::sockets::ITER_PIN);
-    let _ = fs::remove_file(&pin);
-    super::sys::obj_pin(link.as_fd(), &pin).map_err(|source| LoadError::PinFolder {
-        path: pin.clone(),
-        what: "pinning the sockets iterator",
-        source,
-    })?;
-    restrict(&pin, 0o600);
+    }
+    let record_tcp = u8::from(config.record_tcp);
+    loader
+        .override_global(aya_log::LEVEL, &config.log_level, true)
+        .override_global("RECORD_TCP", &record_tcp, true);
+    let mut ebpf = loader.load(EBPF_OBJECT).map_err(LoadError::object)?;
+    for (_, path) in &paths {
+        restrict(path, 0o600);
+    }
+    load_core(&mut ebpf)?;
+    let sockets = map_fd(&ebpf, MapId::Sockets)?;
+    let features = probe::probe_all(
+        &mut ebpf,
+        sockets.as_fd(),
+        &config.disabled,
+        Some(sockets_dir),
+    );
+    let bound = config
+        .max_sockets_per_pod
+        .filter(|_| features.socket_bound())
+        .unwrap_or(u64::MAX);
+    write_config(
+        &mut ebpf,
+        DatapathConfig {
+            max_sockets_per_cgroup: bound,
+        },
+    )?;
+    Ok((ebpf, features))
+}
+
+/// Loads (verifies) every cgroup program: translation needs all of them.
+pub fn load_core(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    for name in program::ALL {
+        let prog = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::MissingProgram { program: name })?;
+        let Program::CgroupSockAddr(prog) = prog else {
+            return Err(LoadError::MissingProgram { program: name });
+        };
+        prog.load().map_err(|e| LoadError::refused(name, e))?;
+    }
     Ok(())
+}
+
+/// A descriptor of the object's socket-storage map `map`, owned.
+fn map_fd(ebpf: &Ebpf, map: MapId) -> Result<OwnedFd, LoadError> {
+    let Some(aya::maps::Map::SkStorage(data)) = ebpf.map(map.name()) else {
+        return Err(LoadError::MissingMap { map });
+    };
+    data.fd()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| LoadError::MapFd { map, source })
+}
+
+fn write_config(ebpf: &mut Ebpf, config: DatapathConfig) -> Result<(), LoadError> {
+    let map = ebpf
+        .map_mut(MapId::Config.name())
+        .ok_or(LoadError::MissingMap { map: MapId::Config })?;
+    let mut array: Array<&mut MapData, DatapathConfig> =
+        Array::try_from(map).map_err(LoadError::Config)?;
+    array.set(0, config, 0).map_err(LoadError::Config)
+}
+
+/// Loads the eBPF object on throwaway maps (nothing pinned, nothing attached) and tries the
+/// core and every optional part: what `socklb version --features` reports. `Err` when the core
+/// does not load.
+pub fn probe_kernel(disabled: &BTreeSet<Feature>) -> Result<Features, LoadError> {
+    let mut ebpf = throwaway_object()?;
+    load_core(&mut ebpf)?;
+    let sockets = map_fd(&ebpf, MapId::Sockets)?;
+    Ok(probe::probe_all(&mut ebpf, sockets.as_fd(), disabled, None))
+}
+
+/// The eBPF object with its maps created small and unpinned (gone with the `Ebpf`), no program
+/// loaded yet: for probes and tests.
+pub fn throwaway_object() -> Result<Ebpf, LoadError> {
+    sysfs::raise_memlock_limit();
+    let mut loader = EbpfLoader::new();
+    for d in lb_common::MAPS {
+        if d.default_capacity > 1024 {
+            loader.map_max_entries(d.name, 1024);
+        }
+    }
+    loader.load(EBPF_OBJECT).map_err(LoadError::object)
 }
 
 /// Pins a new link beside the old one, moves the pin over it, then lets the old link go: there
@@ -447,14 +690,14 @@ fn pin_link(pins: &PinFolder, name: &'static str, link: FdLink) -> Result<(), Lo
     let staging = pins.links().join(format!("{name}_new"));
     let _ = fs::remove_file(&staging);
     let old = PinnedLink::from_pin(&pin).ok();
-    let pinned = link.pin(&staging).map_err(|e| LoadError::PinFolder {
+    let pinned = link.pin(&staging).map_err(|source| LoadError::PinLink {
+        program: name,
         path: staging.clone(),
-        what: "pinning a link",
-        source: io::Error::other(e),
+        source,
     })?;
     fs::rename(&staging, &pin).map_err(|source| LoadError::PinFolder {
         path: pin.clone(),
-        what: "moving a link pin",
+        op: PinOp::Move,
         source,
     })?;
     restrict(&pin, 0o600);
@@ -466,7 +709,7 @@ fn pin_link(pins: &PinFolder, name: &'static str, link: FdLink) -> Result<(), Lo
 
 /// Links of programs this agent does not have (an older agent's), and map directories of other
 /// layouts, once this agent's programs are attached.
-fn remove_stale(pins: &PinFolder, keep: &Path) {
+fn remove_stale(pins: &PinFolder, keep: &Path, keep_sockets: &Path) {
     if let Ok(entries) = fs::read_dir(pins.links()) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -480,6 +723,12 @@ fn remove_stale(pins: &PinFolder, keep: &Path) {
         if dir != keep {
             remove_dir_pins(&dir);
             tracing::info!(maps = %dir.display(), "removed another layout's maps (migrated)");
+        }
+    }
+    for dir in pins.socket_dirs() {
+        if dir != keep_sockets {
+            remove_dir_pins(&dir);
+            tracing::info!(maps = %dir.display(), "removed another record layout's socket maps (migrated; sockets connected before keep their connection, getpeername reports their backend)");
         }
     }
 }
@@ -505,19 +754,7 @@ fn remove_dir_pins(dir: &Path) -> usize {
     n
 }
 
-/// The last lines of the verifier's log, when the kernel refused a program (the whole log
-/// stays in the error's source).
-fn verifier_tail(e: &aya::programs::ProgramError) -> String {
-    let aya::programs::ProgramError::LoadError { verifier_log, .. } = e else {
-        return String::new();
-    };
-    let log = verifier_log.to_string();
-    let tail: Vec<&str> = log.lines().rev().take(20).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
-    format!("; verifier log tail:\n{}", tail.join("\n"))
-}
-
-fn restrict(path: &Path, mode: u32) {
+pub(crate) fn restrict(path: &Path, mode: u32) {
     if let Err(e) = fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
         tracing::debug!(path = %path.display(), error = %e, "could not restrict pin permissions");
     }
@@ -530,7 +767,7 @@ fn mkdir(dir: &Path) -> Result<(), LoadError> {
         .create(dir)
         .map_err(|source| LoadError::PinFolder {
             path: dir.to_path_buf(),
-            what: "creating",
+            op: PinOp::Create,
             source,
         })?;
     restrict(dir, 0o700);
@@ -543,19 +780,18 @@ fn prepare_pin_folder(pins: &PinFolder) -> Result<(), LoadError> {
     let parent = pins.root.parent().unwrap_or(Path::new("/"));
     if !sysfs::is_bpffs(parent) && !sysfs::is_bpffs(&pins.root) {
         let default = Path::new(sysfs::DEFAULT_BPFFS);
-        let err = |what, source| LoadError::PinFolder {
-            path: pins.root.clone(),
-            what,
+        let err = |op, source| LoadError::PinFolder {
+            path: default.to_path_buf(),
+            op,
             source,
         };
         if pins.root.starts_with(default) {
-            fs::create_dir_all(default).map_err(|e| err("creating /sys/fs/bpf", e))?;
-            sysfs::mount_bpffs(default).map_err(|e| err("mounting bpffs on /sys/fs/bpf", e))?;
+            fs::create_dir_all(default).map_err(|e| err(PinOp::Create, e))?;
+            sysfs::mount_bpffs(default).map_err(|e| err(PinOp::Mount, e))?;
         } else {
-            return Err(err(
-                "not on a bpf filesystem; mount one (mount -t bpf bpf DIR) or use the default /sys/fs/bpf/socklb",
-                io::Error::from(io::ErrorKind::InvalidInput),
-            ));
+            return Err(LoadError::NotBpffs {
+                path: pins.root.clone(),
+            });
         }
     }
     mkdir(&pins.root)?;
@@ -570,15 +806,13 @@ fn check_pinned_maps(dir: &Path, pins: &PinFolder, caps: &Capacities) -> Result<
         if !path.exists() {
             continue;
         }
-        let data = MapData::from_pin(&path).map_err(|e| LoadError::PinFolder {
+        let data = MapData::from_pin(&path).map_err(|source| LoadError::PinnedMap {
             path: path.clone(),
-            what: "opening a pinned map",
-            source: io::Error::other(e),
+            source,
         })?;
-        let info = data.info().map_err(|e| LoadError::PinFolder {
+        let info = data.info().map_err(|source| LoadError::PinnedMap {
             path: path.clone(),
-            what: "reading a pinned map",
-            source: io::Error::other(e),
+            source,
         })?;
         let incompatible = |detail: String| LoadError::IncompatiblePin {
             map: d.id,
@@ -627,7 +861,7 @@ pub fn remove_pins(pins: &PinFolder) -> Result<Removed, LoadError> {
             removed.links += 1;
         }
     }
-    for dir in pins.map_dirs() {
+    for dir in pins.map_dirs().into_iter().chain(pins.socket_dirs()) {
         removed.maps += remove_dir_pins(&dir);
     }
     for dir in [pins.links(), pins.root.clone()] {
@@ -637,7 +871,7 @@ pub fn remove_pins(pins: &PinFolder) -> Result<Removed, LoadError> {
             Err(source) => {
                 return Err(LoadError::PinFolder {
                     path: dir,
-                    what: "removing",
+                    op: PinOp::Remove,
                     source,
                 });
             }

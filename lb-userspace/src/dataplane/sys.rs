@@ -1,5 +1,8 @@
-//! The few `bpf()` commands aya 0.14 does not wrap: read-only pin opening, and batch reads and
-//! writes of array maps (one syscall for a whole backend range).
+//! The `bpf()` commands aya 0.14 does not wrap, in one place, on the kernel's own types as
+//! aya-obj generates them (`bpf_attr`, `bpf_cmd`, `bpf_attach_type`, `bpf_prog_info`): pin
+//! opening (read-only too) and pinning, iterator links and walks, batch reads and writes of
+//! array maps, and for the tests and the benchmark a program from raw bytecode, a cgroup link,
+//! a program's info and a cgroup's attached programs. Everything else goes through aya.
 use std::{
     ffi::CString,
     io,
@@ -10,92 +13,35 @@ use std::{
     path::Path,
 };
 
-const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_ITER_CREATE: libc::c_long = 33;
-/// `enum bpf_attach_type`: an iterator.
-const BPF_TRACE_ITER: u32 = 28;
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
-const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
-/// `file_flags` of `BPF_OBJ_GET`: a descriptor that can only read.
-const BPF_F_RDONLY: u32 = 1 << 3;
+use aya_obj::generated::{BPF_F_RDONLY, bpf_attr, bpf_cmd};
+pub use aya_obj::generated::{bpf_attach_type, bpf_prog_info, bpf_prog_type};
 
-/// `union bpf_attr`, as large as the kernel's, zero beyond what a command uses.
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-/// The `BPF_OBJ_GET` part of `union bpf_attr`.
-#[repr(C)]
-struct ObjGet {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-    path_fd: i32,
-    /// Spelled out: the kernel rejects an attr whose unused bytes are not zero.
-    _pad: u32,
-}
-
-/// The batch part of `union bpf_attr`.
-#[repr(C)]
-#[allow(clippy::struct_field_names, reason = "the kernel's names")]
-struct Batch {
-    in_batch: u64,
-    out_batch: u64,
-    keys: u64,
-    values: u64,
-    count: u32,
-    map_fd: u32,
-    elem_flags: u64,
-    flags: u64,
-}
-
-/// The `BPF_LINK_CREATE` part of `union bpf_attr`, with the iterator's link info.
-#[repr(C)]
-struct LinkCreateIter {
-    prog_fd: u32,
-    target_fd: u32,
-    attach_type: u32,
-    flags: u32,
-    iter_info: u64,
-    iter_info_len: u32,
-    _pad: u32,
-}
-
-/// `union bpf_iter_link_info` for a map iterator.
+/// `union bpf_iter_link_info` for a map iterator (aya-obj's bindings lack it).
 #[repr(C)]
 struct IterLinkInfo {
     map_fd: u32,
     _rest: [u32; 3],
 }
 
-const _: () = {
-    assert!(size_of::<ObjGet>() == 24);
-    assert!(size_of::<LinkCreateIter>() == 32);
-    assert!(size_of::<IterLinkInfo>() == 16);
-    assert!(size_of::<Batch>() == 56);
-};
+const _: () = assert!(size_of::<IterLinkInfo>() == 16);
 
-/// The attr for a command, from its part. `T` must have no implicit padding (its padding is
-/// spelled out as zero fields): the kernel refuses non-zero bytes it does not expect.
-fn attr<T>(part: &T) -> Attr {
-    let mut attr = Attr([0; 128]);
-    // SAFETY: `T` is a plain repr(C) struct no larger than the buffer (asserted by callers'
-    // types above); copying its bytes is how bpf_attr is built.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            std::ptr::from_ref(part).cast::<u8>(),
-            attr.0.as_mut_ptr(),
-            size_of::<T>(),
-        );
-    }
-    attr
+/// A zeroed `bpf_attr`: the kernel refuses one whose unused bytes are not zero.
+fn zeroed() -> bpf_attr {
+    // SAFETY: bpf_attr is a C union of integers; all-zero is a valid value.
+    unsafe { std::mem::zeroed() }
 }
 
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i64> {
-    // SAFETY: `attr` is a zero-padded bpf_attr for `cmd`, and every pointer in it is valid for
-    // the duration of the call.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), size_of::<Attr>()) };
+fn bpf(cmd: bpf_cmd, attr: &mut bpf_attr) -> io::Result<i64> {
+    // SAFETY: `attr` is a bpf_attr set up for `cmd`, zero elsewhere, and every pointer in it is
+    // valid for the duration of the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd as libc::c_long,
+            std::ptr::from_mut(attr),
+            size_of::<bpf_attr>(),
+        )
+    };
     if rc < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -103,20 +49,62 @@ fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i64> {
     }
 }
 
+fn fd_u32(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    u32::try_from(fd.as_raw_fd()).map_err(io::Error::other)
+}
+
+fn owned(fd: i64) -> io::Result<OwnedFd> {
+    // SAFETY: the syscall returned a new descriptor that we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
 /// Opens a pinned object; with `read_only` the kernel hands out a read-only descriptor, so
 /// `inspect` cannot change anything even by mistake.
 pub fn obj_get(path: &Path, read_only: bool) -> io::Result<OwnedFd> {
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut a = attr(&ObjGet {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: if read_only { BPF_F_RDONLY } else { 0 },
-        path_fd: 0,
-        _pad: 0,
-    });
-    let fd = bpf(BPF_OBJ_GET, &mut a)?;
-    // SAFETY: the syscall returned a new descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+    let path = c_path(path)?;
+    let mut a = zeroed();
+    a.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    a.__bindgen_anon_4.file_flags = if read_only { BPF_F_RDONLY } else { 0 };
+    owned(bpf(bpf_cmd::BPF_OBJ_GET, &mut a)?)
+}
+
+/// Pins a BPF object at `path`.
+pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
+    let path = c_path(path)?;
+    let mut a = zeroed();
+    a.__bindgen_anon_4.pathname = path.as_ptr() as u64;
+    a.__bindgen_anon_4.bpf_fd = fd_u32(fd)?;
+    bpf(bpf_cmd::BPF_OBJ_PIN, &mut a).map(drop)
+}
+
+/// A link of an iterator program, over the map `map` for a map iterator.
+pub fn iter_link(prog: BorrowedFd<'_>, map: Option<BorrowedFd<'_>>) -> io::Result<OwnedFd> {
+    let info = IterLinkInfo {
+        map_fd: map.map(fd_u32).transpose()?.unwrap_or(0),
+        _rest: [0; 3],
+    };
+    let mut a = zeroed();
+    // SAFETY: `a` is zeroed and every member is plain integers: borrowing the one we fill.
+    let link = unsafe { &mut a.link_create };
+    link.__bindgen_anon_1.prog_fd = fd_u32(prog)?;
+    link.attach_type = bpf_attach_type::BPF_TRACE_ITER as u32;
+    if map.is_some() {
+        link.__bindgen_anon_3.__bindgen_anon_1.iter_info = std::ptr::from_ref(&info) as u64;
+        link.__bindgen_anon_3.__bindgen_anon_1.iter_info_len = size_of::<IterLinkInfo>() as u32;
+    }
+    owned(bpf(bpf_cmd::BPF_LINK_CREATE, &mut a)?)
+}
+
+/// A fresh iterator instance of an iterator link: reading it runs the walk (in the calling
+/// thread's network namespace, for socket iterators).
+pub fn iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
+    let mut a = zeroed();
+    a.iter_create.link_fd = fd_u32(link)?;
+    Ok(owned(bpf(bpf_cmd::BPF_ITER_CREATE, &mut a)?)?.into())
 }
 
 /// Writes `values` at consecutive indexes from `start` of an array map, in one syscall.
@@ -129,18 +117,12 @@ pub fn array_update_batch<T: Copy>(
         return Ok(());
     }
     let keys: Vec<u32> = (0..values.len() as u32).map(|i| start + i).collect();
-    let mut a = attr(&Batch {
-        in_batch: 0,
-        out_batch: 0,
-        keys: keys.as_ptr() as u64,
-        values: values.as_ptr() as u64,
-        count: u32::try_from(values.len()).map_err(io::Error::other)?,
-        map_fd: u32::try_from(map.as_raw_fd()).map_err(io::Error::other)?,
-        elem_flags: 0,
-        flags: 0,
-    });
-    bpf(BPF_MAP_UPDATE_BATCH, &mut a)?;
-    Ok(())
+    let mut a = zeroed();
+    a.batch.keys = keys.as_ptr() as u64;
+    a.batch.values = values.as_ptr() as u64;
+    a.batch.count = u32::try_from(values.len()).map_err(io::Error::other)?;
+    a.batch.map_fd = fd_u32(map)?;
+    bpf(bpf_cmd::BPF_MAP_UPDATE_BATCH, &mut a).map(drop)
 }
 
 /// Reads `count` consecutive entries from `start` of an array map, in as few syscalls as the
@@ -159,23 +141,19 @@ pub fn array_lookup_range<T: Copy + Default>(
         // The kernel continues after the key in `in_batch`: the one before `next`.
         let previous = next.wrapping_sub(1);
         let mut out_batch = 0u32;
-        let mut a = attr(&Batch {
-            in_batch: if next == 0 {
-                0
-            } else {
-                std::ptr::from_ref(&previous) as u64
-            },
-            out_batch: std::ptr::from_mut(&mut out_batch) as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: want,
-            map_fd: u32::try_from(map.as_raw_fd()).map_err(io::Error::other)?,
-            elem_flags: 0,
-            flags: 0,
-        });
-        let result = bpf(BPF_MAP_LOOKUP_BATCH, &mut a);
-        // The kernel writes back how many it read into `count` (offset 32 of the batch part).
-        let got = u32::from_ne_bytes([a.0[32], a.0[33], a.0[34], a.0[35]]) as usize;
+        let mut a = zeroed();
+        if next != 0 {
+            a.batch.in_batch = std::ptr::from_ref(&previous) as u64;
+        }
+        a.batch.out_batch = std::ptr::from_mut(&mut out_batch) as u64;
+        a.batch.keys = keys.as_mut_ptr() as u64;
+        a.batch.values = values.as_mut_ptr() as u64;
+        a.batch.count = want;
+        a.batch.map_fd = fd_u32(map)?;
+        let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut a);
+        // SAFETY: the batch member is the one set up above; the kernel wrote back how many
+        // entries it read into its `count`.
+        let got = unsafe { a.batch.count } as usize;
         match result {
             Ok(_) => {}
             // ENOENT: the end of the array was reached; what was read is valid.
@@ -191,49 +169,77 @@ pub fn array_lookup_range<T: Copy + Default>(
     Ok(out)
 }
 
-fn fd_u32(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    u32::try_from(fd.as_raw_fd()).map_err(io::Error::other)
+/// A program loaded from raw bytecode (`insns`, 8-byte instructions), with the verifier's log
+/// when the kernel refuses it: the benchmark's empty floor programs, and the tests' own probes
+/// of what the kernel accepts (independent of socklb's object).
+pub fn prog_load(
+    prog_type: bpf_prog_type,
+    expected_attach_type: bpf_attach_type,
+    attach_btf_id: u32,
+    insns: &[u64],
+    name: &str,
+) -> Result<OwnedFd, (io::Error, String)> {
+    let license = c"GPL";
+    let mut log = vec![0u8; 64 * 1024];
+    let mut a = zeroed();
+    // SAFETY: `a` is zeroed and every member is plain integers: borrowing the one we fill.
+    let load = unsafe { &mut a.__bindgen_anon_3 };
+    load.prog_type = prog_type as u32;
+    load.expected_attach_type = expected_attach_type as u32;
+    load.attach_btf_id = attach_btf_id;
+    load.insn_cnt = u32::try_from(insns.len()).map_err(|e| (io::Error::other(e), String::new()))?;
+    load.insns = insns.as_ptr() as u64;
+    load.license = license.as_ptr() as u64;
+    load.log_level = 1;
+    load.log_size = log.len() as u32;
+    load.log_buf = log.as_mut_ptr() as u64;
+    for (dst, src) in load.prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *dst = libc::c_char::from_ne_bytes([src]);
+    }
+    bpf(bpf_cmd::BPF_PROG_LOAD, &mut a)
+        .and_then(owned)
+        .map_err(|e| {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            (e, String::from_utf8_lossy(&log[..end]).into_owned())
+        })
 }
 
-fn owned(fd: i64) -> io::Result<OwnedFd> {
-    // SAFETY: the syscall returned a new descriptor that we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+/// Attaches `prog` to the cgroup `cgroup` with a link (beside other links on that hook).
+pub fn cgroup_link(
+    prog: BorrowedFd<'_>,
+    cgroup: BorrowedFd<'_>,
+    attach_type: bpf_attach_type,
+) -> io::Result<OwnedFd> {
+    let mut a = zeroed();
+    a.link_create.__bindgen_anon_1.prog_fd = fd_u32(prog)?;
+    a.link_create.__bindgen_anon_2.target_fd = fd_u32(cgroup)?;
+    a.link_create.attach_type = attach_type as u32;
+    owned(bpf(bpf_cmd::BPF_LINK_CREATE, &mut a)?)
 }
 
-/// A link of an iterator program over the map `map`.
-pub fn map_iter_link(prog: BorrowedFd<'_>, map: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let info = IterLinkInfo {
-        map_fd: fd_u32(map)?,
-        _rest: [0; 3],
-    };
-    let mut a = attr(&LinkCreateIter {
-        prog_fd: fd_u32(prog)?,
-        target_fd: 0,
-        attach_type: BPF_TRACE_ITER,
-        flags: 0,
-        iter_info: std::ptr::from_ref(&info) as u64,
-        iter_info_len: size_of::<IterLinkInfo>() as u32,
-        _pad: 0,
-    });
-    owned(bpf(BPF_LINK_CREATE, &mut a)?)
+/// A program's `bpf_prog_info` (its run counters among others).
+pub fn prog_info(prog: BorrowedFd<'_>) -> io::Result<bpf_prog_info> {
+    // SAFETY: bpf_prog_info is a C struct of integers; all-zero is a valid value.
+    let mut info: bpf_prog_info = unsafe { std::mem::zeroed() };
+    let mut a = zeroed();
+    a.info.bpf_fd = fd_u32(prog)?;
+    a.info.info_len = size_of::<bpf_prog_info>() as u32;
+    a.info.info = std::ptr::from_mut(&mut info) as u64;
+    bpf(bpf_cmd::BPF_OBJ_GET_INFO_BY_FD, &mut a)?;
+    Ok(info)
 }
 
-/// A fresh iterator instance of an iterator link: reading it runs the walk.
-pub fn iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
-    let mut a = attr(&[fd_u32(link)?, 0u32]);
-    Ok(owned(bpf(BPF_ITER_CREATE, &mut a)?)?.into())
-}
-
-/// Pins a BPF object at `path`.
-pub fn obj_pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
-    let c_path = CString::new(path.as_os_str().as_bytes())?;
-    let mut a = attr(&ObjGet {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: fd_u32(fd)?,
-        file_flags: 0,
-        path_fd: 0,
-        _pad: 0,
-    });
-    bpf(BPF_OBJ_PIN, &mut a)?;
-    Ok(())
+/// The ids of the programs attached to `cgroup` on `attach_type` (what `bpftool cgroup show`
+/// asks), at most 64.
+pub fn prog_query(cgroup: BorrowedFd<'_>, attach_type: bpf_attach_type) -> io::Result<Vec<u32>> {
+    let mut ids = [0u32; 64];
+    let mut a = zeroed();
+    a.query.__bindgen_anon_1.target_fd = fd_u32(cgroup)?;
+    a.query.attach_type = attach_type as u32;
+    a.query.prog_ids = ids.as_mut_ptr() as u64;
+    a.query.__bindgen_anon_2.prog_cnt = ids.len() as u32;
+    bpf(bpf_cmd::BPF_PROG_QUERY, &mut a)?;
+    // SAFETY: the query member set up above; the kernel wrote back the count.
+    let count = unsafe { a.query.__bindgen_anon_2.prog_cnt } as usize;
+    Ok(ids[..count.min(ids.len())].to_vec())
 }

@@ -86,3 +86,34 @@ mod tests {
         );
     }
 }
+
+/// The kernel's lockdown mode (`integrity`, `confidentiality`) when lockdown is on, from
+/// securityfs; `None` when it is off or securityfs is not readable.
+pub fn lockdown() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/security/lockdown").ok()?;
+    lockdown_mode(&text)
+}
+
+/// The selected mode in securityfs's lockdown file ("none [integrity] confidentiality").
+fn lockdown_mode(text: &str) -> Option<String> {
+    let start = text.find('[')? + 1;
+    let end = start + text[start..].find(']')?;
+    let mode = &text[start..end];
+    (mode != "none").then(|| mode.to_string())
+}
+
+#[cfg(test)]
+mod lockdown_tests {
+    #[test]
+    fn the_bracketed_mode_is_the_selected_one() {
+        assert_eq!(
+            super::lockdown_mode("[none] integrity confidentiality\n"),
+            None
+        );
+        assert_eq!(
+            super::lockdown_mode("none [integrity] confidentiality\n").as_deref(),
+            Some("integrity")
+        );
+        assert_eq!(super::lockdown_mode(""), None);
+    }
+}

@@ -219,6 +219,8 @@ fn fresh_maps(sandbox: &Sandbox, name: &str) -> anyhow::Result<(Dataplane, BpfSe
         capacities: Capacities::default(),
         log_level: 0,
         record_tcp: true,
+        disabled: std::collections::BTreeSet::new(),
+        max_sockets_per_pod: None,
     })?;
     let maps = dataplane.service_maps()?;
     Ok((dataplane, maps))

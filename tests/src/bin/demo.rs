@@ -33,6 +33,9 @@ fn main() -> ExitCode {
     let mut story = Story::new(interactive);
     let started = Instant::now();
     let result = run(&mut story);
+    // A signal is tearing the sandbox down (and failed the steps as it went): let it finish;
+    // its handler ends the process.
+    socklb_tests::sandbox::wait_if_interrupted();
     if let Err(e) = &result {
         eprintln!("\ndemo aborted: {e:#}");
     }
@@ -119,7 +122,39 @@ fn start(story: &mut Story, sandbox: &Sandbox) -> anyhow::Result<AgentProcess> {
         "the agent is ready (/readyz answers 200)",
         agent.get("/readyz")?.0 == 200,
     );
+    features(story, &agent)?;
     Ok(agent)
+}
+
+/// What this kernel offers: the optional parts on and off (`SOCKLB_DISABLE_FEATURE` turns some
+/// off on purpose), why, and what is lost.
+fn features(story: &mut Story, agent: &AgentProcess) -> anyhow::Result<()> {
+    use socklb::dataplane::features::State;
+    let status = agent.status()?;
+    for p in &status.features {
+        let state = match p.state {
+            State::Enabled => "on".to_string(),
+            State::Disabled => "off (turned off with --disable-feature)".to_string(),
+            State::Refused => format!(
+                "off: refused by this kernel ({})",
+                p.reason.as_deref().unwrap_or("no reason given")
+            ),
+        };
+        story.show(&format!("optional part {:<18} {state}", p.feature.name()));
+    }
+    for lost in &status.degraded {
+        story.show(&format!("lost: {lost}"));
+    }
+    story.claim(
+        "the programs translation needs loaded; every optional part is reported, and each one \
+         that is off says why",
+        status.features.len() == socklb::dataplane::features::Feature::ALL.len()
+            && status
+                .features
+                .iter()
+                .all(|p| p.state == State::Enabled || p.reason.is_some()),
+    );
+    Ok(())
 }
 
 fn spread_step(story: &mut Story, client: &mut Client) -> anyhow::Result<()> {

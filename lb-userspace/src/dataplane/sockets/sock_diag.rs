@@ -1528,10 +1528,7 @@ mod tests {
         use std::{
             io::ErrorKind,
             net::UdpSocket,
-            os::{
-                fd::{AsRawFd, FromRawFd as _},
-                unix::fs::MetadataExt as _,
-            },
+            os::{fd::AsRawFd, unix::fs::MetadataExt as _},
             path::PathBuf,
         };
 
@@ -1643,195 +1640,68 @@ mod tests {
             Some(std::fs::metadata(dir).ok()?.ino())
         }
 
-        /// A `BPF_MAP_TYPE_SK_STORAGE` map with 48-byte values, made with raw `bpf()` calls and a
-        /// hand-made BTF blob (the kernel insists on BTF for socket storage): key `int`, value
-        /// `struct sock_record { int raw[12]; }`.
+        /// socklb's own `SOCKETS` map (a `BPF_MAP_TYPE_SK_STORAGE`), from the embedded eBPF
+        /// object on throwaway maps, written through aya.
         pub(super) struct SkStorageMap {
             pub fd: OwnedFd,
             pub id: u32,
         }
 
-        /// `union bpf_attr` for `BPF_BTF_LOAD`.
-        #[repr(C)]
-        #[derive(Default)]
-        struct BtfLoadAttr {
-            btf: u64,
-            btf_log_buf: u64,
-            btf_size: u32,
-            btf_log_size: u32,
-            btf_log_level: u32,
-            btf_log_true_size: u32,
-        }
-
-        /// `union bpf_attr` for `BPF_MAP_CREATE` (up to `map_extra`).
-        #[repr(C)]
-        #[derive(Default)]
-        struct MapCreateAttr {
-            map_type: u32,
-            key_size: u32,
-            value_size: u32,
-            max_entries: u32,
-            map_flags: u32,
-            inner_map_fd: u32,
-            numa_node: u32,
-            map_name: [u8; 16],
-            map_ifindex: u32,
-            btf_fd: u32,
-            btf_key_type_id: u32,
-            btf_value_type_id: u32,
-            btf_vmlinux_value_type_id: u32,
-            map_extra: u64,
-        }
-
-        /// `union bpf_attr` for `BPF_MAP_UPDATE_ELEM`.
-        #[repr(C)]
-        #[derive(Default)]
-        struct ElemAttr {
-            map_fd: u32,
-            pad: u32,
-            key: u64,
-            value: u64,
-            flags: u64,
-        }
-
-        /// `union bpf_attr` for `BPF_OBJ_GET_INFO_BY_FD`.
-        #[repr(C)]
-        #[derive(Default)]
-        struct InfoAttr {
-            bpf_fd: u32,
-            info_len: u32,
-            info: u64,
-        }
-
-        /// The start of `struct bpf_map_info` (the kernel fills as much as we ask for).
-        #[repr(C)]
-        #[derive(Default)]
-        struct MapInfo {
-            map_type: u32,
-            id: u32,
-        }
-
-        const _: () = {
-            assert!(offset_of!(MapCreateAttr, btf_fd) == 48);
-            assert!(offset_of!(MapCreateAttr, btf_value_type_id) == 56);
-            assert!(offset_of!(MapCreateAttr, map_extra) == 64);
-            assert!(offset_of!(ElemAttr, key) == 8);
-            assert!(offset_of!(ElemAttr, flags) == 24);
-            assert!(offset_of!(BtfLoadAttr, btf_log_level) == 24);
-            assert!(offset_of!(InfoAttr, info) == 8);
-            // No padding anywhere: the kernel sees only bytes we wrote.
-            assert!(size_of::<BtfLoadAttr>() == 32 && size_of::<MapCreateAttr>() == 72);
-            assert!(size_of::<ElemAttr>() == 32 && size_of::<InfoAttr>() == 16);
-        };
-
-        /// `bpf(cmd, attr, sizeof(*attr))`; rustix has no `bpf()` call.
-        fn bpf<T>(cmd: u32, attr: &mut T) -> io::Result<i32> {
-            // SAFETY: `attr` is a live, exclusively borrowed `union bpf_attr` member of the
-            // command, and its size is passed along; pointers inside it point to live buffers.
-            let rc = unsafe {
-                libc::syscall(libc::SYS_bpf, cmd, std::ptr::from_mut(attr), size_of::<T>())
-            };
-            if rc < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(rc as i32)
-            }
-        }
-
-        /// Takes ownership of a descriptor a `bpf()` call returned.
-        fn owned(fd: i32) -> OwnedFd {
-            // SAFETY: the kernel just returned this new descriptor and nothing else owns it.
-            unsafe { OwnedFd::from_raw_fd(fd) }
-        }
-
-        /// The BTF: \[1\] `int`, \[2\] `int[12]`, \[3\] `struct sock_record { int raw[12]; }` (48
-        /// bytes).
-        fn btf_blob() -> Vec<u8> {
-            const KIND_INT: u32 = 1;
-            const KIND_ARRAY: u32 = 3;
-            const KIND_STRUCT: u32 = 4;
-            const INT_SIGNED: u32 = 1;
-            let strings = b"\0int\0sock_record\0raw\0";
-            // struct btf_type { name_off, info (kind << 24 | vlen), size or type } + extra data.
-            let int = [1, KIND_INT << 24, 4, INT_SIGNED << 24 | 32]; // "int": signed, 32 bits
-            let array = [0, KIND_ARRAY << 24, 0, 1, 1, 12]; // elements [1], index [1], 12 of them
-            let record = [5, KIND_STRUCT << 24 | 1, 48, 17, 2, 0]; // "sock_record" { [2] "raw" }
-            let types = [&int[..], &array, &record].concat();
-            let type_len = (types.len() * 4) as u32;
-            // struct btf_header: magic, version 1, flags 0, hdr_len, type_off, type_len, str_off,
-            // str_len.
-            let mut blob = 0xeb9f_u16.to_ne_bytes().to_vec();
-            blob.extend_from_slice(&[1, 0]);
-            let header = [24, 0, type_len, type_len, strings.len() as u32];
-            for word in header.iter().chain(&types) {
-                blob.extend_from_slice(&word.to_ne_bytes());
-            }
-            blob.extend_from_slice(strings);
-            blob
-        }
-
         impl SkStorageMap {
             pub(super) fn create() -> io::Result<Self> {
-                const BPF_MAP_CREATE: u32 = 0;
-                const BPF_OBJ_GET_INFO_BY_FD: u32 = 15;
-                const BPF_BTF_LOAD: u32 = 18;
-                const BPF_MAP_TYPE_SK_STORAGE: u32 = 24;
-                const BPF_F_NO_PREALLOC: u32 = 1;
-                let blob = btf_blob();
-                let mut log = vec![0u8; 64 * 1024];
-                let mut load = BtfLoadAttr {
-                    btf: blob.as_ptr() as u64,
-                    btf_size: blob.len() as u32,
-                    btf_log_buf: log.as_mut_ptr() as u64,
-                    btf_log_size: log.len() as u32,
-                    btf_log_level: 1,
-                    btf_log_true_size: 0,
+                use std::os::fd::AsFd as _;
+                let mut ebpf =
+                    crate::dataplane::loader::throwaway_object().map_err(io::Error::other)?;
+                let Some(aya::maps::Map::SkStorage(data)) =
+                    ebpf.take_map(lb_common::MapId::Sockets.name())
+                else {
+                    return Err(io::Error::other("no SOCKETS socket-storage map"));
                 };
-                let btf = owned(bpf(BPF_BTF_LOAD, &mut load).map_err(|e| {
-                    let end = log.iter().position(|&b| b == 0).unwrap_or(0);
-                    io::Error::new(
-                        e.kind(),
-                        format!("BTF_LOAD: {e}: {}", String::from_utf8_lossy(&log[..end])),
-                    )
-                })?);
-                let mut create = MapCreateAttr {
-                    map_type: BPF_MAP_TYPE_SK_STORAGE,
-                    key_size: 4,
-                    value_size: 48,
-                    map_flags: BPF_F_NO_PREALLOC,
-                    btf_fd: btf.as_raw_fd().cast_unsigned(),
-                    btf_key_type_id: 1,
-                    btf_value_type_id: 3,
-                    ..MapCreateAttr::default()
-                };
-                let fd = owned(bpf(BPF_MAP_CREATE, &mut create)?);
-                let mut map_info = MapInfo::default();
-                let mut info = InfoAttr {
-                    bpf_fd: fd.as_raw_fd().cast_unsigned(),
-                    info_len: size_of::<MapInfo>() as u32,
-                    info: std::ptr::from_mut(&mut map_info) as u64,
-                };
-                bpf(BPF_OBJ_GET_INFO_BY_FD, &mut info)?;
-                assert_eq!(map_info.map_type, BPF_MAP_TYPE_SK_STORAGE);
-                Ok(Self {
-                    fd,
-                    id: map_info.id,
-                })
+                let fd = data.fd().as_fd().try_clone_to_owned()?;
+                let id = data.info().map_err(io::Error::other)?.id();
+                Ok(Self { fd, id })
             }
 
-            /// Gives `socket` the value `value` in this map (the key is the socket's fd).
-            pub(super) fn set(&self, socket: &impl AsRawFd, value: &[u8; 48]) -> io::Result<()> {
-                const BPF_MAP_UPDATE_ELEM: u32 = 2;
-                let key: i32 = socket.as_raw_fd();
-                let mut elem = ElemAttr {
-                    map_fd: self.fd.as_raw_fd().cast_unsigned(),
-                    pad: 0,
-                    key: std::ptr::from_ref(&key) as u64,
-                    value: value.as_ptr() as u64,
-                    flags: 0, // BPF_ANY
-                };
-                bpf(BPF_MAP_UPDATE_ELEM, &mut elem).map(drop)
+            /// Gives `socket` the value `value` in this map (through aya, on a descriptor of
+            /// its own).
+            pub(super) fn set(
+                &self,
+                socket: &impl AsRawFd,
+                value: &lb_common::SockState,
+            ) -> io::Result<()> {
+                let data =
+                    aya::maps::MapData::from_fd(self.fd.try_clone()?).map_err(io::Error::other)?;
+                let mut map: aya::maps::SkStorage<_, lb_common::SockState> =
+                    aya::maps::Map::SkStorage(data)
+                        .try_into()
+                        .map_err(io::Error::other)?;
+                map.insert(socket, *value, 0).map_err(io::Error::other)
             }
+        }
+
+        /// A recognisable value: each record's slot is its index plus one.
+        pub(super) fn sample_state() -> lb_common::SockState {
+            let mut state = lb_common::SockState {
+                cgroup_id: 42,
+                created_ns: 7,
+                ..lb_common::SockState::default()
+            };
+            for (i, r) in state.records.iter_mut().enumerate() {
+                r.slot = i as u32 + 1;
+            }
+            state
+        }
+
+        /// A value's bytes, as the kernel reports it.
+        pub(super) fn bytes_of(state: &lb_common::SockState) -> Vec<u8> {
+            // SAFETY: SockState is plain old data without padding (asserted in lb-common).
+            unsafe {
+                std::slice::from_raw_parts(
+                    std::ptr::from_ref(state).cast::<u8>(),
+                    size_of::<lb_common::SockState>(),
+                )
+            }
+            .to_vec()
         }
     }
 
@@ -1921,10 +1791,10 @@ mod tests {
         kernel::in_new_netns(|| {
             use std::net::{TcpListener, TcpStream};
 
-            use kernel::{SkStorageMap, connected, cookie, find, server};
+            use kernel::{SkStorageMap, bytes_of, connected, cookie, find, sample_state, server};
             let map = SkStorageMap::create().expect("a BPF_MAP_TYPE_SK_STORAGE map");
             let empty_map = SkStorageMap::create().unwrap();
-            let value: [u8; 48] = std::array::from_fn(|i| i as u8 + 1);
+            let value = sample_state();
             let maps = [map.fd.as_fd(), empty_map.fd.as_fd()];
             let established = state_bit(TCP_ESTABLISHED);
 
@@ -1937,7 +1807,7 @@ mod tests {
                 find(&tcp, cookie(&with)).storages,
                 [Storage {
                     map_id: map.id,
-                    value: value.to_vec()
+                    value: bytes_of(&value)
                 }]
             );
             assert!(find(&tcp, cookie(&without)).storages.is_empty());

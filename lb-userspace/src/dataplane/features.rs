@@ -1,0 +1,343 @@
+//! The optional parts of the data path, and what the kernel said about each.
+//!
+//! The core, what translation needs (the cgroup `sock_addr` programs and their maps), loads or
+//! the agent exits with the kernel's reason. Every other part is tried at start: a part the
+//! kernel refuses (or the admin turns off with `--disable-feature`) is reported once with the
+//! kernel's errno and what is lost, in `/status` and the `socklb_feature_enabled` gauge, and
+//! the agent runs without it, through a fallback where one exists. `socklb version --features`
+//! runs the same probes without an agent.
+use std::{collections::BTreeSet, fmt};
+
+use serde::{Deserialize, Serialize};
+
+/// An optional part of the data path.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feature {
+    /// `iter/bpf_sk_storage_map` over `SOCKETS`: every translated socket in one walk.
+    SocketsIterator,
+    /// `iter/udp` reading `SOCKETS`: one network namespace's UDP sockets with a record (the
+    /// fallback for UDP).
+    UdpIterator,
+    /// `sock_diag` with `INET_DIAG_REQ_SK_BPF_STORAGES`: TCP sockets with their record, one
+    /// network namespace at a time (the fallback for TCP).
+    SockDiagStorage,
+    /// `sock_diag` `SOCK_DESTROY`: terminating connected UDP sockets whose backend left.
+    SocketDestroy,
+}
+
+impl Feature {
+    pub const ALL: [Self; 4] = [
+        Self::SocketsIterator,
+        Self::UdpIterator,
+        Self::SockDiagStorage,
+        Self::SocketDestroy,
+    ];
+
+    /// The name in flags, `/status`, metrics and logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::SocketsIterator => "sockets-iterator",
+            Self::UdpIterator => "udp-iterator",
+            Self::SockDiagStorage => "sock-diag-storage",
+            Self::SocketDestroy => "socket-destroy",
+        }
+    }
+
+    /// What the kernel needs to offer (the README's Requirements table says the same).
+    pub const fn needs(self) -> &'static str {
+        match self {
+            Self::SocketsIterator => {
+                "BPF iterator over socket-storage maps (5.10+); refused by some lockdown or hardened kernels"
+            }
+            Self::UdpIterator => "BPF UDP iterator with bpf_sk_storage_get (5.10+)",
+            Self::SockDiagStorage => "sock_diag reporting BPF socket storage (5.4+), CAP_BPF",
+            Self::SocketDestroy => {
+                "sock_diag SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY), CAP_NET_ADMIN"
+            }
+        }
+    }
+
+    /// What it gives.
+    pub const fn gives(self) -> &'static str {
+        match self {
+            Self::SocketsIterator => "lists every translated socket in one walk",
+            Self::UdpIterator => "lists translated UDP sockets, one network namespace at a time",
+            Self::SockDiagStorage => {
+                "lists translated TCP sockets, one network namespace at a time"
+            }
+            Self::SocketDestroy => "terminates connected UDP sockets whose backend left",
+        }
+    }
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What became of one optional part at start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    Enabled,
+    /// Turned off with `--disable-feature`.
+    Disabled,
+    /// The kernel refused it.
+    Refused,
+}
+
+/// The verdict on one optional part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub feature: Feature,
+    pub state: State,
+    /// The kernel's errno, when it refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errno: Option<i32>,
+    /// Why it is not enabled: the kernel's message (errno and verifier output), or the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Probe {
+    pub fn enabled(feature: Feature) -> Self {
+        Self {
+            feature,
+            state: State::Enabled,
+            errno: None,
+            reason: None,
+        }
+    }
+
+    pub fn disabled(feature: Feature) -> Self {
+        Self {
+            feature,
+            state: State::Disabled,
+            errno: None,
+            reason: Some("turned off with --disable-feature".into()),
+        }
+    }
+
+    /// Refused by the kernel with `errno` (where it gave one); `error`'s whole chain is the
+    /// reason.
+    pub fn refused(
+        feature: Feature,
+        errno: Option<i32>,
+        error: &(dyn std::error::Error + 'static),
+    ) -> Self {
+        let mut reason = error.to_string();
+        let mut source = error.source();
+        while let Some(e) = source {
+            reason.push_str(": ");
+            reason.push_str(&e.to_string());
+            source = e.source();
+        }
+        Self {
+            feature,
+            state: State::Refused,
+            errno,
+            reason: Some(reason),
+        }
+    }
+}
+
+/// Every optional part's verdict, as decided at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    pub probes: Vec<Probe>,
+}
+
+/// How translated sockets are listed, given what the kernel allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listing {
+    /// Every record in one walk (`SocketsIterator`).
+    pub global: bool,
+    /// TCP records, per network namespace (`SockDiagStorage`), when there is no global walk.
+    pub tcp_per_namespace: bool,
+    /// UDP records, per network namespace (`UdpIterator`), when there is no global walk.
+    pub udp_per_namespace: bool,
+}
+
+impl Listing {
+    pub fn tcp(self) -> bool {
+        self.global || self.tcp_per_namespace
+    }
+
+    pub fn udp(self) -> bool {
+        self.global || self.udp_per_namespace
+    }
+}
+
+impl Features {
+    pub fn new(probes: Vec<Probe>) -> Self {
+        Self { probes }
+    }
+
+    /// Every part enabled (for tests and in-memory use).
+    pub fn all_enabled() -> Self {
+        Self::new(Feature::ALL.into_iter().map(Probe::enabled).collect())
+    }
+
+    pub fn enabled(&self, feature: Feature) -> bool {
+        self.probes
+            .iter()
+            .any(|p| p.feature == feature && p.state == State::Enabled)
+    }
+
+    pub fn probe(&self, feature: Feature) -> Option<&Probe> {
+        self.probes.iter().find(|p| p.feature == feature)
+    }
+
+    pub fn listing(&self) -> Listing {
+        let global = self.enabled(Feature::SocketsIterator);
+        Listing {
+            global,
+            tcp_per_namespace: !global && self.enabled(Feature::SockDiagStorage),
+            udp_per_namespace: !global && self.enabled(Feature::UdpIterator),
+        }
+    }
+
+    /// Stale connected UDP sockets can be found and destroyed.
+    pub fn udp_termination(&self) -> bool {
+        self.listing().udp() && self.enabled(Feature::SocketDestroy)
+    }
+
+    /// The per-client bound on socket records needs live counts of both protocols.
+    pub fn socket_bound(&self) -> bool {
+        let l = self.listing();
+        l.tcp() && l.udp()
+    }
+
+    /// Each guarantee lost with the parts that are off, in words for logs, `/status` and the
+    /// demo. Empty when nothing is lost.
+    pub fn losses(&self) -> Vec<&'static str> {
+        let listing = self.listing();
+        let mut lost = Vec::new();
+        if !self.udp_termination() {
+            lost.push(
+                "connected UDP sockets whose backend leaves are not terminated: they keep sending to the old endpoint until the application reconnects",
+            );
+        }
+        if !listing.udp() {
+            lost.push(
+                "translated UDP sockets are not listed (inspect connections, explain, live-socket metrics)",
+            );
+        }
+        if !listing.tcp() {
+            lost.push(
+                "translated TCP sockets are not listed (inspect connections, explain, live-socket metrics)",
+            );
+        }
+        if !self.socket_bound() {
+            lost.push(
+                "no per-pod bound on socket records (--max-sockets-per-pod): counting them needs both listings",
+            );
+        }
+        lost
+    }
+
+    /// How the parts that are on stand in for those that are off, in words.
+    pub fn fallbacks(&self) -> Vec<&'static str> {
+        let listing = self.listing();
+        let mut out = Vec::new();
+        if !listing.global && (listing.tcp() || listing.udp()) {
+            out.push(
+                "translated sockets are found one pod network namespace at a time (sock_diag for TCP, the UDP iterator for UDP) instead of in one walk",
+            );
+        }
+        out
+    }
+}
+
+/// The parts turned off on the command line (`all` turns off every one).
+pub fn disabled_set(named: &[Feature], all: bool) -> BTreeSet<Feature> {
+    if all {
+        Feature::ALL.into_iter().collect()
+    } else {
+        named.iter().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::*;
+
+    fn with(off: &[Feature]) -> Features {
+        Features::new(
+            Feature::ALL
+                .into_iter()
+                .map(|f| {
+                    if off.contains(&f) {
+                        Probe::disabled(f)
+                    } else {
+                        Probe::enabled(f)
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn everything_enabled_loses_nothing() {
+        let f = Features::all_enabled();
+        assert!(f.losses().is_empty());
+        assert!(f.fallbacks().is_empty());
+        assert!(f.udp_termination() && f.socket_bound());
+    }
+
+    /// The kernel of issue 18: the storage-map iterator refused, the rest loads.
+    #[test]
+    fn without_the_sockets_iterator_the_per_namespace_paths_keep_every_guarantee() {
+        let f = with(&[Feature::SocketsIterator]);
+        assert!(f.losses().is_empty(), "{:?}", f.losses());
+        assert_eq!(f.fallbacks().len(), 1);
+        assert!(f.udp_termination());
+        let l = f.listing();
+        assert!(!l.global && l.tcp_per_namespace && l.udp_per_namespace);
+    }
+
+    #[test]
+    fn every_part_off_names_each_lost_guarantee() {
+        let f = with(&Feature::ALL);
+        let lost = f.losses().join("\n");
+        assert!(lost.contains("UDP sockets whose backend leaves are not terminated"));
+        assert!(lost.contains("UDP sockets are not listed"));
+        assert!(lost.contains("TCP sockets are not listed"));
+        assert!(lost.contains("no per-pod bound"));
+    }
+
+    #[test]
+    fn destroy_alone_off_loses_termination_only() {
+        let f = with(&[Feature::SocketDestroy]);
+        assert_eq!(f.losses().len(), 1);
+        assert!(!f.udp_termination() && f.socket_bound());
+    }
+
+    #[test]
+    fn a_refusal_keeps_the_kernels_errno_and_message() {
+        let e = io::Error::from_raw_os_error(libc::EPERM);
+        let p = Probe::refused(Feature::SocketsIterator, e.raw_os_error(), &e);
+        assert_eq!(p.errno, Some(libc::EPERM));
+        assert_eq!(p.state, State::Refused);
+        assert!(
+            p.reason
+                .is_some_and(|r| r.contains("Operation not permitted"))
+        );
+    }
+}

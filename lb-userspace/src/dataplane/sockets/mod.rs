@@ -1,0 +1,494 @@
+//! The sockets socklb translated, as the kernel holds them now: each one's record (where it
+//! was translated, for which client, since when) and, where asked, the kernel's own view of it
+//! (TCP state, connected or not, its network namespace).
+//!
+//! Records live in each socket's own storage (`SOCKETS`). They are read in one of two ways,
+//! whichever the kernel allowed at start (see `features`):
+//! - in one walk over the storage map (`SOCKETS_ITER`, an iterator over map elements), or
+//! - one pod network namespace at a time: TCP sockets through `sock_diag` with the storage
+//!   attribute, UDP sockets through `UDP_ITER` (an iterator over the namespace's UDP sockets
+//!   that reads each one's storage). `sock_diag` reports storage for TCP sockets only.
+//!
+//! The kernel's view always comes from `sock_diag`, one network namespace at a time: the
+//! namespaces of the processes in the attached cgroup tree, entered with `setns()` on a thread
+//! of the walk's own. A namespace that cannot be read is reported and the walk goes on.
+pub mod quota;
+pub mod sock_diag;
+mod terminate;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    io::{self, Read as _},
+    net::SocketAddr,
+    os::{
+        fd::{AsFd as _, OwnedFd},
+        unix::fs::MetadataExt as _,
+    },
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use lb_common::{SockRecord, SockState, SocketEntry};
+
+pub use self::terminate::{TerminateError, Terminated, terminate_stale};
+use super::{features::Listing, sys};
+use crate::vocab::Protocol;
+
+/// The pin of the `SOCKETS` iterator's link, beside the socket maps.
+pub const ITER_PIN: &str = "SOCKETS_ITER";
+/// The pin of the UDP iterator's link, beside the socket maps.
+pub const UDP_ITER_PIN: &str = "UDP_ITER";
+
+/// Why a listing failed as a whole (one namespace failing does not fail it).
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("reading the sockets iterator {}", .path.display())]
+    Iterator {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("walking the cgroup tree at {}", .path.display())]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("opening the socket map {}", .path.display())]
+    Map {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the namespace walk's thread panicked")]
+    Panicked,
+}
+
+/// Why one network namespace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    #[error("entering the network namespace {}", .path.display())]
+    Enter {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("listing sockets in {}", .path.display())]
+    Dump {
+        path: PathBuf,
+        #[source]
+        source: sock_diag::SockDiagError,
+    },
+    #[error("running the UDP iterator in {}", .path.display())]
+    UdpIterator {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl NamespaceError {
+    /// The namespace went away meanwhile (its last process exited): nothing to report.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Self::Enter { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// The pins socket records are read through: the folder holding `SOCKETS` and the iterators.
+#[derive(Clone, Debug)]
+pub struct SocketPins {
+    pub dir: PathBuf,
+}
+
+impl SocketPins {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// How records can be read, from the pins present: the agent pins only the iterators the
+    /// kernel accepted, and `sock_diag` storage is tried by asking.
+    pub fn listing(&self) -> Listing {
+        let global = self.dir.join(ITER_PIN).exists();
+        Listing {
+            global,
+            tcp_per_namespace: !global && self.dir.join(lb_common::MapId::Sockets.name()).exists(),
+            udp_per_namespace: !global && self.dir.join(UDP_ITER_PIN).exists(),
+        }
+    }
+
+    /// Every socket with a record, in one walk (`SOCKETS_ITER`).
+    pub fn global_records(&self) -> Result<Vec<SocketEntry>, ListError> {
+        let path = self.dir.join(ITER_PIN);
+        let err = |source| ListError::Iterator {
+            path: path.clone(),
+            source,
+        };
+        let link = sys::obj_get(&path, false).map_err(err)?;
+        let file = sys::iter_create(link.as_fd()).map_err(err)?;
+        read_entries(file).map_err(err)
+    }
+
+    fn sockets_map(&self) -> Result<OwnedFd, ListError> {
+        let path = self.dir.join(lb_common::MapId::Sockets.name());
+        sys::obj_get(&path, false).map_err(|source| ListError::Map { path, source })
+    }
+
+    fn udp_iter(&self) -> Result<OwnedFd, ListError> {
+        let path = self.dir.join(UDP_ITER_PIN);
+        sys::obj_get(&path, false).map_err(|source| ListError::Iterator { path, source })
+    }
+}
+
+/// Decodes the iterator's output: one `SocketEntry` after another.
+fn read_entries(mut file: std::fs::File) -> io::Result<Vec<SocketEntry>> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes
+        .chunks_exact(size_of::<SocketEntry>())
+        .map(|chunk| {
+            // SAFETY: SocketEntry is plain old data (repr(C), integers only, no padding, asserted
+            // in lb-common) and the chunk holds exactly its size.
+            unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<SocketEntry>()) }
+        })
+        .collect())
+}
+
+/// The records a socket's state holds (the used ones, in slot order).
+pub fn records(state: &SockState) -> impl Iterator<Item = &SockRecord> {
+    state.records.iter().filter(|r| r.frontend.family != 0)
+}
+
+/// A socket's protocol, from its records (all of one socket's records share it).
+pub fn protocol_of(state: &SockState) -> Option<Protocol> {
+    records(state)
+        .next()
+        .and_then(|r| super::abi::protocol_from(r.frontend.protocol))
+}
+
+/// One pod network namespace: a `/proc/PID/ns/net` of a process in the cgroup tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    pub path: PathBuf,
+    /// The namespace's inode number (`ip netns identify`, `lsns` show it).
+    pub inode: u64,
+}
+
+/// One network namespace per (device, inode) used by processes of `root`'s cgroup tree.
+pub fn namespaces(root: &Path) -> Result<Vec<Namespace>, ListError> {
+    let mut netns: BTreeMap<(u64, u64), PathBuf> = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    let mut seen = BTreeSet::new();
+    while let Some(dir) = stack.pop() {
+        if !seen.insert(dir.clone()) {
+            continue;
+        }
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let path = PathBuf::from(format!("/proc/{pid}/ns/net"));
+            if let Ok(meta) = std::fs::metadata(&path) {
+                netns.entry((meta.dev(), meta.ino())).or_insert(path);
+            }
+        }
+        let entries = std::fs::read_dir(&dir).map_err(|source| ListError::Cgroup {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok(netns
+        .into_iter()
+        .map(|((_, inode), path)| Namespace { path, inode })
+        .collect())
+}
+
+/// Each namespace walked, with what was done there.
+pub type Walked<T> = Vec<(Namespace, Result<T, NamespaceError>)>;
+
+/// Runs `each` inside every namespace in turn, on a thread of its own (`setns()` changes only
+/// the calling thread's namespace). Returns each namespace's result; one that could not be
+/// entered gives `NamespaceError::Enter`.
+pub fn in_each_namespace<T: Send>(
+    namespaces: &[Namespace],
+    mut each: impl FnMut(&Namespace) -> Result<T, NamespaceError> + Send,
+) -> Result<Walked<T>, ListError> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                namespaces
+                    .iter()
+                    .map(|ns| {
+                        let result = enter(ns).and_then(|()| each(ns));
+                        (ns.clone(), result)
+                    })
+                    .collect()
+            })
+            .join()
+            .map_err(|_| ListError::Panicked)
+    })
+}
+
+fn enter(ns: &Namespace) -> Result<(), NamespaceError> {
+    let enter = || -> io::Result<()> {
+        let file = std::fs::File::open(&ns.path)?;
+        rustix::thread::move_into_link_name_space(
+            file.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )?;
+        Ok(())
+    };
+    enter().map_err(|source| NamespaceError::Enter {
+        path: ns.path.clone(),
+        source,
+    })
+}
+
+/// Where records come from during a namespace walk.
+pub(crate) enum Records {
+    /// Read once, in one walk, by cookie.
+    Global(HashMap<u64, SockState>),
+    /// Read in each namespace: TCP from `sock_diag` (with the `SOCKETS` map), UDP from the UDP
+    /// iterator; `None` where the kernel refused that way.
+    PerNamespace {
+        sockets_map: Option<OwnedFd>,
+        udp_iter: Option<OwnedFd>,
+    },
+}
+
+impl Records {
+    /// Opens what `listing` allows.
+    pub(crate) fn open(pins: &SocketPins, listing: Listing) -> Result<Self, ListError> {
+        if listing.global {
+            let map = pins
+                .global_records()?
+                .into_iter()
+                .map(|e| (e.cookie, e.state))
+                .collect();
+            return Ok(Self::Global(map));
+        }
+        Ok(Self::PerNamespace {
+            sockets_map: if listing.tcp_per_namespace {
+                Some(pins.sockets_map()?)
+            } else {
+                None
+            },
+            udp_iter: if listing.udp_per_namespace {
+                Some(pins.udp_iter()?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Inside a namespace: its sockets of `protocol` in the `states` mask, each with its record
+    /// (sockets without one, not translated by socklb, are left out).
+    pub(crate) fn here(
+        &self,
+        ns: &Namespace,
+        protocol: Protocol,
+        states: u32,
+    ) -> Result<Vec<(sock_diag::DiagSocket, SockState)>, NamespaceError> {
+        let dump_err = |source| NamespaceError::Dump {
+            path: ns.path.clone(),
+            source,
+        };
+        let number = match protocol {
+            Protocol::Tcp => sock_diag::IPPROTO_TCP,
+            Protocol::Udp => sock_diag::IPPROTO_UDP,
+        };
+        let storage_maps: Vec<_> = match (self, protocol) {
+            (
+                Self::PerNamespace {
+                    sockets_map: Some(map),
+                    ..
+                },
+                Protocol::Tcp,
+            ) => vec![map.as_fd()],
+            _ => Vec::new(),
+        };
+        let mut sockets = Vec::new();
+        for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+            sockets
+                .extend(sock_diag::dump(number, family, states, &storage_maps).map_err(dump_err)?);
+        }
+        let udp_records = match (self, protocol) {
+            (
+                Self::PerNamespace {
+                    udp_iter: Some(link),
+                    ..
+                },
+                Protocol::Udp,
+            ) => Some(
+                udp_records(link).map_err(|source| NamespaceError::UdpIterator {
+                    path: ns.path.clone(),
+                    source,
+                })?,
+            ),
+            _ => None,
+        };
+        Ok(sockets
+            .into_iter()
+            .filter_map(|socket| {
+                let state = match self {
+                    Self::Global(map) => map.get(&socket.cookie).copied(),
+                    Self::PerNamespace { .. } => match protocol {
+                        Protocol::Tcp => socket.storages.first().and_then(|s| state_from(&s.value)),
+                        Protocol::Udp => udp_records
+                            .as_ref()
+                            .and_then(|m| m.get(&socket.cookie).copied()),
+                    },
+                }?;
+                Some((socket, state))
+            })
+            .collect())
+    }
+}
+
+/// The UDP iterator's records in the calling thread's network namespace, by cookie.
+fn udp_records(link: &OwnedFd) -> io::Result<HashMap<u64, SockState>> {
+    let file = sys::iter_create(link.as_fd())?;
+    Ok(read_entries(file)?
+        .into_iter()
+        .map(|e| (e.cookie, e.state))
+        .collect())
+}
+
+/// A `SOCKETS` value from `sock_diag`'s bytes.
+fn state_from(bytes: &[u8]) -> Option<SockState> {
+    (bytes.len() >= size_of::<SockState>()).then(|| {
+        // SAFETY: SockState is plain old data (asserted in lb-common) and `bytes` holds at least
+        // its size.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SockState>()) }
+    })
+}
+
+/// What the kernel says of one translated socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelView {
+    /// A TCP state number (`sock_diag`); a connected UDP socket is `TCP_ESTABLISHED`, an
+    /// unconnected one `TCP_CLOSE`.
+    pub state: u8,
+    pub local: SocketAddr,
+    /// The peer (unspecified for an unconnected UDP socket).
+    pub peer: SocketAddr,
+    /// The network namespace's inode.
+    pub netns: u64,
+}
+
+/// One translated socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveSocket {
+    pub cookie: u64,
+    pub protocol: Protocol,
+    pub state: SockState,
+    /// `None` when the socket was not found in any pod network namespace (a UDP socket
+    /// terminated while its owner keeps the descriptor, say): it has a record, but carries no
+    /// traffic.
+    pub kernel: Option<KernelView>,
+}
+
+/// Every translated socket, and how the listing went.
+#[derive(Debug, Default)]
+pub struct Census {
+    pub sockets: Vec<LiveSocket>,
+    /// Namespaces walked (0 when records came from one walk and no kernel view was asked for).
+    pub namespaces: usize,
+    /// Namespaces that could not be read (the census went on without them).
+    pub errors: Vec<NamespaceError>,
+    /// How records were read.
+    pub listing: Option<Listing>,
+}
+
+/// Lists every translated socket. With `kernel_view`, each namespace of `cgroup`'s tree is
+/// walked for the kernel's view; without it and with a global iterator, only the records are
+/// read (the cheap path for counts).
+pub fn census(
+    pins: &SocketPins,
+    cgroup: &Path,
+    listing: Listing,
+    kernel_view: bool,
+) -> Result<Census, ListError> {
+    let records = Records::open(pins, listing)?;
+    if let (Records::Global(map), false) = (&records, kernel_view) {
+        return Ok(Census {
+            sockets: map
+                .iter()
+                .filter_map(|(cookie, state)| {
+                    Some(LiveSocket {
+                        cookie: *cookie,
+                        protocol: protocol_of(state)?,
+                        state: *state,
+                        kernel: None,
+                    })
+                })
+                .collect(),
+            namespaces: 0,
+            errors: Vec::new(),
+            listing: Some(listing),
+        });
+    }
+    let namespaces = namespaces(cgroup)?;
+    let walked = in_each_namespace(&namespaces, |ns| {
+        let mut here = Vec::new();
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            for (socket, state) in records.here(ns, protocol, sock_diag::ALL_STATES)? {
+                here.push(LiveSocket {
+                    cookie: socket.cookie,
+                    protocol,
+                    state,
+                    kernel: Some(KernelView {
+                        state: socket.state,
+                        local: socket.src(),
+                        peer: socket.dst(),
+                        netns: ns.inode,
+                    }),
+                });
+            }
+        }
+        Ok(here)
+    })?;
+    let mut census = Census {
+        listing: Some(listing),
+        ..Census::default()
+    };
+    for (_, result) in walked {
+        match result {
+            Ok(sockets) => {
+                census.namespaces += 1;
+                census.sockets.extend(sockets);
+            }
+            Err(e) if e.is_gone() => {}
+            Err(e) => census.errors.push(e),
+        }
+    }
+    if let Records::Global(map) = &records {
+        // Records no namespace showed: sockets that carry no traffic (see `LiveSocket::kernel`).
+        let seen: BTreeSet<u64> = census.sockets.iter().map(|s| s.cookie).collect();
+        for (cookie, state) in map {
+            if !seen.contains(cookie)
+                && let Some(protocol) = protocol_of(state)
+            {
+                census.sockets.push(LiveSocket {
+                    cookie: *cookie,
+                    protocol,
+                    state: *state,
+                    kernel: None,
+                });
+            }
+        }
+    }
+    Ok(census)
+}
+
+/// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads: a record's age is now minus its
+/// `created_ns`.
+pub fn monotonic_now() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
