@@ -9,15 +9,19 @@
 //! - `dataplane`: the map ABI, the real and in-memory maps, loading and pinning.
 //! - `source`: the Kubernetes API and manifest folders as event streams.
 //! - `status`: what the agent reports it could not do (read back by `explain`).
+//! - `connections`: backends' conditions and pods' names from the objects, for the view of
+//!   live connections.
 //! - `explain`: the chain from a Service to the maps, and the first broken link.
 //! - `agent`: the long-running process; `cli`: the `socklb` command line.
 //!
 //! Modules import only downward: vocab ← model ← translate ← reconcile → dataplane → vocab;
-//! source on model; status on translate; explain on status, translate and dataplane; agent on
-//! all of those; cli on everything. `tests/layering.rs` holds the exact table and checks it;
+//! source on model; status on translate and dataplane; connections on model and dataplane;
+//! explain on status, connections, translate and dataplane; agent on all of those but
+//! explain; cli on everything. `tests/layering.rs` holds the exact table and checks it;
 //! ARCHITECTURE.md explains it.
 pub mod agent;
 pub mod cli;
+pub mod connections;
 pub mod dataplane;
 pub mod explain;
 pub mod fuzzing;

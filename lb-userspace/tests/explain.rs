@@ -42,6 +42,7 @@ fn sources<'a>(
         maps,
         agent: None,
         ownership: None,
+        connections: None,
     }
 }
 

@@ -17,15 +17,24 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("reconcile", &["translate", "dataplane", "vocab", "vec_set"]),
     ("source", &["model", "vocab"]),
     ("status", &["translate", "dataplane", "vocab"]),
+    ("connections", &["model", "dataplane", "vocab"]),
     (
         "explain",
-        &["status", "translate", "model", "dataplane", "vocab"],
+        &[
+            "status",
+            "connections",
+            "translate",
+            "model",
+            "dataplane",
+            "vocab",
+        ],
     ),
     (
         "agent",
         &[
             "source",
             "status",
+            "connections",
             "reconcile",
             "translate",
             "model",

@@ -1,5 +1,6 @@
 //! The two listeners: health (/healthz, /livez, /readyz) for the kubelet's probes, and
-//! metrics (/metrics, /status) for Prometheus and `socklb explain`.
+//! metrics (/metrics, /status, /connections) for Prometheus, `socklb explain` and `socklb
+//! inspect connections`.
 //!
 //! Neither can stall the agent or the other: each has its own accept loop that always accepts,
 //! keeps at most `MAX_CONNECTIONS` connections (a new one closes the oldest, which on a healthy
@@ -52,6 +53,7 @@ pub async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/connections", get(connections))
         .layer(middleware::from_fn(deadline))
         .with_state(shared);
     serve(listener, app, "metrics").await;
@@ -154,6 +156,60 @@ async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static 
         [("content-type", "application/json")],
         serde_json::to_string_pretty(&status).unwrap_or_default(),
     )
+}
+
+/// `/connections[?service=NAMESPACE/NAME][&backend=IP:PORT]`: the live connections as JSON
+/// (what `socklb inspect connections` shows), from a census at most `FRESH` old.
+async fn connections(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let mut filter = crate::dataplane::sockets::view::Filter::default();
+    for pair in query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = v
+            .replace("%2F", "/")
+            .replace("%2f", "/")
+            .replace("%3A", ":")
+            .replace("%3a", ":");
+        match k {
+            "service" => filter.service = Some(crate::vocab::ObjectKey::parse(&v)),
+            "backend" => match v.parse() {
+                Ok(addr) => filter.backend = Some(addr),
+                Err(_) => {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        format!("backend={v}: not IP:PORT\n"),
+                    )
+                        .into_response();
+                }
+            },
+            _ => {
+                return (StatusCode::BAD_REQUEST, format!("unknown parameter {k}\n"))
+                    .into_response();
+            }
+        }
+    }
+    match shared.connections.fresh().await {
+        Some(view) => {
+            let view = super::connections::filtered(&view, &filter);
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                serde_json::to_string_pretty(&view).unwrap_or_default(),
+            )
+                .into_response()
+        }
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this node's kernel lets socklb list no translated socket (see /status)\n",
+        )
+            .into_response(),
+    }
 }
 
 /// The Prometheus text format, or `OpenMetrics` when the `Accept` header prefers it.

@@ -129,8 +129,7 @@ pub struct Metrics {
     rejected_objects: Counter,
     rejected_now: Gauge,
     udp_terminated: Counter,
-    socket_records: Gauge,
-    clients_at_bound: Gauge,
+    sockets: SocketMetrics,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
@@ -191,7 +190,13 @@ fn fixed_sizes(
 ) -> Option<u32> {
     let read_only = ReadOnlyMaps::new(maps_dir);
     let mut affinity = None;
-    for map in [MapId::Affinity, MapId::AffinityEmpty, MapId::Counters] {
+    for map in [
+        MapId::Affinity,
+        MapId::SocketQuota,
+        MapId::AffinityEmpty,
+        MapId::Config,
+        MapId::Counters,
+    ] {
         let Ok((capacity, _)) = read_only.footprint(map) else {
             continue;
         };
@@ -200,6 +205,9 @@ fn fixed_sizes(
             .set(i64::from(capacity));
         if map == MapId::Affinity {
             affinity = Some(capacity);
+        } else if map == MapId::SocketQuota {
+            // Client counts: set at each recount.
+            entries.get_or_create(&map_labels(map)).set(0);
         } else {
             // Arrays: every entry exists.
             entries
@@ -210,20 +218,50 @@ fn fixed_sizes(
     affinity
 }
 
-/// The per-client socket bound's gauges, set at each recount.
-fn socket_gauges(r: &mut Registry) -> [Gauge; 2] {
-    [
-        (
-            "socket_records",
-            "Socket records (translated sockets) held for all clients, at the last recount",
-        ),
-        (
-            "socket_clients_at_bound",
-            "Client cgroups holding as many socket records as one may \
-             (--max-sockets-per-pod), at the last recount",
-        ),
-    ]
-    .map(|(name, help)| register(r, name, help, Gauge::default()))
+/// The translated sockets: records per client at each recount, live connections at each
+/// census.
+struct SocketMetrics {
+    records: Gauge,
+    clients_at_bound: Gauge,
+    live: Family<Labels, Gauge>,
+    listing_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl SocketMetrics {
+    fn register(r: &mut Registry) -> Self {
+        let [records, clients_at_bound] = [
+            (
+                "socket_records",
+                "Socket records (translated sockets) held for all clients, at the last recount",
+            ),
+            (
+                "socket_clients_at_bound",
+                "Client cgroups holding as many socket records as one may \
+                 (--max-sockets-per-pod), at the last recount",
+            ),
+        ]
+        .map(|(name, help)| register(r, name, help, Gauge::default()));
+        let live = register(
+            r,
+            "live_sockets",
+            "Translated TCP sockets (any state) and connected UDP sockets, by service port, \
+             protocol and the backend's condition (ready, serving-terminating, terminating, \
+             not-ready, gone), counted every 15 s",
+            Family::<Labels, Gauge>::default(),
+        );
+        let listing_seconds = register(
+            r,
+            "live_sockets_listing_seconds",
+            "How long the last count of the live sockets took",
+            Gauge::<f64, AtomicU64>::default(),
+        );
+        Self {
+            records,
+            clients_at_bound,
+            live,
+            listing_seconds,
+        }
+    }
 }
 
 /// `socklb_feature_enabled{feature}`: decided at start, fixed for the agent's life.
@@ -265,7 +303,7 @@ impl Metrics {
         let [map_entries, map_capacity] = [
             (
                 "map_entries",
-                "Entries in use in each map (AFFINITY: client tables, counted every 30 s)",
+                "Entries in use in each map (AFFINITY: client tables, counted every 30 s; SOCKET_QUOTA: clients with socket records, at the last recount)",
             ),
             ("map_capacity", "Capacity of each map, in entries"),
         ]
@@ -305,7 +343,7 @@ impl Metrics {
         ]
         .map(|(name, help)| register(r, name, help, Counter::default()));
         register_features(r, features);
-        let [socket_records, clients_at_bound] = socket_gauges(r);
+        let sockets = SocketMetrics::register(r);
         r.register(
             "build",
             "The socklb version and git commit of the running agent",
@@ -335,8 +373,7 @@ impl Metrics {
             rejected_objects,
             rejected_now,
             udp_terminated,
-            socket_records,
-            clients_at_bound,
+            sockets,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
             maps_dir,
@@ -411,10 +448,48 @@ impl Metrics {
         self.udp_terminated.inc_by(sockets as u64);
     }
 
+    /// Replaces the live-socket counts with those of `view` (series that dropped to zero go).
+    pub fn record_connections(
+        &self,
+        view: &crate::dataplane::sockets::view::ConnectionsView,
+        took: std::time::Duration,
+    ) {
+        let mut counts: std::collections::BTreeMap<Labels, usize> =
+            std::collections::BTreeMap::new();
+        for service in &view.services {
+            let name = service.service.as_ref().map_or_else(
+                || "<gone>".to_string(),
+                |k| format!("{}:{}", k.service, k.port_name),
+            );
+            for b in &service.backends {
+                for (protocol, n) in [("tcp", b.tcp.values().sum::<usize>()), ("udp", b.udp)] {
+                    if n > 0 {
+                        *counts
+                            .entry(vec![
+                                ("service".to_string(), name.clone()),
+                                ("protocol".to_string(), protocol.to_string()),
+                                ("condition".to_string(), b.condition.name().to_string()),
+                            ])
+                            .or_default() += n;
+                    }
+                }
+            }
+        }
+        self.sockets.live.clear();
+        for (labels, n) in counts {
+            self.sockets.live.get_or_create(&labels).set(gauge(n));
+        }
+        self.sockets.listing_seconds.set(took.as_secs_f64());
+    }
+
     pub fn record_recount(&self, recount: &Recount) {
-        self.socket_records
+        self.map_entries
+            .get_or_create(&map_labels(MapId::SocketQuota))
+            .set(gauge(recount.clients_after));
+        self.sockets
+            .records
             .set(i64::try_from(recount.records).unwrap_or(i64::MAX));
-        self.clients_at_bound.set(gauge(recount.at_bound));
+        self.sockets.clients_at_bound.set(gauge(recount.at_bound));
     }
 
     pub fn record_error(&self, kind: ErrorKind) {

@@ -7,6 +7,7 @@
 //! list the sources and write the first full sync; only then attach the programs (until then
 //! whatever was attached before keeps serving).
 mod api_route;
+mod connections;
 mod engine;
 mod http;
 mod memory;
@@ -118,6 +119,8 @@ pub struct Shared {
     pub features: Features,
     /// One UDP-termination pass at a time; a change during a pass asks for another.
     udp_pass: Mutex<Pass2>,
+    /// The live connections, as last counted.
+    pub connections: connections::Handle,
     /// The UDP backend sets' serving endpoints for the pass asked for while one ran.
     udp_serving:
         Mutex<Option<std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>>>,
@@ -142,6 +145,27 @@ pub struct Progress {
 }
 
 impl Shared {
+    fn new(
+        config: &AgentConfig,
+        dataplane: &Dataplane,
+        connections: connections::Handle,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            connections,
+            ready: AtomicBool::new(false),
+            features: dataplane.features.clone(),
+            udp_pass: Mutex::new(Pass2::default()),
+            udp_serving: Mutex::new(None),
+            progress: Mutex::new(Progress {
+                pending_since: None,
+                unhealthy_since: None,
+            }),
+            stuck_after: config.stuck_after,
+            metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
+            status: Mutex::new(Status::default()),
+        })
+    }
+
     /// Why the agent is not live, if it is not.
     pub fn stuck(&self) -> Option<String> {
         let p = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
@@ -196,19 +220,12 @@ pub async fn run(
         );
     }
     let mut engine = Engine::new(reconciler, config.node.clone());
-    let shared = Arc::new(Shared {
-        ready: AtomicBool::new(false),
-        features: dataplane.features.clone(),
-        udp_pass: Mutex::new(Pass2::default()),
-        udp_serving: Mutex::new(None),
-        progress: Mutex::new(Progress {
-            pending_since: None,
-            unhealthy_since: None,
-        }),
-        stuck_after: config.stuck_after,
-        metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
-        status: Mutex::new(Status::default()),
-    });
+    let (mut refresher, mut inbox, handle) = connections::Refresher::new(
+        dataplane.sockets.clone(),
+        dataplane.features.listing(),
+        config.load.cgroup.clone(),
+    );
+    let shared = Shared::new(&config, &dataplane, handle);
     serve(listeners, &shared)?;
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
@@ -217,6 +234,8 @@ pub async fn run(
     let mut retry = tokio::time::interval(config.retry_interval);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     spawn_recount(&config, &dataplane, &shared);
+    let mut census_tick = tokio::time::interval(connections::REFRESH);
+    census_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
@@ -233,6 +252,13 @@ pub async fn run(
                 }
             }
             _ = retry.tick() => engine.retry_failed(),
+            _ = census_tick.tick() => refresher.start(),
+            Some(()) = inbox.asked.recv() => refresher.start(),
+            Some(counted) = inbox.done.recv() => {
+                if let Some((view, took)) = refresher.finish(counted, &engine) {
+                    shared.metrics.record_connections(&view, took);
+                }
+            }
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
         }

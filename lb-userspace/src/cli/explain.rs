@@ -33,9 +33,50 @@ pub struct ExplainArgs {
     /// The agent's metrics address, to ask it (GET /status) what it could not apply.
     #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_AGENT")]
     pub agent: String,
+    /// The cgroup v2 directory the agent attaches to, whose processes' network namespaces
+    /// are walked for live connections (default: the cgroup2 mount).
+    #[arg(long, env = "SOCKLB_CGROUP")]
+    pub cgroup: Option<PathBuf>,
     /// Output format.
     #[arg(short, long, value_enum, default_value_t, env = "SOCKLB_OUTPUT")]
     pub output: Output,
+}
+
+/// This node's live connections of one Service, with conditions from the objects explain read;
+/// `None` (and a note) when the sockets cannot be listed (not root, say).
+fn live_connections(
+    args: &ExplainArgs,
+    pins: &PinFolder,
+    snapshot: &crate::dataplane::maps::MapSnapshot,
+    store: &Store,
+    service: ObjectKey,
+) -> Option<crate::dataplane::sockets::view::ConnectionsView> {
+    use crate::dataplane::sockets::{self, view};
+    let socket_pins = pins.current_sockets()?;
+    let cgroup = args
+        .cgroup
+        .clone()
+        .or_else(crate::dataplane::sysfs::cgroup2_mount)?;
+    match sockets::census(&socket_pins, &cgroup, socket_pins.listing(), true) {
+        Ok(census) => Some(view::summarize(
+            &census,
+            snapshot,
+            &crate::connections::FromObjects::new(store),
+            &view::cgroup_paths(&cgroup),
+            &view::Filter {
+                service: Some(service),
+                backend: None,
+            },
+            sockets::monotonic_now(),
+        )),
+        Err(e) => {
+            eprintln!(
+                "note: live connections not listed: {:#}",
+                anyhow::Error::from(e)
+            );
+            None
+        }
+    }
 }
 
 /// What explain read: the objects, the rejected ones, and this Node.
@@ -69,6 +110,10 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let agent = agent_status(&args.agent, Duration::from_secs(1)).ok();
+    let connections = snapshot.as_ref().and_then(|snap| {
+        let key = crate::explain::resolve(&loaded.store, &node, &args.target)?;
+        live_connections(args, &pins, snap, &loaded.store, key)
+    });
     let explanation = explain(
         &Sources {
             store: &loaded.store,
@@ -77,6 +122,7 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             maps: snapshot.as_ref(),
             agent: agent.as_ref(),
             ownership: ownership.as_ref(),
+            connections: connections.as_ref(),
         },
         &args.target,
     );

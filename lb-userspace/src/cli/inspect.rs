@@ -54,6 +54,19 @@ pub enum What {
     Affinity,
     /// Every socket socklb translated (its record lives in the socket's own storage).
     Sockets,
+    /// Live connections per service and backend, with the backend's condition, grouped by
+    /// client pod: TCP sockets by state and connected UDP sockets (optionally of one Service).
+    Connections {
+        /// NAMESPACE/NAME of one Service.
+        service: Option<String>,
+        /// Only connections to this backend (IP:PORT).
+        #[arg(long, env = "SOCKLB_BACKEND")]
+        backend: Option<SocketAddr>,
+        /// The agent to ask (its metrics address): it knows each backend's condition and
+        /// the client pods' names. Without an answer, the maps alone are read.
+        #[arg(long, default_value = super::DEFAULT_METRICS_ADDRESS, env = "SOCKLB_AGENT")]
+        agent: String,
+    },
     /// The attached programs: instruction counts and the kernel's run counters.
     Programs,
 }
@@ -114,6 +127,18 @@ pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
         What::Sockets => {
             let rows = sockets(&pins, &args.cgroup()?, &snap)?;
             print_output(args.output, &rows, || sockets_text(&rows))?;
+        }
+        What::Connections {
+            service,
+            backend,
+            agent,
+        } => {
+            let filter = crate::dataplane::sockets::view::Filter {
+                service: service.as_deref().map(crate::vocab::ObjectKey::parse),
+                backend: *backend,
+            };
+            let view = connections(&pins, &args.cgroup()?, &snap, &filter, agent)?;
+            print_output(args.output, &view, || connections_text(&view))?;
         }
         What::Programs => {
             let programs = attached_programs(&pins)?;
@@ -369,6 +394,117 @@ fn sockets_text(rows: &[SocketRow]) -> String {
         ]);
     }
     t.render()
+}
+
+/// The agent's view (it has the objects), or one from the maps alone when it does not answer.
+fn connections(
+    pins: &PinFolder,
+    cgroup: &std::path::Path,
+    snap: &MapSnapshot,
+    filter: &crate::dataplane::sockets::view::Filter,
+    agent: &str,
+) -> anyhow::Result<crate::dataplane::sockets::view::ConnectionsView> {
+    use crate::dataplane::sockets::{self, view};
+    let mut query = Vec::new();
+    if let Some(s) = &filter.service {
+        query.push(format!("service={s}"));
+    }
+    if let Some(b) = filter.backend {
+        query.push(format!("backend={b}"));
+    }
+    let path = format!("/connections?{}", query.join("&"));
+    match super::agent_get(agent, &path, std::time::Duration::from_secs(10)) {
+        Ok((200, body)) => {
+            return serde_json::from_str(&body)
+                .map_err(|e| anyhow::anyhow!("{agent}{path}: not a connections view: {e}"));
+        }
+        Ok((code, body)) => eprintln!(
+            "note: the agent at {agent} answered HTTP {code}: {}",
+            body.trim()
+        ),
+        Err(e) => eprintln!(
+            "note: no agent at {agent} ({e:#}): conditions come from the maps alone (in-set, not-in-set)"
+        ),
+    }
+    let Some(socket_pins) = pins.current_sockets() else {
+        anyhow::bail!("no socket maps pinned under {}", pins.root.display());
+    };
+    let census = sockets::census(&socket_pins, cgroup, socket_pins.listing(), true)?;
+    Ok(view::summarize(
+        &census,
+        snap,
+        &view::MapsOnly::new(snap),
+        &view::cgroup_paths(cgroup),
+        filter,
+        sockets::monotonic_now(),
+    ))
+}
+
+fn connections_text(v: &crate::dataplane::sockets::view::ConnectionsView) -> String {
+    let mut out = String::new();
+    for s in &v.services {
+        let name = s
+            .service
+            .as_ref()
+            .map_or_else(|| "<service gone>".to_string(), ToString::to_string);
+        let frontends: Vec<String> = s.frontends.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "{name} (dialled as {})", frontends.join(", "));
+        for b in &s.backends {
+            let mut kinds: Vec<String> = b
+                .tcp
+                .iter()
+                .map(|(st, n)| format!("TCP {st} {n}"))
+                .collect();
+            if b.udp > 0 {
+                kinds.push(format!("UDP connected {}", b.udp));
+            }
+            let clients = b.clients.len();
+            let _ = writeln!(
+                out,
+                "  {:<24} {:<20} {} connection{} from {clients} client{} ({})",
+                b.backend.to_string(),
+                b.condition.to_string(),
+                b.total(),
+                if b.total() == 1 { "" } else { "s" },
+                if clients == 1 { "" } else { "s" },
+                kinds.join(", ")
+            );
+            for c in &b.clients {
+                let who = match (&c.pod, &c.pod_uid) {
+                    (Some(pod), _) => format!("pod {pod}"),
+                    (None, Some(uid)) => format!("pod uid {uid}"),
+                    (None, None) => format!("cgroup {}", c.cgroup.as_deref().unwrap_or("?")),
+                };
+                let oldest = c
+                    .sockets
+                    .iter()
+                    .filter_map(|s| s.age_s)
+                    .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a))));
+                let _ = writeln!(
+                    out,
+                    "      {who}: {} socket{}{}",
+                    c.sockets.len(),
+                    if c.sockets.len() == 1 { "" } else { "s" },
+                    oldest
+                        .map(|a| format!(", oldest {a:.0}s"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+    }
+    if v.services.is_empty() {
+        out.push_str("no live translated connections\n");
+    }
+    for m in &v.missing {
+        let _ = writeln!(out, "not listed here: {m}");
+    }
+    for e in &v.errors {
+        let _ = writeln!(out, "could not read: {e}");
+    }
+    if !v.conditions_from_objects {
+        out.push_str("(conditions from the maps alone; ask the agent for ready/terminating)\n");
+    }
+    out
 }
 
 /// One remembered affinity choice.

@@ -12,7 +12,11 @@ mod render;
 pub use render::render;
 
 use crate::{
-    dataplane::maps::MapSnapshot,
+    connections::endpoints_of,
+    dataplane::{
+        maps::MapSnapshot,
+        sockets::view::{BackendConnections, Condition, ConnectionsView},
+    },
     model::{EndpointSlice, Service, Store},
     status::Status,
     translate::{
@@ -81,6 +85,30 @@ pub struct Explanation {
     pub resource_versions: Vec<ObjectVersion>,
     pub broken: Link,
     pub verdict: String,
+    /// Each endpoint's live connections on this node, when they could be listed.
+    #[serde(default)]
+    pub live: Option<LiveConnections>,
+}
+
+/// The live translated connections of the Service's backend sets, per endpoint.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LiveConnections {
+    pub endpoints: Vec<EndpointLive>,
+    /// What could not be listed on this node (named losses).
+    pub missing: Vec<String>,
+}
+
+/// One endpoint of one backend set, and what is still connected to it from this node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EndpointLive {
+    pub service_port: crate::vocab::ServicePortKey,
+    pub backend: SocketAddr,
+    pub condition: Condition,
+    /// TCP sockets in any state and connected UDP sockets.
+    pub connections: usize,
+    pub clients: usize,
+    /// No new connection reaches it (terminating or gone) and none is left: it is drained.
+    pub drained: bool,
 }
 
 /// An object the desired state came from, as it was read.
@@ -105,6 +133,8 @@ pub struct Sources<'a> {
     /// Every Service's claims, when the whole cluster was read (manifests); otherwise the
     /// agent's status says who owns what.
     pub ownership: Option<&'a Ownership>,
+    /// This node's live connections, when they could be listed.
+    pub connections: Option<&'a ConnectionsView>,
 }
 
 /// Finds the Service a target names: `namespace/name` (or `name` in default), or a frontend
@@ -133,6 +163,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         maps: snapshot,
         agent,
         ownership,
+        connections,
     } = *sources;
     let service = resolve(store, node, target);
     let mut e = Explanation {
@@ -151,6 +182,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         resource_versions: Vec::new(),
         broken: Link::None,
         verdict: String::new(),
+        live: None,
     };
     let Some(key) = service else {
         return e.broken_at(Link::Service, format!("no Service has a frontend {target}"));
@@ -194,9 +226,49 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         }
     }
     e.check_maps(&translation, snapshot, &conflicts);
+    e.live = connections.map(|view| live(store, &translation, view));
     e.translation = Some(translation.clone());
     let (link, verdict) = first_broken_link(&key, svc, &slices, &translation, &e);
     e.broken_at(link, verdict)
+}
+
+/// Every endpoint of every backend set with its live connections, and the backends that still
+/// hold connections but are in no slice any more.
+fn live(
+    store: &Store,
+    translation: &ServiceTranslation,
+    view: &ConnectionsView,
+) -> LiveConnections {
+    let mut endpoints = Vec::new();
+    for port in &translation.ports {
+        let held = view
+            .services
+            .iter()
+            .filter(|s| s.service.as_ref() == Some(&port.key))
+            .flat_map(|s| s.backends.iter());
+        let mut listed = endpoints_of(store, &port.key);
+        for b in held.clone() {
+            if !listed.iter().any(|(addr, _)| *addr == b.backend) {
+                listed.push((b.backend, Condition::Gone));
+            }
+        }
+        for (backend, condition) in listed {
+            let found = held.clone().find(|b| b.backend == backend);
+            let connections = found.map_or(0, BackendConnections::total);
+            endpoints.push(EndpointLive {
+                service_port: port.key.clone(),
+                backend,
+                condition,
+                connections,
+                clients: found.map_or(0, |b| b.clients.len()),
+                drained: condition.draining() && connections == 0,
+            });
+        }
+    }
+    LiveConnections {
+        endpoints,
+        missing: view.missing.clone(),
+    }
 }
 
 /// Checks the links in order and names the first broken one.

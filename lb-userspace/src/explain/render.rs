@@ -13,6 +13,7 @@ pub fn render(e: &Explanation) -> String {
             slices(&mut out, e);
             endpoints(&mut out, t);
             maps(&mut out, e);
+            live(&mut out, e);
         }
         _ => {
             if let Some(r) = &e.rejected {
@@ -146,6 +147,37 @@ fn maps(out: &mut String, e: &Explanation) {
         .map(|v| format!("{}@{}", v.object, dash(&v.resource_version)))
         .collect();
     let _ = writeln!(out, "   from {}", rvs.join(", "));
+}
+
+fn live(out: &mut String, e: &Explanation) {
+    let Some(live) = &e.live else {
+        return;
+    };
+    let _ = writeln!(out, "\n5. Live connections on this node");
+    for ep in &live.endpoints {
+        let state = if ep.drained {
+            "drained".to_string()
+        } else {
+            format!(
+                "{} connection{} from {} client{}",
+                ep.connections,
+                if ep.connections == 1 { "" } else { "s" },
+                ep.clients,
+                if ep.clients == 1 { "" } else { "s" }
+            )
+        };
+        let _ = writeln!(
+            out,
+            "   {} {} {:<22} {:<20} {state}",
+            ep.service_port.port_name,
+            ep.service_port.protocol,
+            ep.backend.to_string(),
+            ep.condition.to_string()
+        );
+    }
+    for m in &live.missing {
+        let _ = writeln!(out, "   not listed: {m}");
+    }
 }
 
 fn dash(s: &str) -> &str {

@@ -95,7 +95,7 @@ fn run(story: &mut Story) -> anyhow::Result<()> {
     let mut client = sandbox.client()?;
     spread_step(story, &mut client)?;
     let pinned = long_lived(story, &mut client)?;
-    terminating(story, &sandbox, &mut client, pinned)?;
+    terminating(story, &sandbox, &agent, &mut client, pinned)?;
     selector_typo(story, &sandbox, &mut client)?;
     named_port(story, &sandbox, &mut client)?;
     all_terminating(story, &sandbox, &mut client)?;
@@ -209,6 +209,7 @@ fn long_lived(story: &mut Story, client: &mut Client) -> anyhow::Result<u32> {
 fn terminating(
     story: &mut Story,
     sandbox: &Sandbox,
+    agent: &AgentProcess,
     client: &mut Client,
     pinned: u32,
 ) -> anyhow::Result<()> {
@@ -246,7 +247,87 @@ fn terminating(
         "getpeername() on new connections still says 10.96.0.10:80",
         r.peer_names.get(WEB) == Some(&100),
     );
+    who_is_connected(story, sandbox, agent, client)?;
     client.run(&Command::Close { id: pinned })?;
+    Ok(())
+}
+
+/// Two more long-lived connections (they go to B), then who is still connected where.
+fn who_is_connected(
+    story: &mut Story,
+    sandbox: &Sandbox,
+    agent: &AgentProcess,
+    client: &mut Client,
+) -> anyhow::Result<()> {
+    use socklb::dataplane::sockets::view::{Condition, ConnectionsView};
+    for id in [101, 102] {
+        client.run(&Command::Open {
+            id,
+            target: WEB.parse()?,
+            udp: false,
+        })?;
+    }
+    let listen = agent.listen.to_string();
+    let args = [
+        "inspect",
+        "connections",
+        "default/web",
+        "--agent",
+        &listen,
+        "--cgroup",
+    ];
+    let cgroup = sandbox.cgroup.display().to_string();
+    // Established ones: the short connections of the step before may still be closing.
+    let count = |v: &ConnectionsView, backend: &str| -> (usize, Option<Condition>) {
+        v.services
+            .iter()
+            .flat_map(|s| &s.backends)
+            .find(|b| b.backend.to_string() == backend)
+            .map_or((0, None), |b| {
+                (
+                    b.tcp.get("ESTABLISHED").copied().unwrap_or(0),
+                    Some(b.condition),
+                )
+            })
+    };
+    // The agent answers from a census at most 2 s old: ask until it shows the new sockets.
+    let mut view = ConnectionsView::default();
+    for _ in 0..25 {
+        let json = socklb(sandbox, &[&args[..], &[&cgroup, "-o", "json"]].concat())?;
+        view = serde_json::from_str(&json).unwrap_or_default();
+        if count(&view, B).0 >= 2 || !view.missing.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    story.show(&format!(
+        "$ socklb inspect connections default/web\n{}",
+        socklb(sandbox, &[&args[..], &[&cgroup]].concat())?
+    ));
+    if view.missing.iter().any(|m| m.starts_with("TCP")) {
+        story.claim(
+            "this node cannot list TCP sockets (its optional parts are off), and the view says so",
+            true,
+        );
+        return Ok(());
+    }
+    // With the agent's listing off, inspect lists on its own, with conditions from the maps.
+    let (left, kept) = if view.conditions_from_objects {
+        (Condition::Terminating, Condition::Ready)
+    } else {
+        (Condition::NotInSet, Condition::InSet)
+    };
+    story.claim(
+        &format!("the held connection is listed on A, which is {left}"),
+        count(&view, A) == (1, Some(left)),
+    );
+    story.claim(
+        &format!("the new long-lived connections are listed on B, which is {kept}"),
+        count(&view, B) == (2, Some(kept)),
+    );
+    for id in [101, 102] {
+        client.run(&Command::Close { id })?;
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@
 pub mod quota;
 pub mod sock_diag;
 mod terminate;
+pub mod view;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},

@@ -21,6 +21,8 @@ use crate::dataplane::features::Listing;
 pub struct Recount {
     /// Client cgroups with a count before the recount.
     pub clients: usize,
+    /// Client cgroups with a count after it (those without live records are forgotten).
+    pub clients_after: usize,
     /// Live records, over all clients.
     pub records: u64,
     /// The largest count a client held after the recount.
@@ -77,11 +79,12 @@ pub fn recount(
         }
         // A write racing the programs' atomic adds loses the adds of that moment: the count
         // is low by as many, until the next recount.
-        let _ = if count == 0 {
-            map.remove(client)
+        if count == 0 {
+            let _ = map.remove(client);
         } else {
-            map.insert(client, count, 0)
-        };
+            report.clients_after += 1;
+            let _ = map.insert(client, count, 0);
+        }
     }
     Ok(report)
 }

@@ -1,0 +1,428 @@
+//! Live translated connections for people: per service port and backend, the backend's
+//! condition, the TCP sockets by state and the connected UDP sockets, grouped by client pod
+//! (its cgroup, the pod UID in the cgroup's path, and its name where the caller knows it), each
+//! socket with its age. Pure: a census and the maps' snapshot in, a view out; the backend's
+//! condition and the client's name come from the caller (the agent and `explain` have the
+//! cluster's objects, `inspect` alone only the maps).
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Census, LiveSocket, records, sock_diag};
+use crate::{
+    dataplane::{
+        abi::{backend_addr, service_addr},
+        maps::MapSnapshot,
+    },
+    vocab::{ObjectKey, Protocol, ServiceAddr, ServicePortKey},
+};
+
+/// A backend's condition, from the service's EndpointSlices (or, with the maps alone, whether
+/// the backend set holds it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Condition {
+    Ready,
+    /// Terminating and still serving: chosen only while no endpoint is ready (KEP-1669).
+    ServingTerminating,
+    /// Terminating, not serving: no new connection reaches it.
+    Terminating,
+    /// In a slice, not ready, not terminating.
+    NotReady,
+    /// In no slice of the service any more.
+    Gone,
+    /// Only the maps were read: the backend set holds it.
+    InSet,
+    /// Only the maps were read: the backend set no longer holds it.
+    NotInSet,
+}
+
+impl Condition {
+    /// New connections can no longer reach it: what remains drains.
+    pub fn draining(self) -> bool {
+        matches!(self, Self::Terminating | Self::Gone | Self::NotInSet)
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Ready => "ready",
+            Self::ServingTerminating => "serving-terminating",
+            Self::Terminating => "terminating",
+            Self::NotReady => "not-ready",
+            Self::Gone => "gone",
+            Self::InSet => "in-set",
+            Self::NotInSet => "not-in-set",
+        }
+    }
+}
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which connections to show.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub service: Option<ObjectKey>,
+    pub backend: Option<SocketAddr>,
+}
+
+/// Every connection the census found, grouped.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ConnectionsView {
+    pub services: Vec<ServiceConnections>,
+    /// Pod network namespaces walked.
+    pub namespaces: usize,
+    /// Namespaces that could not be read.
+    pub errors: Vec<String>,
+    /// What this view cannot show on this node (named losses).
+    pub missing: Vec<String>,
+    /// Conditions come from the cluster's objects (`false`: from the maps alone).
+    pub conditions_from_objects: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceConnections {
+    /// The backend set the connections went through (`None`: it is gone from the maps).
+    pub service: Option<ServicePortKey>,
+    /// The service addresses the clients dialled.
+    pub frontends: Vec<ServiceAddr>,
+    pub backends: Vec<BackendConnections>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendConnections {
+    pub backend: SocketAddr,
+    pub condition: Condition,
+    /// TCP sockets by state (`ESTABLISHED`, `CLOSE_WAIT`, ...).
+    pub tcp: BTreeMap<String, usize>,
+    /// Connected UDP sockets.
+    pub udp: usize,
+    pub clients: Vec<ClientConnections>,
+}
+
+impl BackendConnections {
+    pub fn total(&self) -> usize {
+        self.tcp.values().sum::<usize>() + self.udp
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClientConnections {
+    /// The cgroup v2 id of the client's container.
+    pub cgroup_id: u64,
+    /// Its path below the cgroup root, when found.
+    pub cgroup: Option<String>,
+    /// The pod UID in that path (kubelet's cgroup layout), when there is one.
+    pub pod_uid: Option<String>,
+    /// `namespace/name`, where the caller knows the pod (by its address).
+    pub pod: Option<String>,
+    pub sockets: Vec<SocketSummary>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SocketSummary {
+    pub cookie: u64,
+    pub protocol: Protocol,
+    /// `ESTABLISHED`, ... for TCP; `connected` for UDP.
+    pub state: String,
+    /// The client's own address.
+    pub local: SocketAddr,
+    pub frontend: Option<ServiceAddr>,
+    /// Since the socket was first translated, in seconds.
+    pub age_s: Option<f64>,
+}
+
+/// What the caller knows of the cluster, for the view.
+pub trait Cluster {
+    /// The condition of `backend` in `service`'s EndpointSlices.
+    fn condition(&self, service: Option<&ServicePortKey>, backend: SocketAddr) -> Condition;
+    /// The pod with this address, `namespace/name`.
+    fn pod_at(&self, ip: IpAddr) -> Option<String>;
+    /// Conditions come from objects, not from the maps alone.
+    fn has_objects(&self) -> bool;
+}
+
+/// Conditions from the maps alone: whether the backend set holds the backend now.
+pub struct MapsOnly {
+    held: HashMap<ServicePortKey, Vec<SocketAddr>>,
+}
+
+impl MapsOnly {
+    pub fn new(snapshot: &MapSnapshot) -> Self {
+        let mut held: HashMap<ServicePortKey, Vec<SocketAddr>> = HashMap::new();
+        for frontend in snapshot.frontends.values() {
+            if let Some(key) = snapshot.service_port(frontend.service_id) {
+                let list = held.entry(key).or_default();
+                for b in snapshot.range(frontend).into_iter().flatten() {
+                    if !list.contains(&b) {
+                        list.push(b);
+                    }
+                }
+            }
+        }
+        Self { held }
+    }
+}
+
+impl Cluster for MapsOnly {
+    fn condition(&self, service: Option<&ServicePortKey>, backend: SocketAddr) -> Condition {
+        let held = service
+            .and_then(|k| self.held.get(k))
+            .is_some_and(|list| list.contains(&backend));
+        if held {
+            Condition::InSet
+        } else {
+            Condition::NotInSet
+        }
+    }
+
+    fn pod_at(&self, _ip: IpAddr) -> Option<String> {
+        None
+    }
+
+    fn has_objects(&self) -> bool {
+        false
+    }
+}
+
+/// The name `sock_diag` and `ss` give a TCP state number.
+pub fn tcp_state_name(state: u8) -> &'static str {
+    match state {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        _ => "UNKNOWN",
+    }
+}
+
+/// The cgroup directories below `root`, by id (a cgroup v2 id is its directory's inode).
+pub fn cgroup_paths(root: &Path) -> HashMap<u64, PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut out = HashMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        if let Ok(meta) = std::fs::metadata(&dir) {
+            out.insert(
+                meta.ino(),
+                dir.strip_prefix(root).unwrap_or(&dir).to_path_buf(),
+            );
+        }
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    out
+}
+
+/// The pod UID in a kubelet cgroup path: `.../pod<uid>/...` (cgroupfs driver) or
+/// `...-pod<uid with _>.slice/...` (systemd driver).
+pub fn pod_uid(path: &Path) -> Option<String> {
+    path.components().rev().find_map(|c| {
+        let name = c.as_os_str().to_str()?;
+        let name = name.strip_suffix(".slice").unwrap_or(name);
+        let at = name.rfind("pod")?;
+        let uid = name[at + 3..].replace('_', "-");
+        let dashes = uid.matches('-').count();
+        (uid.len() == 36
+            && dashes == 4
+            && uid.chars().all(|ch| ch.is_ascii_hexdigit() || ch == '-'))
+        .then_some(uid)
+    })
+}
+
+/// Groups the census's live connections (TCP sockets in any state, connected UDP sockets)
+/// by service port, backend and client. `now` is `CLOCK_MONOTONIC` (see `monotonic_now`).
+pub fn summarize<S: std::hash::BuildHasher>(
+    census: &Census,
+    snapshot: &MapSnapshot,
+    cluster: &dyn Cluster,
+    cgroups: &HashMap<u64, PathBuf, S>,
+    filter: &Filter,
+    now: Duration,
+) -> ConnectionsView {
+    let mut backends: BTreeMap<BackendKey, (Vec<ServiceAddr>, ByClient)> = BTreeMap::new();
+    for socket in &census.sockets {
+        let Some((key, frontend, summary)) = connection(socket, snapshot, now) else {
+            continue;
+        };
+        if filter
+            .service
+            .as_ref()
+            .is_some_and(|s| key.0.as_ref().is_none_or(|k| &k.service != s))
+            || filter.backend.is_some_and(|b| b != key.1)
+        {
+            continue;
+        }
+        let entry = backends.entry(key).or_default();
+        if let Some(f) = frontend
+            && !entry.0.contains(&f)
+        {
+            entry.0.push(f);
+        }
+        entry
+            .1
+            .entry(socket.state.cgroup_id)
+            .or_default()
+            .push(summary);
+    }
+    let mut services: BTreeMap<Option<ServicePortKey>, ServiceConnections> = BTreeMap::new();
+    for ((service, backend), (frontends, clients)) in backends {
+        let condition = cluster.condition(service.as_ref(), backend);
+        let mut tcp = BTreeMap::new();
+        let mut udp = 0;
+        let clients = clients
+            .into_iter()
+            .map(|(cgroup_id, mut sockets)| {
+                sockets.sort_by_key(|s| s.cookie);
+                for s in &sockets {
+                    match s.protocol {
+                        Protocol::Tcp => *tcp.entry(s.state.clone()).or_default() += 1,
+                        Protocol::Udp => udp += 1,
+                    }
+                }
+                let path = cgroups.get(&cgroup_id);
+                ClientConnections {
+                    cgroup_id,
+                    cgroup: path.map(|p| format!("/{}", p.display())),
+                    pod_uid: path.and_then(|p| pod_uid(p)),
+                    pod: sockets.first().and_then(|s| cluster.pod_at(s.local.ip())),
+                    sockets,
+                }
+            })
+            .collect();
+        let svc = services
+            .entry(service.clone())
+            .or_insert_with(|| ServiceConnections {
+                service,
+                frontends: Vec::new(),
+                backends: Vec::new(),
+            });
+        for f in frontends {
+            if !svc.frontends.contains(&f) {
+                svc.frontends.push(f);
+            }
+        }
+        svc.backends.push(BackendConnections {
+            backend,
+            condition,
+            tcp,
+            udp,
+            clients,
+        });
+    }
+    ConnectionsView {
+        services: services.into_values().collect(),
+        namespaces: census.namespaces,
+        errors: census.errors.iter().map(ToString::to_string).collect(),
+        missing: missing(census),
+        conditions_from_objects: cluster.has_objects(),
+    }
+}
+
+/// What the listing could not see, in words.
+fn missing(census: &Census) -> Vec<String> {
+    let Some(listing) = census.listing else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if !listing.tcp() {
+        out.push(
+            "TCP sockets: this kernel lets socklb read neither the sockets iterator nor sock_diag's socket storage"
+                .to_string(),
+        );
+    }
+    if !listing.udp() {
+        out.push(
+            "UDP sockets: this kernel lets socklb read neither the sockets iterator nor the UDP iterator"
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// A backend of a backend set (`None`: the set is gone from the maps).
+type BackendKey = (Option<ServicePortKey>, SocketAddr);
+/// Sockets by client cgroup id.
+type ByClient = BTreeMap<u64, Vec<SocketSummary>>;
+
+/// One socket as a connection: its service port and backend, the address it dialled and its
+/// summary. `None` for sockets that are no connection (unconnected UDP, no kernel view).
+fn connection(
+    socket: &LiveSocket,
+    snapshot: &MapSnapshot,
+    now: Duration,
+) -> Option<(BackendKey, Option<ServiceAddr>, SocketSummary)> {
+    let kernel = socket.kernel.as_ref()?;
+    let state = match socket.protocol {
+        Protocol::Tcp => tcp_state_name(kernel.state).to_string(),
+        Protocol::Udp if kernel.state == sock_diag::TCP_ESTABLISHED => "connected".to_string(),
+        Protocol::Udp => return None,
+    };
+    let record = records(&socket.state).find(|r| backend_addr(&r.backend) == Some(kernel.peer))?;
+    let frontend = service_addr(&record.frontend);
+    let service = frontend
+        .and_then(|f| snapshot.reach(&f))
+        .and_then(|r| snapshot.service_port(r.service_id));
+    let created = Duration::from_nanos(socket.state.created_ns);
+    let age_s = (socket.state.created_ns != 0)
+        .then(|| now.checked_sub(created))
+        .flatten()
+        .map(|age| age.as_secs_f64());
+    Some((
+        (service, kernel.peer),
+        frontend,
+        SocketSummary {
+            cookie: socket.cookie,
+            protocol: socket.protocol,
+            state,
+            local: kernel.local,
+            frontend,
+            age_s,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::pod_uid;
+
+    #[test]
+    fn pod_uids_in_both_cgroup_drivers() {
+        assert_eq!(
+            pod_uid(Path::new(
+                "kubepods/burstable/pod0a1b2c3d-1111-2222-3333-444455556666/abcdef"
+            ))
+            .as_deref(),
+            Some("0a1b2c3d-1111-2222-3333-444455556666")
+        );
+        assert_eq!(
+            pod_uid(Path::new(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod0a1b2c3d_1111_2222_3333_444455556666.slice/cri-containerd-1234.scope"
+            ))
+            .as_deref(),
+            Some("0a1b2c3d-1111-2222-3333-444455556666")
+        );
+        assert_eq!(pod_uid(Path::new("system.slice/sshd.service")), None);
+        assert_eq!(pod_uid(Path::new("slb1x00/podx")), None);
+    }
+}
