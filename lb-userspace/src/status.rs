@@ -25,6 +25,10 @@ pub struct Status {
     pub conflicts: Vec<Owned>,
     /// Objects and files that could not be used (their last good version stays in effect).
     pub rejected: Vec<Rejected>,
+    /// Addresses Services name that are never a frontend (loopback, link-local, this node's
+    /// own, ...), with the Service and the field.
+    #[serde(default)]
+    pub refused_addresses: Vec<RefusedAddress>,
     /// Each optional part of the data path: enabled, disabled by flag, or refused by the kernel
     /// (with its errno and message).
     #[serde(default)]
@@ -45,6 +49,12 @@ pub struct Failed {
 pub struct Owned {
     pub service_port: ServicePortKey,
     pub conflict: Conflict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedAddress {
+    pub service: crate::vocab::ObjectKey,
+    pub refusal: crate::translate::Refusal,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

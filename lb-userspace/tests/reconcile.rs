@@ -279,18 +279,71 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
         ["10.244.0.2:80"]
     );
     assert_eq!(r.ranges().waiting_len(), 2);
+    // No room for the new backend, and the one in use left: the set is narrowed to what
+    // stays (nothing: connects are refused), never left on the backend that left.
     let report = r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.3:80"])]));
     assert!(
         matches!(
             *failure(&report, "a"),
-            MapWriteError::NoRange {
+            MapWriteError::Narrowed {
                 wanted: 1,
                 waiting: 2,
+                serving: 0,
                 ..
             }
         ),
         "{}",
         report.failed[&key("a")]
+    );
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        Vec::<String>::new()
+    );
+    assert_no_problems(&problems);
+}
+
+/// At exactly full maps, a change that removes a backend and adds another applies the removal:
+/// the set serves the longest run of its current range that stays, and gets the new backend as
+/// soon as room frees.
+#[test]
+fn removals_apply_at_exactly_full_maps() {
+    let caps = Capacities::default().with(MapId::Backends, 4);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::with_grace(maps, Duration::ZERO).unwrap();
+    let big = ("big", "10.96.0.9", &["10.244.9.1:80", "10.244.9.2:80"][..]);
+    r.sync_all(&world(&[
+        big,
+        ("a", "10.96.0.1", &["10.244.0.1:80", "10.244.0.2:80"]),
+    ]));
+    assert_eq!(r.ranges().free_len(), 0, "exactly full");
+    let report = r.sync_all(&world(&[
+        big,
+        ("a", "10.96.0.1", &["10.244.0.2:80", "10.244.0.3:80"]),
+    ]));
+    assert!(
+        matches!(
+            *failure(&report, "a"),
+            MapWriteError::Narrowed { serving: 1, .. }
+        ),
+        "{}",
+        report.failed[&key("a")]
+    );
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.2:80"],
+        "the backend that left is never chosen again"
+    );
+    // Room frees (big goes): the retry writes the whole set.
+    let report = r.sync_all(&world(&[(
+        "a",
+        "10.96.0.1",
+        &["10.244.0.2:80", "10.244.0.3:80"],
+    )]));
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.2:80", "10.244.0.3:80"]
     );
     assert_no_problems(&problems);
 }

@@ -291,11 +291,27 @@ impl Sandbox {
 
     fn add_server(&self, addr: SocketAddr, flag: Option<&str>, udp: bool) -> anyhow::Result<()> {
         let ns = self.pod(addr.ip())?;
+        self.serve_in(&ns, addr, flag, udp)
+    }
+
+    /// Starts a server answering on `addr` inside the network namespace `ns` (a client pod's own
+    /// loopback port, say).
+    pub fn serve_in_netns(&self, ns: &str, addr: SocketAddr, udp: bool) -> anyhow::Result<()> {
+        self.serve_in(ns, addr, udp.then_some("--udp"), udp)
+    }
+
+    fn serve_in(
+        &self,
+        ns: &str,
+        addr: SocketAddr,
+        flag: Option<&str>,
+        udp: bool,
+    ) -> anyhow::Result<()> {
         let mut owned = self
             .processes
             .spawn(
                 Process::new(bins::sbx()?)
-                    .args(["--netns", &ns, "serve", "--addr", &addr.to_string()])
+                    .args(["--netns", ns, "serve", "--addr", &addr.to_string()])
                     .args(flag)
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())

@@ -14,7 +14,7 @@ use crate::{
     reconcile::{Reconciler, SyncReport},
     source::{Object, SourceEvent, Subject},
     translate::{
-        Conflict, DesiredService, DesiredState, Detail, NodeFlags, NodeInfo, Ownership,
+        Conflict, DesiredService, DesiredState, Detail, NodeFlags, NodeInfo, Ownership, Refusal,
         translate_service_with,
     },
     vec_set::VecSet,
@@ -41,6 +41,15 @@ pub struct Engine<M: ServiceMaps> {
     store: Store,
     flags: NodeFlags,
     node: NodeInfo,
+    /// This Node, as last seen.
+    node_object: Option<NodeObject>,
+    /// The addresses on this node's interfaces, as last seen.
+    bound: Vec<std::net::IpAddr>,
+    /// Nothing is written before they are known (the agent's case; tests that never send them
+    /// do not ask).
+    bound_needed: bool,
+    /// Addresses each Service names that are never a frontend.
+    refused: BTreeMap<ObjectKey, Vec<Refusal>>,
     reconciler: Reconciler<M>,
     ownership: Ownership,
     listed: BTreeSet<Kind>,
@@ -59,13 +68,53 @@ pub struct Engine<M: ServiceMaps> {
     triggers: HashMap<ObjectKey, Vec<i64>>,
     /// Trigger times before this (Unix ms) are not latencies of ours (as kube-proxy).
     started_ms: i64,
+    /// Backend sets whose last write failed: when each is tried again.
+    failing: HashMap<ServicePortKey, Retry>,
+    retries: u64,
+}
+
+/// One failing backend set's retries: exponential delays with jitter, from `RETRY_MIN` to
+/// `RETRY_MAX`, so a set that keeps failing costs little and logs only its state changes.
+struct Retry {
+    delays: backon::ExponentialBackoff,
+    next: Instant,
+    attempts: u32,
+    error: String,
+}
+
+/// The first retry of a failed backend set comes after this, each next one twice as late, at
+/// most `RETRY_MAX`.
+pub const RETRY_MIN: Duration = Duration::from_millis(500);
+pub const RETRY_MAX: Duration = Duration::from_mins(1);
+
+impl Retry {
+    fn new(error: String, now: Instant) -> Self {
+        use backon::BackoffBuilder as _;
+        let mut delays = backon::ExponentialBuilder::new()
+            .with_min_delay(RETRY_MIN)
+            .with_max_delay(RETRY_MAX)
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let first = delays.next().unwrap_or(RETRY_MIN);
+        Self {
+            delays,
+            next: now + first,
+            attempts: 1,
+            error,
+        }
+    }
 }
 
 impl<M: ServiceMaps> Engine<M> {
     pub fn new(reconciler: Reconciler<M>, flags: NodeFlags) -> Self {
         Self {
             store: Store::new(),
-            node: NodeInfo::resolve(&flags, None),
+            node: NodeInfo::resolve(&flags, None, &[]),
+            node_object: None,
+            bound: Vec::new(),
+            bound_needed: false,
+            refused: BTreeMap::new(),
             flags,
             reconciler,
             ownership: Ownership::default(),
@@ -81,7 +130,14 @@ impl<M: ServiceMaps> Engine<M> {
             unhealthy: BTreeSet::new(),
             triggers: HashMap::new(),
             started_ms: unix_ms(),
+            failing: HashMap::new(),
+            retries: 0,
         }
+    }
+
+    /// Retries of failed backend sets so far.
+    pub fn retries(&self) -> u64 {
+        self.retries
     }
 
     pub fn store(&self) -> &Store {
@@ -116,6 +172,11 @@ impl<M: ServiceMaps> Engine<M> {
 
     pub fn rejected_total(&self) -> u64 {
         self.rejected_total
+    }
+
+    /// Addresses each Service names that are never a frontend (special addresses).
+    pub fn refused(&self) -> &BTreeMap<ObjectKey, Vec<Refusal>> {
+        &self.refused
     }
 
     /// Addresses each backend set claims but another owns.
@@ -195,7 +256,19 @@ impl<M: ServiceMaps> Engine<M> {
                     .remove(&Subject::Object(ObjectRef::service(key.clone())));
                 self.dirty.extend(self.store.remove_service(&key));
             }
-            SourceEvent::Node(node) => self.set_node(&node),
+            SourceEvent::Node(node) => {
+                self.node_object = Some(node);
+                self.resolve_node();
+            }
+            SourceEvent::LocalAddresses(mut addrs) => {
+                addrs.sort_unstable();
+                addrs.dedup();
+                self.bound_needed = false;
+                if addrs != self.bound {
+                    self.bound = addrs;
+                    self.resolve_node();
+                }
+            }
             SourceEvent::Rejected { subject, message } => {
                 if self.rejected.get(&subject) != Some(&message) {
                     tracing::warn!(%subject, "{message}");
@@ -250,28 +323,78 @@ impl<M: ServiceMaps> Engine<M> {
         latencies
     }
 
-    fn set_node(&mut self, node: &NodeObject) {
-        let info = NodeInfo::resolve(&self.flags, Some(node));
+    /// Who this node is from the flags, its Node object and its interfaces' addresses; a change
+    /// rewrites everything.
+    fn resolve_node(&mut self) {
+        let info = NodeInfo::resolve(&self.flags, self.node_object.as_ref(), &self.bound);
         if info != self.node {
-            tracing::info!(zone = ?info.zone, addresses = ?info.addresses, "node identity changed");
+            tracing::info!(
+                zone = ?info.zone,
+                node_ports = ?info.addresses,
+                own = ?info.own_addresses,
+                "node identity changed"
+            );
             self.node = info;
             self.full_sync_needed = true;
         }
     }
 
-    /// Marks the Services of every failed backend set for another attempt.
+    /// Marks the Services of the failed backend sets whose retry is due for another attempt.
     pub fn retry_failed(&mut self) {
-        let services: Vec<ObjectKey> = self
+        let now = Instant::now();
+        let due: Vec<ObjectKey> = self
             .reconciler
             .failed()
             .keys()
+            .filter(|k| self.failing.get(*k).is_none_or(|r| r.next <= now))
             .map(|k| k.service.clone())
             .collect();
-        self.dirty.extend(services);
+        self.retries += due.len() as u64;
+        self.dirty.extend(due);
+    }
+
+    /// After a pass: logs the sets that started or stopped failing, and schedules each failing
+    /// set's next try (later each time it fails again).
+    fn track_failures(&mut self, tried: Option<&BTreeSet<ObjectKey>>) {
+        let now = Instant::now();
+        let failed = self.reconciler.failed();
+        self.failing.retain(|key, retry| {
+            if failed.contains_key(key) {
+                return true;
+            }
+            tracing::info!(service = %key, attempts = retry.attempts, "written as desired again");
+            false
+        });
+        for (key, error) in failed {
+            let text = error.to_string();
+            match self.failing.get_mut(key) {
+                None => {
+                    tracing::warn!(service = %key, error = %text, "service port not written as desired; retrying with backoff");
+                    self.failing.insert(key.clone(), Retry::new(text, now));
+                }
+                Some(retry) if tried.is_none_or(|t| t.contains(&key.service)) => {
+                    retry.attempts += 1;
+                    retry.next = now + retry.delays.next().unwrap_or(RETRY_MAX);
+                    if retry.error != text {
+                        tracing::warn!(service = %key, error = %text, attempts = retry.attempts, "service port still not written, now for another reason");
+                        retry.error = text;
+                    }
+                }
+                Some(_) => {}
+            }
+        }
     }
 
     pub fn has_work(&self) -> bool {
-        self.listed.len() == 2 && (self.full_sync_needed || !self.dirty.is_empty())
+        self.listed.len() == 2
+            && !self.bound_needed
+            && (self.full_sync_needed || !self.dirty.is_empty())
+    }
+
+    /// Writes nothing until this node's interface addresses are known
+    /// (`SourceEvent::LocalAddresses`).
+    pub fn await_local_addresses(&mut self) {
+        self.bound_needed = true;
     }
 
     /// Writes what changed. Does nothing before both kinds have been listed.
@@ -295,10 +418,12 @@ impl<M: ServiceMaps> Engine<M> {
             self.dirty.clear();
             self.full_sync_needed = false;
             self.synced = true;
+            self.track_failures(None);
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
             pass.report = self.sync_services(&dirty);
+            self.track_failures(Some(&dirty));
             pass.programming_latencies = self.programmed(dirty);
         }
         for (key, list) in &self.conflicts {
@@ -319,6 +444,7 @@ impl<M: ServiceMaps> Engine<M> {
         let mut desired = DesiredState::default();
         self.keys_by_service.clear();
         self.ownership = Ownership::default();
+        self.refused.clear();
         for svc in self.store.services() {
             let t = translate_service_with(
                 svc,
@@ -326,6 +452,9 @@ impl<M: ServiceMaps> Engine<M> {
                 &self.node,
                 Detail::Lean,
             );
+            if !t.refused.is_empty() {
+                self.refused.insert(svc.key.clone(), t.refused.clone());
+            }
             self.keys_by_service.insert(
                 svc.key.clone(),
                 t.ports.iter().map(|p| p.key.clone()).collect(),
@@ -410,7 +539,12 @@ impl<M: ServiceMaps> Engine<M> {
                 writes.push((!gains, key, desired));
             }
         }
-        writes.sort_by_key(|(loses, _, _)| *loses);
+        // Gainers first; then, as in a full sync, capacity to the oldest Service first.
+        writes.sort_by(|a, b| {
+            a.0.cmp(&b.0)
+                .then_with(|| a.2.seniority.age().cmp(&b.2.seniority.age()))
+                .then_with(|| a.1.cmp(&b.1))
+        });
         for (_, key, desired) in &writes {
             report.merge(self.reconciler.sync_one(key, Some(desired)));
         }
@@ -428,17 +562,21 @@ impl<M: ServiceMaps> Engine<M> {
         report
     }
 
-    fn translate(&self, svc: &ObjectKey) -> Vec<(ServicePortKey, DesiredService)> {
-        self.store
-            .service(svc)
-            .map(|s| {
-                translate_service_with(s, &self.store.slices_of(svc), &self.node, Detail::Lean)
-                    .ports
-                    .into_iter()
-                    .map(|p| (p.key, p.desired))
-                    .collect()
-            })
-            .unwrap_or_default()
+    fn translate(&mut self, svc: &ObjectKey) -> Vec<(ServicePortKey, DesiredService)> {
+        let Some(s) = self.store.service(svc) else {
+            self.refused.remove(svc);
+            return Vec::new();
+        };
+        let t = translate_service_with(s, &self.store.slices_of(svc), &self.node, Detail::Lean);
+        if t.refused.is_empty() {
+            self.refused.remove(svc);
+        } else if self.refused.get(svc) != Some(&t.refused) {
+            for r in &t.refused {
+                tracing::warn!(service = %svc, "not served: {r}");
+            }
+            self.refused.insert(svc.clone(), t.refused);
+        }
+        t.ports.into_iter().map(|p| (p.key, p.desired)).collect()
     }
 }
 

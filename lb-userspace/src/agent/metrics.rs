@@ -126,9 +126,12 @@ pub struct Metrics {
     services: Gauge,
     failing_services: Gauge,
     conflicts: Gauge,
+    refused_addresses: Gauge,
     rejected_objects: Counter,
     rejected_now: Gauge,
     udp_terminated: Counter,
+    retries: Counter,
+    seen_retries: AtomicU64,
     sockets: SocketMetrics,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
@@ -280,6 +283,57 @@ fn register_features(r: &mut Registry, features: &Features) {
     }
 }
 
+/// The gauges the agent sets from its state after each pass.
+fn state_gauges(r: &mut Registry) -> [Gauge; 5] {
+    [
+        (
+            "service_ports",
+            "Backend sets (service port, family, scope) in the maps",
+        ),
+        (
+            "failing_service_ports",
+            "Backend sets left on their previous state after a failed write",
+        ),
+        (
+            "address_conflicts",
+            "Service addresses claimed by a Service that does not own them (not written)",
+        ),
+        (
+            "rejected_objects_current",
+            "Services, EndpointSlices and manifest documents rejected now (their last good \
+             version, if any, stays in effect); 0 once every one is fixed",
+        ),
+        (
+            "refused_addresses",
+            "Addresses Services name that are never a frontend (loopback, unspecified, \
+             link-local, multicast, this node's own but as a NodePort); /status names them",
+        ),
+    ]
+    .map(|(name, help)| register(r, name, help, Gauge::default()))
+}
+
+/// The counters of what the agent did.
+fn event_counters(r: &mut Registry) -> [Counter; 4] {
+    [
+        ("map_writes", "Map writes done by the reconciler"),
+        (
+            "rejected_objects",
+            "Rejections of Services, EndpointSlices and manifest documents (each problem \
+             counted once; socklb_rejected_objects_current is how many stand now)",
+        ),
+        (
+            "udp_sockets_terminated",
+            "Connected UDP sockets destroyed because their backend stopped serving",
+        ),
+        (
+            "retries",
+            "Retries of backend sets whose write failed (each set backs off from 0.5 s to \
+             60 s)",
+        ),
+    ]
+    .map(|(name, help)| register(r, name, help, Counter::default()))
+}
+
 impl Metrics {
     /// The agent's metrics over the maps pinned in `maps_dir`. Reads the capacity of the maps
     /// the reconciler does not hold once, here.
@@ -309,39 +363,14 @@ impl Metrics {
         ]
         .map(|(name, help)| register(r, name, help, Family::<Labels, Gauge>::default()));
         let errors = register(r, "errors", "Errors by kind", Family::default());
-        let [services, failing_services, conflicts, rejected_now] = [
-            (
-                "service_ports",
-                "Backend sets (service port, family, scope) in the maps",
-            ),
-            (
-                "failing_service_ports",
-                "Backend sets left on their previous state after a failed write",
-            ),
-            (
-                "address_conflicts",
-                "Service addresses claimed by a Service that does not own them (not written)",
-            ),
-            (
-                "rejected_objects_current",
-                "Services, EndpointSlices and manifest documents rejected now (their last good \
-                 version, if any, stays in effect); 0 once every one is fixed",
-            ),
-        ]
-        .map(|(name, help)| register(r, name, help, Gauge::default()));
-        let [writes, rejected_objects, udp_terminated] = [
-            ("map_writes", "Map writes done by the reconciler"),
-            (
-                "rejected_objects",
-                "Rejections of Services, EndpointSlices and manifest documents (each problem \
-                 counted once; socklb_rejected_objects_current is how many stand now)",
-            ),
-            (
-                "udp_sockets_terminated",
-                "Connected UDP sockets destroyed because their backend stopped serving",
-            ),
-        ]
-        .map(|(name, help)| register(r, name, help, Counter::default()));
+        let [
+            services,
+            failing_services,
+            conflicts,
+            rejected_now,
+            refused_addresses,
+        ] = state_gauges(r);
+        let [writes, rejected_objects, udp_terminated, retries] = event_counters(r);
         register_features(r, features);
         let sockets = SocketMetrics::register(r);
         r.register(
@@ -370,9 +399,12 @@ impl Metrics {
             services,
             failing_services,
             conflicts,
+            refused_addresses,
             rejected_objects,
             rejected_now,
             udp_terminated,
+            retries,
+            seen_retries: AtomicU64::new(0),
             sockets,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
@@ -437,6 +469,13 @@ impl Metrics {
             }
         }
         self.rejected_now.set(gauge(engine.rejected().len()));
+        self.refused_addresses
+            .set(gauge(engine.refused().values().map(Vec::len).sum()));
+        let retries = engine.retries();
+        let last = self.seen_retries.swap(retries, Ordering::Relaxed);
+        if retries > last {
+            self.retries.inc_by(retries - last);
+        }
         let rejected_total = engine.rejected_total();
         let last = self.seen_rejected.swap(rejected_total, Ordering::Relaxed);
         if rejected_total > last {

@@ -229,6 +229,12 @@ pub async fn run(
     serve(listeners, &shared)?;
 
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+    // This node's interface addresses first: none of them may be written as a frontend.
+    engine.await_local_addresses();
+    let addresses_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("addresses".into())
+        .spawn(move || source::addresses::watch(&addresses_tx))?;
     let mut api_route = start_source(&config, tx).await?;
 
     let mut retry = tokio::time::interval(config.retry_interval);
@@ -625,6 +631,16 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
             .map(|(s, m)| Rejected {
                 subject: s.clone(),
                 message: m.clone(),
+            })
+            .collect(),
+        refused_addresses: engine
+            .refused()
+            .iter()
+            .flat_map(|(service, list)| {
+                list.iter().map(|r| crate::status::RefusedAddress {
+                    service: service.clone(),
+                    refusal: r.clone(),
+                })
             })
             .collect(),
         features: shared.features.probes.clone(),

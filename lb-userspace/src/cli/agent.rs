@@ -80,7 +80,8 @@ pub struct AgentArgs {
     /// What `getpeername()` reports on TCP sockets connected through a service.
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_TCP_PEER_NAME")]
     pub tcp_peer_name: PeerName,
-    /// How often backend sets whose writes failed are retried, in milliseconds.
+    /// How often the agent looks for failed backend sets due another try, in milliseconds
+    /// (each failing set backs off on its own, from 0.5 s to 60 s).
     #[arg(long, default_value_t = 1000, env = "SOCKLB_RETRY_MS")]
     pub retry_ms: u64,
     /// /livez fails when changes stay unwritten, or the source keeps failing, this long (seconds).

@@ -97,7 +97,9 @@ pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             .block_on(from_api(args, flags.name.as_deref()))?,
     };
     // The one rule for who this node is, shared with the agent.
-    let node = NodeInfo::resolve(&flags, loaded.node.as_ref());
+    // The addresses on this host's interfaces, as the agent on it sees them.
+    let bound = crate::source::addresses::current().unwrap_or_default();
+    let node = NodeInfo::resolve(&flags, loaded.node.as_ref(), &bound);
     // With manifests every Service's claims are known; from the API only the Service was
     // read, and the agent's /status says who owns contested addresses.
     let ownership = args

@@ -96,6 +96,15 @@ pub enum MapWriteError {
         free: u32,
         waiting: u32,
     },
+    /// No room for the new set, and backends left it: the set was narrowed in place to the
+    /// `serving` backends that stay (0: connects are refused) rather than keep those that left.
+    #[error("map {} has no free range of {wanted} entries ({free} free, {waiting} waiting out their grace period): serving only the {serving} backend(s) that stay, never one that left, until room frees", MapId::Backends.name())]
+    Narrowed {
+        wanted: u32,
+        free: u32,
+        waiting: u32,
+        serving: u32,
+    },
     #[error("writing map {}", .map.name())]
     Io {
         map: MapId,
@@ -110,7 +119,7 @@ impl MapWriteError {
     pub fn kind(&self) -> crate::vocab::ErrorKind {
         use crate::vocab::ErrorKind;
         match self {
-            Self::Full { .. } | Self::NoRange { .. } => ErrorKind::MapFull,
+            Self::Full { .. } | Self::NoRange { .. } | Self::Narrowed { .. } => ErrorKind::MapFull,
             Self::Io { .. } => ErrorKind::MapWrite,
             Self::Injected { .. } => ErrorKind::Injected,
         }

@@ -57,6 +57,9 @@ fn service(out: &mut String, e: &Explanation, t: &ServiceTranslation) {
     for note in &t.notes {
         let _ = writeln!(out, "   note: {note}");
     }
+    for r in &t.refused {
+        let _ = writeln!(out, "   not served: {r}");
+    }
 }
 
 fn slices(out: &mut String, e: &Explanation) {

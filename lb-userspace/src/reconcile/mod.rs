@@ -89,10 +89,13 @@ pub struct ReconcileStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct SetState {
     id: u32,
-    /// Start of its range in the backend array (meaningless when `layout` is empty).
+    /// Where its frontends point in the backend array (meaningless when `layout` is empty).
     base: u32,
-    /// The backends, in slot order (the range holds exactly these).
+    /// The backends, in slot order, from `base`.
     layout: Vec<SocketAddr>,
+    /// The extent of the backend array it holds (start, length): `base` and `layout`, or the
+    /// larger range it was narrowed inside (see `MapWriteError::Narrowed`).
+    range: (u32, u32),
     /// UDP: the serving endpoints last written (see `DesiredService::serving`).
     serving: Vec<SocketAddr>,
 }
@@ -151,6 +154,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 && ranges.reserve(fe.base, u32::from(fe.count))
             {
                 set.base = fe.base;
+                set.range = (fe.base, u32::from(fe.count));
                 set.layout = layout;
             }
         }
@@ -247,7 +251,17 @@ impl<M: ServiceMaps> Reconciler<M> {
             self.sync_one_into(&key, None, &mut report);
         }
         self.sweep_orphans(&mut report);
-        for (key, service) in &desired.services {
+        // Capacity goes to the oldest Services first (then the smaller uid), never by name: on
+        // a fresh node, after a restart or a migration, the newest is the one that finds the
+        // maps full, as on a running agent.
+        let mut order: Vec<(&ServicePortKey, &DesiredService)> = desired.services.iter().collect();
+        order.sort_by(|a, b| {
+            a.1.seniority
+                .age()
+                .cmp(&b.1.seniority.age())
+                .then_with(|| a.0.cmp(b.0))
+        });
+        for (key, service) in order {
             self.sync_one_into(key, Some(service), &mut report);
         }
         self.sweep_ports(&mut report);
@@ -312,7 +326,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         match result {
             Ok(()) => {
                 if plan.new_range {
-                    self.ranges.release(old.base, old.layout.len() as u32, now);
+                    self.ranges.release(old.range.0, old.range.1, now);
                 }
 
                 if key.protocol == Protocol::Udp {
@@ -328,12 +342,18 @@ impl<M: ServiceMaps> Reconciler<M> {
                         report.services_removed += 1;
                     }
                     Some(d) => {
+                        let range = if plan.new_range {
+                            (plan.base, plan.layout.len() as u32)
+                        } else {
+                            old.range
+                        };
                         self.sets.insert(
                             key.clone(),
                             SetState {
                                 id,
                                 base: plan.base,
                                 layout: plan.layout,
+                                range,
                                 serving: d.serving.clone(),
                             },
                         );
@@ -341,6 +361,10 @@ impl<M: ServiceMaps> Reconciler<M> {
                             report.services_changed += 1;
                         }
                     }
+                }
+                if let Some(narrowed) = plan.narrowed {
+                    // Written, but not as desired: reported and retried like a failure.
+                    self.record_failure(key, narrowed, report);
                 }
                 // Frontend ports this set stopped using, now that its frontends are gone.
                 self.release_ports(&plan.released_filter, report);
@@ -376,7 +400,8 @@ impl<M: ServiceMaps> Reconciler<M> {
 
     fn record_failure(&mut self, key: &ServicePortKey, e: MapWriteError, report: &mut SyncReport) {
         *self.stats.errors.entry(e.kind()).or_default() += 1;
-        tracing::warn!(service = %key, error = %e, "service left on its previous state");
+        // The engine logs when a set starts and stops failing, not every retry.
+        tracing::debug!(service = %key, error = %e, "service port not written as desired");
         let failed = WriteFailed(Arc::new(e));
         report.failed.insert(key.clone(), failed.clone());
         self.failed.insert(key.clone(), failed);
@@ -421,28 +446,13 @@ impl<M: ServiceMaps> Reconciler<M> {
 
         // 1. The backends, positions kept where they stay; a changed set gets a fresh range.
         let old_slots: Vec<Option<SocketAddr>> = old.layout.iter().copied().map(Some).collect();
-        let layout = layout::layout(&old_slots, &want.backends);
-        let new_range = layout != old.layout;
-        let base = if new_range {
-            let len = layout.len() as u32;
-            let base = self
-                .ranges
-                .alloc(len, now)
-                .map_err(|e| MapWriteError::NoRange {
-                    wanted: e.wanted,
-                    free: e.free,
-                    waiting: e.waiting,
-                })?;
-            if len > 0 {
-                writes.push(MapWrite::PutBackends {
-                    base,
-                    backends: layout.iter().map(|a| backend(*a)).collect(),
-                });
-            }
-            base
-        } else {
-            old.base
-        };
+        let (base, layout, new_range, narrowed) = self.place(
+            old,
+            layout::layout(&old_slots, &want.backends),
+            want,
+            now,
+            &mut writes,
+        )?;
 
         // 2. Prefilters: the frontend filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
@@ -511,12 +521,60 @@ impl<M: ServiceMaps> Reconciler<M> {
             base,
             layout,
             new_range,
+            narrowed,
             released_filter: current
                 .iter()
                 .filter(|k| !wanted.contains(k))
                 .map(filter_of)
                 .collect(),
         })
+    }
+
+    /// Where the set's backends go: the current range when they are unchanged, else a fresh
+    /// one (with the write that fills it). With no room, backends that left must never be
+    /// chosen again: the frontends point at the longest run of the current range that stays
+    /// wanted (nothing to write there), or at none (connects refused), and the set is reported
+    /// narrowed. Only additions waiting for room leave it as it is (`NoRange`).
+    fn place(
+        &mut self,
+        old: &SetState,
+        layout: Vec<SocketAddr>,
+        want: &DesiredService,
+        now: Instant,
+        writes: &mut Vec<MapWrite>,
+    ) -> Result<(u32, Vec<SocketAddr>, bool, Option<MapWriteError>), MapWriteError> {
+        if layout == old.layout {
+            return Ok((old.base, layout, false, None));
+        }
+        let len = layout.len() as u32;
+        match self.ranges.alloc(len, now) {
+            Ok(base) => {
+                if len > 0 {
+                    writes.push(MapWrite::PutBackends {
+                        base,
+                        backends: layout.iter().map(|a| backend(*a)).collect(),
+                    });
+                }
+                Ok((base, layout, true, None))
+            }
+            Err(e) => {
+                let (start, run) = staying_run(&old.layout, &want.backends);
+                if run.len() == old.layout.len() {
+                    return Err(MapWriteError::NoRange {
+                        wanted: e.wanted,
+                        free: e.free,
+                        waiting: e.waiting,
+                    });
+                }
+                let narrowed = MapWriteError::Narrowed {
+                    wanted: e.wanted,
+                    free: e.free,
+                    waiting: e.waiting,
+                    serving: run.len() as u32,
+                };
+                Ok((old.base + start, run, false, Some(narrowed)))
+            }
+        }
     }
 
     fn word(&self, word: u32) -> u64 {
@@ -664,6 +722,24 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 }
 
+/// The longest run of consecutive slots of `current` whose backends are all still `wanted`:
+/// its start and its backends (empty when none stays).
+fn staying_run(current: &[SocketAddr], wanted: &[SocketAddr]) -> (u32, Vec<SocketAddr>) {
+    let (mut best, mut best_len) = (0usize, 0usize);
+    let mut start = 0usize;
+    for (i, b) in current.iter().enumerate() {
+        if wanted.contains(b) {
+            if i + 1 - start > best_len {
+                best = start;
+                best_len = i + 1 - start;
+            }
+        } else {
+            start = i + 1;
+        }
+    }
+    (best as u32, current[best..best + best_len].to_vec())
+}
+
 /// The writes for one backend set, and what they lead to.
 struct Plan {
     writes: Vec<MapWrite>,
@@ -671,6 +747,8 @@ struct Plan {
     layout: Vec<SocketAddr>,
     /// The set moved to a new range (the old one is released after a successful write).
     new_range: bool,
+    /// No room: the set was narrowed in place (written, then reported as failed).
+    narrowed: Option<MapWriteError>,
     /// Filter bits of the frontends the plan deletes: they go once no frontend sets them.
     released_filter: Vec<(bool, u32)>,
 }

@@ -1,5 +1,6 @@
 //! Where Services and EndpointSlices come from: the Kubernetes API (watchers) or a folder of
 //! YAML manifests. Both speak the same events to the agent.
+pub mod addresses;
 pub mod files;
 pub mod kube;
 
@@ -40,6 +41,9 @@ pub enum SourceEvent {
     Deleted(Kind, ObjectKey),
     /// This node's Node object (zone label, addresses).
     Node(NodeObject),
+    /// The addresses on this node's interfaces (its host network namespace) now: none of them
+    /// is a frontend but as a NodePort (a node-local DNS cache binds the DNS ClusterIP there).
+    LocalAddresses(Vec<std::net::IpAddr>),
     /// Something could not be used; the previous version of what it names stays in effect.
     Rejected {
         subject: Subject,

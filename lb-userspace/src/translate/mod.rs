@@ -12,7 +12,7 @@ mod types;
 pub use ownership::{Conflict, Ownership};
 pub use types::{
     Candidacy, ClaimKind, DesiredService, DesiredState, EndpointDecision, Exclusion, FrontendClaim,
-    PortTranslation, Rule, Seniority, ServiceTranslation, Verdict,
+    PortTranslation, Refusal, Rule, Seniority, ServiceTranslation, SpecialAddress, Verdict,
 };
 
 use std::{net::IpAddr, sync::Arc};
@@ -36,6 +36,9 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     /// Addresses on which NodePorts are served.
     pub addresses: Vec<IpAddr>,
+    /// Every address of this node: its Node object's, the flags', and those bound on its
+    /// interfaces (a node-local DNS cache's). None of them is a frontend but as a NodePort.
+    pub own_addresses: Vec<IpAddr>,
     pub proxy_name: String,
     /// Serve `spec.externalIPs` (off: as the `DenyServiceExternalIPs` admission plugin would).
     pub external_ips: bool,
@@ -47,6 +50,7 @@ impl Default for NodeInfo {
             name: None,
             zone: None,
             addresses: Vec::new(),
+            own_addresses: Vec::new(),
             proxy_name: DEFAULT_PROXY_NAME.into(),
             external_ips: true,
         }
@@ -69,9 +73,15 @@ impl NodeInfo {
     /// The one rule for who this node is, used by the agent and by explain alike: a flag the
     /// operator gave wins; otherwise the Node object says (its zone label, its `InternalIP` and
     /// `ExternalIP` addresses). A zone label removed from the Node clears the zone, as in
-    /// kube-proxy.
-    pub fn resolve(flags: &NodeFlags, node: Option<&NodeObject>) -> Self {
+    /// kube-proxy. `bound` are the addresses on the node's interfaces (host network namespace).
+    pub fn resolve(flags: &NodeFlags, node: Option<&NodeObject>, bound: &[IpAddr]) -> Self {
+        let mut own: Vec<IpAddr> = flags.addresses.clone();
+        own.extend(node.iter().flat_map(|n| n.addresses.iter().copied()));
+        own.extend(bound.iter().copied());
+        own.sort_unstable();
+        own.dedup();
         Self {
+            own_addresses: own,
             name: flags.name.clone(),
             zone: flags
                 .zone
@@ -162,6 +172,7 @@ pub fn translate_service_with(
         skipped: None,
         ports: Vec::new(),
         notes: svc.notes.clone(),
+        refused: Vec::new(),
     };
     if let Some(skip) = skip_reason(svc, node) {
         out.skipped = Some(skip);
@@ -199,9 +210,12 @@ pub fn translate_service_with(
                 detail,
                 seniority: &seniority,
             };
-            out.ports.extend(ctx.translate(&mut out.notes));
+            out.ports
+                .extend(ctx.translate(&mut out.notes, &mut out.refused));
         }
     }
+    out.refused.sort();
+    out.refused.dedup();
     let families: Vec<Family> = svc.cluster_ips.iter().map(|ip| Family::of(*ip)).collect();
     let external = svc
         .external_ips
@@ -235,13 +249,17 @@ impl PortContext<'_> {
     /// The backend sets of this port and family: the cluster set for every frontend, or the
     /// local set for the ClusterIP and the cluster set for the others (internalTrafficPolicy
     /// Local).
-    fn translate(&self, notes: &mut Vec<String>) -> Vec<PortTranslation> {
+    fn translate(
+        &self,
+        notes: &mut Vec<String>,
+        refused: &mut Vec<Refusal>,
+    ) -> Vec<PortTranslation> {
         let (svc, port, protocol, family, node) =
             (self.svc, self.port, self.protocol, self.family, self.node);
         let mut out = Vec::new();
         let merged = endpoints::merge(port, family, self.slices);
         let local_policy = svc.internal_traffic_policy == TrafficPolicy::Local;
-        let claims = claims(svc, port, protocol, family, node, notes);
+        let claims = claims(svc, port, protocol, family, node, notes, refused);
         let (internal, external): (Vec<FrontendClaim>, Vec<FrontendClaim>) = claims
             .into_iter()
             .partition(|c| c.kind == ClaimKind::ClusterIp);
@@ -362,7 +380,9 @@ fn own_slices<'a>(
     out
 }
 
-/// Every address one Service port claims in one family.
+/// Every address one Service port claims in one family. Special addresses are never claimed
+/// (whoever wrote them: the API server refuses them in externalIPs but not in a load
+/// balancer's status, and manifests are not validated by it): they go to `refused`.
 fn claims(
     svc: &Service,
     port: &ServicePort,
@@ -370,6 +390,7 @@ fn claims(
     family: Family,
     node: &NodeInfo,
     notes: &mut Vec<String>,
+    refused: &mut Vec<Refusal>,
 ) -> VecSet<FrontendClaim> {
     let mut out: Vec<FrontendClaim> = Vec::new();
     let claim = |ip: IpAddr, p: u16, kind: ClaimKind| FrontendClaim {
@@ -417,6 +438,27 @@ fn claims(
         }
         out.push(claim(ingress.ip, port.port, ClaimKind::LoadBalancer));
     }
+    out.retain(|c| {
+        let ip = c.addr.addr.ip();
+        let why = SpecialAddress::of(ip).or_else(|| {
+            (c.kind != ClaimKind::NodePort && node.own_addresses.contains(&ip))
+                .then_some(SpecialAddress::ThisNode)
+        });
+        if let Some(why) = why {
+            refused.push(Refusal {
+                addr: ip,
+                field: match c.kind {
+                    ClaimKind::ClusterIp => "spec.clusterIPs",
+                    ClaimKind::ExternalIp => "spec.externalIPs",
+                    ClaimKind::LoadBalancer => "status.loadBalancer.ingress",
+                    ClaimKind::NodePort => "the node's NodePort addresses",
+                }
+                .to_string(),
+                why,
+            });
+        }
+        why.is_none()
+    });
     // One claim per address: the strongest kind (a ClusterIP also listed as an external IP is
     // still the ClusterIP).
     out.sort_by_key(|c| (c.addr, c.kind));

@@ -1,10 +1,12 @@
 //! Which Service owns an address that several claim (CVE-2020-8554 class: anyone who can write a
 //! Service can name any address as an externalIP or get it as a load-balancer ingress IP).
 //!
-//! The rule, the same whatever order Services arrive in: a ClusterIP claim (allocated and made
-//! unique by the API server) always wins; between other claims the older Service wins
-//! (`creationTimestamp`), then the smaller uid. Names and namespaces never decide. The losing
-//! claim is not written and is reported.
+//! The rule, the same whatever order Services arrive in: claims rank by kind first, what the
+//! cluster allocates before what a user typed: a ClusterIP (allocated and made unique by the
+//! API server), then a NodePort (this node's own address), then a load-balancer ingress (set by
+//! a controller), then an externalIP (any Service author may write one). Within a kind the
+//! older Service wins (`creationTimestamp`), then the smaller uid. Names and namespaces never
+//! decide. The losing claim is not written and is reported.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
@@ -20,7 +22,7 @@ use crate::{
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Claimant {
-    rank: (bool, i64, Arc<str>),
+    rank: (u8, i64, Arc<str>),
     kind: ClaimKind,
     key: ServicePortKey,
 }

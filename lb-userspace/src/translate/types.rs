@@ -25,6 +25,21 @@ pub enum ClaimKind {
     LoadBalancer,
 }
 
+impl ClaimKind {
+    /// Which kind of claim wins an address several Services claim, before age decides: the
+    /// addresses the cluster allocates (ClusterIP by the API server, NodePorts on this node's
+    /// own addresses, load-balancer ingress by a controller) before an address a user typed
+    /// (externalIPs). Lower wins.
+    pub const fn precedence(self) -> u8 {
+        match self {
+            Self::ClusterIp => 0,
+            Self::NodePort => 1,
+            Self::LoadBalancer => 2,
+            Self::ExternalIp => 3,
+        }
+    }
+}
+
 impl fmt::Display for ClaimKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -43,8 +58,9 @@ pub struct FrontendClaim {
     pub kind: ClaimKind,
 }
 
-/// Who wins between two non-ClusterIP claims on one address: the older Service, then the
-/// smaller uid. Nothing a Service author chooses (its name, its namespace) decides.
+/// Who wins between two claims of one kind on one address, and who gets capacity first: the
+/// older Service, then the smaller uid. Nothing a Service author chooses (its name, its
+/// namespace) decides.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Seniority {
     /// `creationTimestamp` in seconds; `None` sorts last.
@@ -53,13 +69,18 @@ pub struct Seniority {
 }
 
 impl Seniority {
-    /// The ordering key: ClusterIP claims first, then age, then uid.
-    pub fn rank(&self, kind: ClaimKind) -> (bool, i64, Arc<str>) {
+    /// The ordering key of a claim: its kind's precedence, then age, then uid.
+    pub fn rank(&self, kind: ClaimKind) -> (u8, i64, Arc<str>) {
         (
-            kind != ClaimKind::ClusterIp,
+            kind.precedence(),
             self.created.unwrap_or(i64::MAX),
             Arc::clone(&self.uid),
         )
+    }
+
+    /// The order capacity is handed out in: the oldest Service first, then the smaller uid.
+    pub fn age(&self) -> (i64, &str) {
+        (self.created.unwrap_or(i64::MAX), &self.uid)
     }
 }
 
@@ -279,4 +300,98 @@ pub struct ServiceTranslation {
     pub ports: Vec<PortTranslation>,
     /// Things worth a warning that do not stop the rest (an SCTP port, ...).
     pub notes: Vec<String>,
+    /// Addresses the Service names that are never a frontend, with the field naming them.
+    #[serde(default)]
+    pub refused: Vec<Refusal>,
+}
+
+/// Why an address is never a service frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SpecialAddress {
+    /// `127.0.0.0/8`, `::1`: every pod's own loopback (its admin port, a sidecar).
+    Loopback,
+    /// `0.0.0.0`, `::`.
+    Unspecified,
+    /// `169.254.0.0/16`, `fe80::/10`: the cloud metadata service, link-local peers.
+    LinkLocal,
+    /// `224.0.0.0/4`, `ff00::/8`.
+    Multicast,
+    /// `255.255.255.255`.
+    Broadcast,
+    /// One of this node's addresses (its Node object's, or bound on it): the node's own
+    /// services, a node-local DNS cache. Only NodePorts are served there.
+    ThisNode,
+}
+
+impl SpecialAddress {
+    /// The special range `ip` is in, if any (this node's addresses aside).
+    pub fn of(ip: IpAddr) -> Option<Self> {
+        match ip {
+            IpAddr::V4(v4) => {
+                if v4.is_loopback() {
+                    Some(Self::Loopback)
+                } else if v4.is_unspecified() {
+                    Some(Self::Unspecified)
+                } else if v4.is_link_local() {
+                    Some(Self::LinkLocal)
+                } else if v4.is_multicast() {
+                    Some(Self::Multicast)
+                } else if v4.is_broadcast() {
+                    Some(Self::Broadcast)
+                } else {
+                    None
+                }
+            }
+            IpAddr::V6(v6) => {
+                if let Some(v4) = v6.to_ipv4_mapped() {
+                    return Self::of(IpAddr::V4(v4));
+                }
+                if v6.is_loopback() {
+                    Some(Self::Loopback)
+                } else if v6.is_unspecified() {
+                    Some(Self::Unspecified)
+                } else if v6.is_unicast_link_local() {
+                    Some(Self::LinkLocal)
+                } else if v6.is_multicast() {
+                    Some(Self::Multicast)
+                } else {
+                    None
+                }
+            }
+        }
+    }
+}
+
+impl fmt::Display for SpecialAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Loopback => "a loopback address: every pod's own",
+            Self::Unspecified => "the unspecified address",
+            Self::LinkLocal => "a link-local address (the cloud metadata service lives there)",
+            Self::Multicast => "a multicast address",
+            Self::Broadcast => "the broadcast address",
+            Self::ThisNode => "one of this node's own addresses (only NodePorts are served there)",
+        })
+    }
+}
+
+/// An address a Service names that socklb never makes a frontend.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Refusal {
+    pub addr: IpAddr,
+    /// The field that names it: `spec.clusterIPs`, `spec.externalIPs`,
+    /// `status.loadBalancer.ingress`, or `nodePort` (a node address given by flag).
+    pub field: String,
+    pub why: SpecialAddress,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} is never a frontend: it is {}",
+            self.field, self.addr, self.why
+        )
+    }
 }

@@ -3054,9 +3054,9 @@ endpoints:
 "#,
         expect: &[
             ("192.0.2.10:30087/TCP", Backends(&["10.244.87.1:80"])),
-            ("192.0.2.10:30187/TCP", Backends(&["10.244.87.2:30187"])),
+            ("192.0.2.10:30187/TCP", Backends(&["10.244.87.3:80"])),
         ],
-        note: "kube-proxy always gives a node address and port to the externalIP (or load-balancer IP) naming it, over a NodePort; socklb decides between such claims by age, then uid, as between any two claims that are not ClusterIPs, so a newer Service cannot take an older NodePort",
+        note: "kube-proxy gives a node address and port to the externalIP (or load-balancer IP) naming it, over a NodePort; socklb never serves an externalIP or load-balancer IP that is one of this node's own addresses (only NodePorts are served there), so neither an older nor a newer Service's externalIP can take a NodePort",
     },
     Case {
         name: "cluster-ip-none",

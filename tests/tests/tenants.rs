@@ -1,0 +1,494 @@
+//! Tenant safety, round 2 (RELIABILITY.md, threat model): who fails when capacity runs out,
+//! removals at full maps, special addresses, claim kinds, several destinations per socket.
+//! Each test names the hole it proves closed, on real sockets, on a fresh node and on a running
+//! agent where that differs.
+use std::{collections::BTreeSet, fmt::Write as _};
+
+use socklb::{status::Status, translate::SpecialAddress};
+use socklb_tests::{
+    Sandbox,
+    agent::{AgentOptions, AgentProcess},
+    client::Command,
+    privileged,
+};
+
+const A: &str = "10.244.1.21";
+const B: &str = "10.244.2.34";
+const C: &str = "10.244.3.47";
+
+/// A Service with metadata (namespace, uid, creation time), ports `(name, protocol, port)`,
+/// all targeting 8080 (TCP) or 5353 (UDP), and `extra` spec lines (a line starting `status:`
+/// goes to the top level); and its slice of `endpoints`.
+fn svc(
+    namespace: &str,
+    name: &str,
+    cluster_ip: &str,
+    created: &str,
+    ports: &[(&str, &str, u16)],
+    extra: &[&str],
+    endpoints: &[&str],
+) -> String {
+    let mut y = format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  uid: \"uid-{namespace}-{name}\"\n  creationTimestamp: \"{created}\"\nspec:\n  clusterIP: \"{cluster_ip}\"\n  ports:\n"
+    );
+    for (port_name, protocol, port) in ports {
+        let target = if *protocol == "UDP" { 5353 } else { 8080 };
+        let _ = writeln!(
+            y,
+            "    - {{name: {port_name}, protocol: {protocol}, port: {port}, targetPort: {target}}}"
+        );
+    }
+    for line in extra.iter().filter(|l| !l.starts_with("status:")) {
+        let _ = writeln!(y, "  {line}");
+    }
+    for line in extra.iter().filter(|l| l.starts_with("status:")) {
+        let _ = writeln!(y, "{line}");
+    }
+    let _ = write!(
+        y,
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}-1\n  namespace: {namespace}\n  labels: {{kubernetes.io/service-name: {name}}}\naddressType: IPv4\nports:\n"
+    );
+    for (port_name, protocol, _) in ports {
+        let target = if *protocol == "UDP" { 5353 } else { 8080 };
+        let _ = writeln!(
+            y,
+            "  - {{name: {port_name}, protocol: {protocol}, port: {target}}}"
+        );
+    }
+    y.push_str("endpoints:\n");
+    if endpoints.is_empty() {
+        y.push_str("  []\n");
+    }
+    for ip in endpoints {
+        let _ = writeln!(y, "  - {{addresses: [\"{ip}\"]}}");
+    }
+    y
+}
+
+fn status(agent: &AgentProcess) -> anyhow::Result<Status> {
+    agent.status()
+}
+
+fn answered_by(sandbox: &Sandbox, target: &str, count: usize) -> anyhow::Result<BTreeSet<String>> {
+    let reply = sandbox.client()?.connect(target.parse()?, count)?;
+    anyhow::ensure!(reply.failures() == 0, "{target}: {:?}", reply.errors);
+    Ok(reply.backends.keys().cloned().collect())
+}
+
+/// kube-dns (2019, 53/UDP and 53/TCP) and aaa/filler (2025, 24 ports) with room for 16
+/// backend sets: on a fresh node the older kube-dns gets its two and the newer filler the rest,
+/// whatever their names sort as; a restart on the same pins keeps that; on the running agent
+/// the filler arriving second fails alike.
+#[test]
+fn capacity_goes_to_the_oldest_on_a_fresh_node() -> anyhow::Result<()> {
+    if !privileged("capacity_goes_to_the_oldest_on_a_fresh_node") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend(format!("{A}:8080").parse()?, false)?;
+    sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
+    let dns = svc(
+        "kube-system",
+        "kube-dns",
+        "10.96.0.10",
+        "2019-01-01T00:00:00Z",
+        &[("dns", "UDP", 53), ("dns-tcp", "TCP", 53)],
+        &[],
+        &[A],
+    );
+    let ports: Vec<(String, u16)> = (0..24).map(|i| (format!("p{i}"), 1000 + i)).collect();
+    let filler_ports: Vec<(&str, &str, u16)> =
+        ports.iter().map(|(n, p)| (n.as_str(), "TCP", *p)).collect();
+    let filler = svc(
+        "aaa",
+        "filler",
+        "10.96.0.99",
+        "2025-01-01T00:00:00Z",
+        &filler_ports,
+        &[],
+        &[A],
+    );
+    sandbox.write_manifest("filler.yaml", &filler)?;
+    sandbox.write_manifest("dns.yaml", &dns)?;
+    let args: Vec<String> = ["--max-services", "16", "--max-frontends", "16"]
+        .map(String::from)
+        .to_vec();
+    let mut agent = sandbox.start_agent(&AgentOptions {
+        args: args.clone(),
+        ..AgentOptions::default()
+    })?;
+    let check = |agent: &AgentProcess| -> anyhow::Result<()> {
+        sandbox.wait_candidates("10.96.0.10:53/udp", &[&format!("{A}:5353")])?;
+        sandbox.wait_candidates("10.96.0.10:53", &[&format!("{A}:8080")])?;
+        let s = status(agent)?;
+        let failed: BTreeSet<String> = s
+            .failed
+            .iter()
+            .map(|f| f.service_port.service.to_string())
+            .collect();
+        assert_eq!(
+            failed,
+            BTreeSet::from(["aaa/filler".to_string()]),
+            "only the newest fails"
+        );
+        assert_eq!(
+            s.failed.len(),
+            10,
+            "24 filler ports, 14 fit: {:?}",
+            s.failed
+        );
+        Ok(())
+    };
+    check(&agent)?;
+    let r = sandbox.client()?.run(&Command::SendTo {
+        target: "10.96.0.10:53".parse()?,
+        count: 5,
+        id: None,
+    })?;
+    assert_eq!(r.answers(), 5, "DNS answers: {r:?}");
+    // A restart on the same pins (adopting them) changes nothing.
+    agent.restart(true)?;
+    check(&agent)?;
+    drop(agent);
+
+    // The running agent: kube-dns alone, then the filler arrives.
+    let sandbox2 = Sandbox::new()?;
+    sandbox2.add_backend(format!("{A}:8080").parse()?, false)?;
+    sandbox2.add_backend(format!("{A}:5353").parse()?, true)?;
+    sandbox2.write_manifest("dns.yaml", &dns)?;
+    let agent2 = sandbox2.start_agent(&AgentOptions {
+        args,
+        ..AgentOptions::default()
+    })?;
+    sandbox2.write_manifest("filler.yaml", &filler)?;
+    sandbox2.wait_candidates("10.96.0.10:53/udp", &[&format!("{A}:5353")])?;
+    let start = std::time::Instant::now();
+    while status(&agent2)?.failed.len() < 10 && start.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let s = status(&agent2)?;
+    assert!(
+        s.failed
+            .iter()
+            .all(|f| f.service_port.service.to_string() == "aaa/filler"),
+        "{:?}",
+        s.failed
+    );
+    assert_eq!(s.failed.len(), 10);
+    Ok(())
+}
+
+/// A full backend array must not freeze a removal: default/web {A, B} becomes {B, C} while
+/// aaa/big fills the rest; new connects never reach A again, and web gets C once room frees.
+#[test]
+fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
+    if !privileged("removals_apply_at_a_full_backend_array") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for ip in [A, B, C] {
+        sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
+    }
+    let big_endpoints: Vec<String> = (1..=14).map(|i| format!("10.244.9.{i}")).collect();
+    let big_refs: Vec<&str> = big_endpoints.iter().map(String::as_str).collect();
+    let big = svc(
+        "aaa",
+        "big",
+        "10.96.0.90",
+        "2024-01-01T00:00:00Z",
+        &[("http", "TCP", 80)],
+        &[],
+        &big_refs,
+    );
+    sandbox.write_manifest("big.yaml", &big)?;
+    sandbox.write_manifest(
+        "web.yaml",
+        &svc(
+            "default",
+            "web",
+            "10.96.0.10",
+            "2020-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            &[A, B],
+        ),
+    )?;
+    let agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--max-backends".into(), "16".into()],
+        ..AgentOptions::default()
+    })?;
+    let (a, b, c) = (
+        format!("{A}:8080"),
+        format!("{B}:8080"),
+        format!("{C}:8080"),
+    );
+    sandbox.wait_candidates("10.96.0.10:80", &[&a, &b])?;
+    // Exactly full: 14 + 2 of 16.
+    sandbox.write_manifest(
+        "web.yaml",
+        &svc(
+            "default",
+            "web",
+            "10.96.0.10",
+            "2020-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            &[B, C],
+        ),
+    )?;
+    sandbox.wait_candidates("10.96.0.10:80", &[&b])?;
+    assert_eq!(
+        answered_by(&sandbox, "10.96.0.10:80", 50)?,
+        BTreeSet::from([b.clone()]),
+        "A, which left, never answers again"
+    );
+    let s = status(&agent)?;
+    assert!(
+        s.failed
+            .iter()
+            .any(|f| f.service_port.service.to_string() == "default/web"
+                && f.error.contains("serving only the 1 backend(s) that stay")),
+        "reported as narrowed: {:?}",
+        s.failed
+    );
+    // Room frees: web gets C as well, on its retry.
+    sandbox.remove_manifest("big.yaml")?;
+    sandbox.wait_candidates("10.96.0.10:80", &[&b, &c])?;
+    Ok(())
+}
+
+/// Special addresses never become frontends, whoever names them: a load balancer's status
+/// (127.0.0.1:8080, 169.254.169.254:80, 0.0.0.0:81), an externalIP from a manifest
+/// (127.0.0.1:8081) and one of this node's own addresses. A pod's own loopback port stays its
+/// own, the metadata address is not rewritten, and /status names each refusal.
+#[test]
+fn special_addresses_are_never_frontends() -> anyhow::Result<()> {
+    if !privileged("special_addresses_are_never_frontends") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend(format!("{A}:8080").parse()?, false)?;
+    // The pod's own admin port on its loopback.
+    sandbox.serve_in_netns(&sandbox.client_ns, "127.0.0.1:8080".parse()?, false)?;
+    let lb = |name: &str, ip: &str, port: u16, cluster_ip: &str| {
+        svc(
+            "evil",
+            name,
+            cluster_ip,
+            "2025-01-01T00:00:00Z",
+            &[("http", "TCP", port)],
+            &[
+                "type: LoadBalancer",
+                &format!("status: {{loadBalancer: {{ingress: [{{ip: \"{ip}\"}}]}}}}"),
+            ],
+            &[A],
+        )
+    };
+    sandbox.write_manifest("lo.yaml", &lb("lo", "127.0.0.1", 8080, "10.96.0.81"))?;
+    sandbox.write_manifest(
+        "meta.yaml",
+        &lb("meta", "169.254.169.254", 80, "10.96.0.82"),
+    )?;
+    sandbox.write_manifest("any.yaml", &lb("any", "0.0.0.0", 81, "10.96.0.83"))?;
+    sandbox.write_manifest(
+        "ext.yaml",
+        &svc(
+            "evil",
+            "ext",
+            "10.96.0.84",
+            "2025-01-01T00:00:00Z",
+            &[("http", "TCP", 8081)],
+            &["externalIPs: [\"127.0.0.1\", \"192.0.2.77\"]"],
+            &[A],
+        ),
+    )?;
+    let agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--node-address".into(), "192.0.2.77".into()],
+        ..AgentOptions::default()
+    })?;
+    sandbox.wait_candidates("10.96.0.81:8080", &[&format!("{A}:8080")])?;
+    for target in [
+        "127.0.0.1:8080",
+        "169.254.169.254:80",
+        "0.0.0.0:81",
+        "127.0.0.1:8081",
+        "192.0.2.77:8081",
+    ] {
+        assert_eq!(sandbox.candidates(target)?, None, "{target} is no frontend");
+    }
+    let own = sandbox.client()?.connect("127.0.0.1:8080".parse()?, 5)?;
+    assert_eq!(
+        own.backends.keys().collect::<Vec<_>>(),
+        ["127.0.0.1:8080"],
+        "the pod's own loopback port answers itself: {own:?}"
+    );
+    let meta = sandbox
+        .client()?
+        .connect("169.254.169.254:80".parse()?, 1)?;
+    assert_eq!(
+        meta.errors.get("ENETUNREACH"),
+        Some(&1),
+        "not rewritten (no route in the pod): {meta:?}"
+    );
+    let s = status(&agent)?;
+    let refused: BTreeSet<(String, String, SpecialAddress)> = s
+        .refused_addresses
+        .iter()
+        .map(|r| {
+            (
+                r.service.to_string(),
+                format!("{} {}", r.refusal.field, r.refusal.addr),
+                r.refusal.why,
+            )
+        })
+        .collect();
+    let expected = BTreeSet::from([
+        (
+            "evil/lo".into(),
+            "status.loadBalancer.ingress 127.0.0.1".into(),
+            SpecialAddress::Loopback,
+        ),
+        (
+            "evil/meta".into(),
+            "status.loadBalancer.ingress 169.254.169.254".into(),
+            SpecialAddress::LinkLocal,
+        ),
+        (
+            "evil/any".into(),
+            "status.loadBalancer.ingress 0.0.0.0".into(),
+            SpecialAddress::Unspecified,
+        ),
+        (
+            "evil/ext".into(),
+            "spec.externalIPs 127.0.0.1".into(),
+            SpecialAddress::Loopback,
+        ),
+        (
+            "evil/ext".into(),
+            "spec.externalIPs 192.0.2.77".into(),
+            SpecialAddress::ThisNode,
+        ),
+    ]);
+    assert_eq!(refused, expected);
+    assert_eq!(agent.metric("socklb_refused_addresses")?, Some(5.0));
+    Ok(())
+}
+
+/// An address the cluster allocated outranks one a user typed: an older Service's
+/// externalIPs [203.0.113.10] loses it to a newer LoadBalancer Service whose controller set it.
+#[test]
+fn an_allocated_address_outranks_a_typed_one() -> anyhow::Result<()> {
+    if !privileged("an_allocated_address_outranks_a_typed_one") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for ip in [A, B] {
+        sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
+    }
+    sandbox.write_manifest(
+        "typed.yaml",
+        &svc(
+            "old",
+            "typed",
+            "10.96.0.71",
+            "2019-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &["externalIPs: [\"203.0.113.10\"]"],
+            &[A],
+        ),
+    )?;
+    sandbox.write_manifest(
+        "lb.yaml",
+        &svc(
+            "new",
+            "lb",
+            "10.96.0.72",
+            "2025-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[
+                "type: LoadBalancer",
+                "status: {loadBalancer: {ingress: [{ip: \"203.0.113.10\"}]}}",
+            ],
+            &[B],
+        ),
+    )?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
+    let b = format!("{B}:8080");
+    sandbox.wait_candidates("203.0.113.10:80", &[&b])?;
+    assert_eq!(
+        answered_by(&sandbox, "203.0.113.10:80", 10)?,
+        BTreeSet::from([b])
+    );
+    let s = status(&agent)?;
+    assert!(
+        s.conflicts
+            .iter()
+            .any(|c| c.service_port.service.to_string() == "old/typed"
+                && c.conflict.owner.service.to_string() == "new/lb"),
+        "{:?}",
+        s.conflicts
+    );
+    Ok(())
+}
+
+/// One socket, several services: an unconnected UDP socket that talks to S1 and S2, and a
+/// socket connected to S1 that also sends to S2, get each service's replies from that
+/// service's address (resolvers drop the others).
+#[test]
+fn replies_come_from_each_service_a_socket_talked_to() -> anyhow::Result<()> {
+    if !privileged("replies_come_from_each_service_a_socket_talked_to") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
+    sandbox.add_backend(format!("{B}:5353").parse()?, true)?;
+    for (name, vip, ip) in [("s1", "10.96.0.51", A), ("s2", "10.96.0.52", B)] {
+        sandbox.write_manifest(
+            &format!("{name}.yaml"),
+            &svc(
+                "default",
+                name,
+                vip,
+                "2020-01-01T00:00:00Z",
+                &[("dns", "UDP", 53)],
+                &[],
+                &[ip],
+            ),
+        )?;
+    }
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.52:53/udp", &[&format!("{B}:5353")])?;
+    let mut client = sandbox.client()?;
+    let (s1, s2) = ("10.96.0.51:53", "10.96.0.52:53");
+    let send = |client: &mut socklb_tests::Client, target: &str, id: u32| {
+        client.run(&Command::SendTo {
+            target: target.parse().expect("target"),
+            count: 3,
+            id: Some(id),
+        })
+    };
+    for target in [s1, s2, s1, s2] {
+        let r = send(&mut client, target, 10)?;
+        assert_eq!(
+            r.peer_names.keys().collect::<Vec<_>>(),
+            [target],
+            "unconnected socket, replies of {target}: {r:?}"
+        );
+    }
+    let opened = client.run(&Command::Open {
+        id: 20,
+        target: s1.parse()?,
+        udp: true,
+    })?;
+    assert!(opened.ok, "{opened:?}");
+    // A datagram to S2 on the socket connected to S1 (its reply is not for a connected socket
+    // to read), then S1 again: S1's replies still come from S1's address.
+    let _ = send(&mut client, s2, 20)?;
+    let r = send(&mut client, s1, 20)?;
+    assert_eq!(
+        r.peer_names.get(s1),
+        Some(&3),
+        "connected socket after a sendto elsewhere: {r:?}"
+    );
+    Ok(())
+}
