@@ -342,7 +342,14 @@ fn special_addresses_are_never_frontends() -> anyhow::Result<()> {
             )
         })
         .collect();
-    let expected = BTreeSet::from([
+    assert_eq!(refused, expected_refusals());
+    assert_eq!(agent.metric("socklb_refused_addresses")?, Some(5.0));
+    Ok(())
+}
+
+/// What `special_addresses_are_never_frontends` names: service, field and address, why.
+fn expected_refusals() -> BTreeSet<(String, String, SpecialAddress)> {
+    BTreeSet::from([
         (
             "evil/lo".into(),
             "status.loadBalancer.ingress 127.0.0.1".into(),
@@ -368,10 +375,7 @@ fn special_addresses_are_never_frontends() -> anyhow::Result<()> {
             "spec.externalIPs 192.0.2.77".into(),
             SpecialAddress::ThisNode,
         ),
-    ]);
-    assert_eq!(refused, expected);
-    assert_eq!(agent.metric("socklb_refused_addresses")?, Some(5.0));
-    Ok(())
+    ])
 }
 
 /// An address the cluster allocated outranks one a user typed: an older Service's
