@@ -549,9 +549,10 @@ pub struct SockRecord {
 
 /// Destinations one socket remembers: a UDP socket connected to one service that also sends
 /// to others (or one `sendmmsg()` batch to several) gets each one's replies from that service's
-/// address. glibc and musl resolvers use at most 3 nameservers (`MAXNS`); a fifth destination
-/// replaces the oldest.
-pub const SOCK_DESTINATIONS: usize = 4;
+/// address. glibc and musl resolvers use at most 3 nameservers (`MAXNS`); a fourth destination
+/// replaces the oldest. Three keep the kernel's element for a socket's value in its 256-byte
+/// slab (72 bytes of header plus the value).
+pub const SOCK_DESTINATIONS: usize = 3;
 
 /// `SOCKETS` value (socket-local storage): who the socket belongs to and where it was
 /// translated, so getpeername and recvmsg report the service address, an unconnected UDP socket
@@ -699,7 +700,8 @@ const _: () = {
     assert!(offset_of!(SockState, next) == 16);
     assert!(offset_of!(SockState, records) == 24);
     assert!(size_of::<SockState>() == 24 + 48 * SOCK_DESTINATIONS);
-    assert!(SOCK_DESTINATIONS.is_power_of_two());
+    // The storage element (72 bytes of header, then the value) stays in the 256-byte slab.
+    assert!(72 + size_of::<SockState>() <= 256);
     assert!(size_of::<SocketEntry>() == 8 + size_of::<SockState>());
     assert!(size_of::<DatapathConfig>() == 8);
     assert!(size_of::<AffinityEntry>() == 48);

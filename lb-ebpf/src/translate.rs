@@ -39,8 +39,11 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// The API's longest affinity timeout (one day): older entries are dead whatever their service.
 /// Masks table indexes so the verifier sees them bounded.
 const WAY_MASK: usize = AFFINITY_WAYS - 1;
-/// Masks record indexes so the verifier sees them bounded.
-const RECORD_MASK: usize = SOCK_DESTINATIONS - 1;
+/// A record index the verifier sees bounded (`SOCK_DESTINATIONS` need not be a power of two).
+#[inline(always)]
+const fn slot_of(i: usize) -> usize {
+    if i < SOCK_DESTINATIONS { i } else { 0 }
+}
 const MAX_AFFINITY_NS: u64 = 86_400 * NANOS_PER_SECOND;
 
 /// Whether TCP sockets get a record (so getpeername reports the service address). Set by the
@@ -159,7 +162,7 @@ pub fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     for i in 0..SOCK_DESTINATIONS {
         // SAFETY: non-null, `i` masked below the array's length; only hooks of this socket
         // write it, and a torn read only fails the comparison.
-        let record = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+        let record = unsafe { &*core::ptr::addr_of!((*state).records[slot_of(i)]) };
         let backend = &record.backend;
         if backend.family == peer.family
             && backend.port_be == peer.port_be
@@ -255,7 +258,7 @@ fn remember(state: *mut SockState, key: &FrontendKey, choice: &Choice, service_i
     let mut free = SOCK_DESTINATIONS;
     for i in 0..SOCK_DESTINATIONS {
         // SAFETY: `state` is non-null (callers pass it only with a record wanted) and `i` masked.
-        let record = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+        let record = unsafe { &*core::ptr::addr_of!((*state).records[slot_of(i)]) };
         if record.frontend == *key {
             index = i;
             break;
@@ -269,17 +272,22 @@ fn remember(state: *mut SockState, key: &FrontendKey, choice: &Choice, service_i
             free
         } else {
             // SAFETY: as above.
+            // (A comparison, not a modulo: the verifier must see the index bounded.)
             unsafe {
-                let next = (*state).next;
-                (*state).next = next.wrapping_add(1);
-                next as usize
+                let next = slot_of((*state).next as usize);
+                (*state).next = if next + 1 < SOCK_DESTINATIONS {
+                    next as u32 + 1
+                } else {
+                    0
+                };
+                next
             }
         };
     }
     // SAFETY: as above; the storage belongs to this socket, which cannot be released while
     // this hook runs.
     unsafe {
-        *core::ptr::addr_of_mut!((*state).records[index & RECORD_MASK]) = SockRecord {
+        *core::ptr::addr_of_mut!((*state).records[slot_of(index)]) = SockRecord {
             frontend: *key,
             backend: choice.backend,
             service_id,
@@ -388,7 +396,7 @@ fn choose(
         for i in 0..SOCK_DESTINATIONS {
             // SAFETY: this socket's own state (non-null), `i` masked; the record is read in
             // place and its backend copied only on a hit.
-            let previous = unsafe { &*core::ptr::addr_of!((*state).records[i & RECORD_MASK]) };
+            let previous = unsafe { &*core::ptr::addr_of!((*state).records[slot_of(i)]) };
             if previous.frontend == *key {
                 if previous.service_id == frontend.service_id
                     && slot_holds(frontend, previous.slot, &previous.backend)

@@ -35,6 +35,9 @@ pub struct AgentOptions {
     pub netns: Option<String>,
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
+    /// A memory cgroup (v1 or v2) the agent joins before it creates anything, so its maps and
+    /// the socket records they hold are charged there.
+    pub memory_cgroup: Option<PathBuf>,
 }
 
 pub struct AgentProcess {
@@ -48,6 +51,7 @@ pub struct AgentProcess {
     command: Vec<String>,
     netns: Option<String>,
     env: Vec<(String, String)>,
+    memory_cgroup: Option<PathBuf>,
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -94,6 +98,7 @@ impl AgentProcess {
             command,
             netns: options.netns.clone(),
             env: options.env.clone(),
+            memory_cgroup: options.memory_cgroup.clone(),
         };
         agent.spawn()?;
         if !options.no_wait {
@@ -121,6 +126,30 @@ impl AgentProcess {
                     .with_context(|| format!("opening netns {ns}"))
             })
             .transpose()?;
+        let join = self
+            .memory_cgroup
+            .as_ref()
+            .map(|dir| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(dir.join("cgroup.procs"))
+                    .with_context(|| format!("opening {}/cgroup.procs", dir.display()))
+            })
+            .transpose()?;
+        if let Some(procs) = &join {
+            let fd = procs.as_raw_fd();
+            // SAFETY: only write(2) runs between fork and exec, on a descriptor `join` keeps
+            // open until the spawn returns; "0" moves the writing process itself.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
         if let Some(file) = &netns {
             let fd = file.as_raw_fd();
             // SAFETY: only setns(2) runs between fork and exec, on a descriptor that `netns`
@@ -140,6 +169,7 @@ impl AgentProcess {
             .spawn(&mut cmd)
             .context("starting socklb agent")?;
         drop(netns);
+        drop(join);
         self.child = Some(child);
         Ok(())
     }

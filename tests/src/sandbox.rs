@@ -192,6 +192,36 @@ impl Sandbox {
         Ok(ClientPod { netns: ns, cgroup })
     }
 
+    /// A memory cgroup of its own below this process's (cgroup v2 when the memory controller
+    /// is there, else v1's), removed with the sandbox: for an agent whose memory is limited.
+    pub fn memory_cgroup(&self, name: &str) -> anyhow::Result<MemoryCgroup> {
+        let cg2 = cgroup2_mount().context("no cgroup2 mount")?;
+        let v2 = std::fs::read_to_string(cg2.join("cgroup.controllers"))
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+        let path = if v2 {
+            self.cgroup
+                .parent()
+                .context("sandbox cgroup without a parent")?
+                .join(format!("{}-{name}", self.id))
+        } else {
+            let own = std::fs::read_to_string("/proc/self/cgroup")?
+                .lines()
+                .find_map(|l| {
+                    let mut parts = l.splitn(3, ':');
+                    let _ = parts.next();
+                    (parts.next()?.split(',').any(|c| c == "memory"))
+                        .then(|| parts.next().map(str::to_string))
+                        .flatten()
+                })
+                .context("no v1 memory cgroup for this process")?;
+            PathBuf::from("/sys/fs/cgroup/memory")
+                .join(own.trim_start_matches('/'))
+                .join(format!("{}-{name}", self.id))
+        };
+        self.add_cgroup(&path)?;
+        Ok(MemoryCgroup { path, v2 })
+    }
+
     /// An empty cgroup, a sibling of the sandbox's, removed with the sandbox.
     pub fn extra_cgroup(&self, name: &str) -> anyhow::Result<PathBuf> {
         let cgroup = self
@@ -548,6 +578,67 @@ pub fn teardown_on_signal(sandbox: &Arc<Sandbox>) -> anyhow::Result<()> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A memory cgroup (see `Sandbox::memory_cgroup`).
+#[derive(Clone, Debug)]
+pub struct MemoryCgroup {
+    pub path: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    /// Bytes charged now (kernel memory included).
+    pub fn usage(&self) -> anyhow::Result<u64> {
+        let file = if self.v2 {
+            "memory.current"
+        } else {
+            "memory.usage_in_bytes"
+        };
+        Ok(std::fs::read_to_string(self.path.join(file))?
+            .trim()
+            .parse()?)
+    }
+
+    /// The most it was ever charged.
+    pub fn peak(&self) -> anyhow::Result<u64> {
+        let file = if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        Ok(std::fs::read_to_string(self.path.join(file))?
+            .trim()
+            .parse()?)
+    }
+
+    /// Sets the limit (`memory.max`, or v1's `memory.limit_in_bytes`).
+    pub fn limit(&self, bytes: u64) -> anyhow::Result<()> {
+        let file = if self.v2 {
+            "memory.max"
+        } else {
+            "memory.limit_in_bytes"
+        };
+        std::fs::write(self.path.join(file), bytes.to_string())
+            .with_context(|| format!("{}/{file}", self.path.display()))
+    }
+
+    /// How many times the kernel OOM-killed a process of this cgroup.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v2 {
+            ("memory.events", "oom_kill ")
+        } else {
+            ("memory.oom_control", "oom_kill ")
+        };
+        std::fs::read_to_string(self.path.join(file))
+            .ok()
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0)
+    }
 }
 
 /// A client pod of its own: a network namespace and a cgroup.

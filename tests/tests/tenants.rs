@@ -496,3 +496,153 @@ fn replies_come_from_each_service_a_socket_talked_to() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Memory charged to the agent: a socket's record is charged to the map's owner, the agent,
+/// not to the pod that opened the socket. One pod (one cgroup, as many network namespaces and
+/// processes as ports and descriptors take) tries to hold 200,000 translated UDP sockets while
+/// the agent's memory cgroup has room for far fewer records: the pod gets `--max-sockets-per-pod`
+/// of them and ENOBUFS past that, the agent lives, another pod is unaffected, and the pod gets
+/// sockets again once it closes its own.
+#[test]
+fn a_pod_with_200000_sockets_cannot_exhaust_the_agent() -> anyhow::Result<()> {
+    if !privileged("a_pod_with_200000_sockets_cannot_exhaust_the_agent") {
+        return Ok(());
+    }
+    const BOUND: usize = 50_000;
+    const TRIED: usize = 200_000;
+    let sandbox = Sandbox::new()?;
+    for ip in [A, B] {
+        sandbox.add_backend(format!("{ip}:5353").parse()?, true)?;
+    }
+    sandbox.write_manifest(
+        "dns.yaml",
+        &svc(
+            "default",
+            "dns",
+            "10.96.0.53",
+            "2020-01-01T00:00:00Z",
+            &[("dns", "UDP", 53)],
+            &[],
+            &[A, B],
+        ),
+    )?;
+    let memory = sandbox.memory_cgroup("agent-memory")?;
+    let mut agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--max-sockets-per-pod".into(), BOUND.to_string()],
+        memory_cgroup: Some(memory.path.clone()),
+        ..AgentOptions::default()
+    })?;
+    sandbox.wait_candidates(
+        "10.96.0.53:53/udp",
+        &[&format!("{A}:5353"), &format!("{B}:5353")],
+    )?;
+    let pid = agent.pid();
+    let baseline = memory.usage()?;
+    // Room for the bound's records (a few hundred bytes each) and the agent's own work, far
+    // from 200,000 records.
+    let limit = baseline + 64 * 1024 * 1024;
+    memory.limit(limit)?;
+
+    // The greedy pod: one cgroup, four network namespaces (60,000 local ports each at most).
+    let first = sandbox.served_pod("greedy", "10.244.102.1")?;
+    let mut greedy = Vec::new();
+    let (mut held, mut refused) = (0usize, 0usize);
+    // A process holds at most its hard RLIMIT_NOFILE, less what it has open already.
+    let per_process = usize::try_from(nofile_hard_limit()?.saturating_sub(100))?;
+    for n in 0..4 {
+        let mut pod = if n == 0 {
+            first.clone()
+        } else {
+            sandbox.served_pod(&format!("greedy-ns{n}"), &format!("10.244.102.{}", n + 1))?
+        };
+        pod.cgroup = first.cgroup.clone();
+        sandbox.netns_sysctl(&pod.netns, "net.ipv4.ip_local_port_range=1024 65535")?;
+        let mut left = TRIED / 4;
+        while left > 0 {
+            let count = per_process.min(left);
+            left -= count;
+            let mut client = sandbox.client_in(&pod)?;
+            let r = client.run(&Command::Hold {
+                target: "10.96.0.53:53".parse()?,
+                count,
+            })?;
+            held += r.backends.get("held").copied().unwrap_or(0);
+            refused += r.errors.get("errno 105").copied().unwrap_or(0);
+            let other: Vec<_> = r.errors.iter().filter(|(e, _)| *e != "errno 105").collect();
+            assert!(other.is_empty(), "errors besides ENOBUFS: {other:?}");
+            greedy.push(client);
+        }
+    }
+    let charged = memory.usage()?.saturating_sub(baseline);
+    assert_eq!(
+        held + refused,
+        TRIED,
+        "every connect either held or refused with ENOBUFS"
+    );
+    // The bound is approximate by what CPUs count at the same moment and what one recount
+    // misses: a few percent.
+    assert!(
+        held >= BOUND * 95 / 100 && held <= BOUND * 105 / 100,
+        "held {held} of {TRIED}, bound {BOUND}"
+    );
+    let quota = agent.metric("socklb_datapath_record_quota_total")?;
+    assert!(
+        quota >= Some(refused as f64 * 0.9),
+        "{quota:?} for {refused} refusals"
+    );
+    assert_eq!(agent.pid(), pid, "the agent lives");
+    assert_eq!(agent.get("/readyz")?.0, 200);
+    assert_eq!(memory.oom_kills(), 0);
+    let peak = memory.peak()?;
+    assert!(peak < limit, "peak {peak} under the limit {limit}");
+
+    // Another pod: translated, with its replies from the service address.
+    let other = sandbox.served_pod("other", "10.244.103.1")?;
+    let r = sandbox.client_in(&other)?.run(&Command::SendTo {
+        target: "10.96.0.53:53".parse()?,
+        count: 20,
+        id: None,
+    })?;
+    assert_eq!(r.peer_names.get("10.96.0.53:53"), Some(&20), "{r:?}");
+
+    // The greedy pod closes its sockets: after the agent recounts, it gets new ones again.
+    for client in &mut greedy {
+        client.run(&Command::Release)?;
+    }
+    let mut again = sandbox.client_in(&first)?;
+    let start = std::time::Instant::now();
+    loop {
+        let r = again.run(&Command::SendTo {
+            target: "10.96.0.53:53".parse()?,
+            count: 1,
+            id: None,
+        })?;
+        if r.answers() == 1 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 90, "still refused: {r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    println!(
+        "FIGURE one pod tried {TRIED} connected UDP sockets with --max-sockets-per-pod {BOUND}: {held} held, {refused} refused with ENOBUFS; the agent's memory cgroup went from {:.1} MiB to a peak of {:.1} MiB (limit {:.1} MiB; {} B charged per held socket), no OOM kill; the pod got sockets again {:.1} s after closing its own",
+        baseline as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        limit as f64 / 1048576.0,
+        charged / held.max(1) as u64,
+        start.elapsed().as_secs_f64()
+    );
+    agent.kill9();
+    Ok(())
+}
+
+fn nofile_hard_limit() -> anyhow::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscall writing into a valid struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(limit.rlim_max)
+}

@@ -117,8 +117,9 @@ impl SocketPins {
         }
     }
 
-    /// Every socket with a record, in one walk (`SOCKETS_ITER`).
-    pub fn global_records(&self) -> Result<Vec<SocketEntry>, ListError> {
+    /// Every socket with a record, in one walk (`SOCKETS_ITER`), handed to `each` as it is
+    /// read (nothing is collected here: the walk costs a buffer, whatever the socket count).
+    pub fn for_each_global(&self, each: impl FnMut(&SocketEntry)) -> Result<(), ListError> {
         let path = self.dir.join(ITER_PIN);
         let err = |source| ListError::Iterator {
             path: path.clone(),
@@ -126,7 +127,7 @@ impl SocketPins {
         };
         let link = sys::obj_get(&path, false).map_err(err)?;
         let file = sys::iter_create(link.as_fd()).map_err(err)?;
-        read_entries(file).map_err(err)
+        for_each_entry(file, each).map_err(err)
     }
 
     fn sockets_map(&self) -> Result<OwnedFd, ListError> {
@@ -140,18 +141,27 @@ impl SocketPins {
     }
 }
 
-/// Decodes the iterator's output: one `SocketEntry` after another.
-fn read_entries(mut file: std::fs::File) -> io::Result<Vec<SocketEntry>> {
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)?;
-    Ok(bytes
-        .chunks_exact(size_of::<SocketEntry>())
-        .map(|chunk| {
-            // SAFETY: SocketEntry is plain old data (repr(C), integers only, no padding, asserted
-            // in lb-common) and the chunk holds exactly its size.
-            unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<SocketEntry>()) }
-        })
-        .collect())
+/// Decodes the iterator's output as it reads it: one `SocketEntry` after another, through a
+/// buffer of a few hundred entries.
+fn for_each_entry(mut file: std::fs::File, mut each: impl FnMut(&SocketEntry)) -> io::Result<()> {
+    const ENTRY: usize = size_of::<SocketEntry>();
+    let mut buf = vec![0u8; ENTRY * 256];
+    let mut filled = 0;
+    loop {
+        let n = file.read(&mut buf[filled..])?;
+        if n == 0 {
+            return Ok(());
+        }
+        filled += n;
+        let whole = filled - filled % ENTRY;
+        for chunk in buf[..whole].chunks_exact(ENTRY) {
+            // SAFETY: SocketEntry is plain old data (repr(C), integers only, no padding,
+            // asserted in lb-common) and the chunk holds exactly its size.
+            each(&unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<SocketEntry>()) });
+        }
+        buf.copy_within(whole..filled, 0);
+        filled -= whole;
+    }
 }
 
 /// The records a socket's state holds (the used ones, in slot order).
@@ -263,11 +273,10 @@ impl Records {
     /// Opens what `listing` allows.
     pub(crate) fn open(pins: &SocketPins, listing: Listing) -> Result<Self, ListError> {
         if listing.global {
-            let map = pins
-                .global_records()?
-                .into_iter()
-                .map(|e| (e.cookie, e.state))
-                .collect();
+            let mut map = HashMap::new();
+            pins.for_each_global(|e| {
+                map.insert(e.cookie, e.state);
+            })?;
             return Ok(Self::Global(map));
         }
         Ok(Self::PerNamespace {
@@ -351,10 +360,11 @@ impl Records {
 /// The UDP iterator's records in the calling thread's network namespace, by cookie.
 fn udp_records(link: &OwnedFd) -> io::Result<HashMap<u64, SockState>> {
     let file = sys::iter_create(link.as_fd())?;
-    Ok(read_entries(file)?
-        .into_iter()
-        .map(|e| (e.cookie, e.state))
-        .collect())
+    let mut map = HashMap::new();
+    for_each_entry(file, |e| {
+        map.insert(e.cookie, e.state);
+    })?;
+    Ok(map)
 }
 
 /// A `SOCKETS` value from `sock_diag`'s bytes.

@@ -14,6 +14,7 @@ use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lb_common::MapId;
 
 use super::{ListError, SocketPins, census};
+
 use crate::dataplane::features::Listing;
 
 /// What one recount found.
@@ -59,10 +60,14 @@ pub fn recount(
 ) -> Result<Recount, ListError> {
     let mut map = open(pins)?;
     let before: HashMap<u64, u64> = map.iter().flatten().collect();
-    let census = census(pins, cgroup, listing, !listing.global)?;
+    // Counted as the records stream by: the recount's memory does not grow with the sockets.
     let mut live: HashMap<u64, u64> = HashMap::new();
-    for socket in &census.sockets {
-        *live.entry(socket.state.cgroup_id).or_default() += 1;
+    if listing.global {
+        pins.for_each_global(|e| *live.entry(e.state.cgroup_id).or_default() += 1)?;
+    } else {
+        for socket in &census(pins, cgroup, listing, true)?.sockets {
+            *live.entry(socket.state.cgroup_id).or_default() += 1;
+        }
     }
     let mut report = Recount {
         clients: before.len(),
