@@ -625,9 +625,9 @@ fn a_pod_with_200000_sockets_cannot_exhaust_the_agent() -> anyhow::Result<()> {
     }
     println!(
         "FIGURE one pod tried {TRIED} connected UDP sockets with --max-sockets-per-pod {BOUND}: {held} held, {refused} refused with ENOBUFS; the agent's memory cgroup went from {:.1} MiB to a peak of {:.1} MiB (limit {:.1} MiB; {} B charged per held socket), no OOM kill; the pod got sockets again {:.1} s after closing its own",
-        baseline as f64 / 1048576.0,
-        peak as f64 / 1048576.0,
-        limit as f64 / 1048576.0,
+        baseline as f64 / 1_048_576.0,
+        peak as f64 / 1_048_576.0,
+        limit as f64 / 1_048_576.0,
         charged / held.max(1) as u64,
         start.elapsed().as_secs_f64()
     );
