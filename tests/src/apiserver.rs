@@ -72,6 +72,9 @@ struct State {
     /// Watches asking for a resourceVersion below this get 410 Gone.
     compacted: u64,
     watches: Vec<TcpStream>,
+    /// Every connection open now, by number (a stop closes them all).
+    connections: BTreeMap<u64, TcpStream>,
+    next_connection: u64,
     requests: BTreeMap<String, usize>,
 }
 
@@ -90,11 +93,20 @@ impl State {
     }
 }
 
+/// The accept loop's stop flag and thread.
+type Accepting = (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+);
+
 /// A running stand-in; it stops with the test process.
 #[derive(Clone)]
 pub struct ApiServer {
     pub addr: SocketAddr,
     state: Arc<(Mutex<State>, Condvar)>,
+    /// The accept loop while the server is up: it stops (and closes the listening socket)
+    /// when its flag is set.
+    accepting: Arc<Mutex<Option<Accepting>>>,
 }
 
 impl ApiServer {
@@ -103,18 +115,89 @@ impl ApiServer {
         let server = Self {
             addr: listener.local_addr()?,
             state: Arc::new((Mutex::new(State::default()), Condvar::new())),
+            accepting: Arc::default(),
         };
-        let s = server.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
+        server.accept_on(listener)?;
+        Ok(server)
+    }
+
+    fn accept_on(&self, listener: TcpListener) -> anyhow::Result<()> {
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = self.clone();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                let stream = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                    Err(_) => continue,
+                };
+                let _ = stream.set_nonblocking(false);
                 let _ = stream.set_nodelay(true);
+                let id = {
+                    let mut state = s.lock();
+                    state.next_connection += 1;
+                    let id = state.next_connection;
+                    if let Ok(copy) = stream.try_clone() {
+                        state.connections.insert(id, copy);
+                    }
+                    id
+                };
                 let s = s.clone();
                 std::thread::spawn(move || {
                     let _ = s.serve(stream);
+                    // Its copy goes too, so the connection closes when served.
+                    s.lock().connections.remove(&id);
                 });
             }
+            // Dropping the listener here closes the port: connects are refused.
         });
-        Ok(server)
+        *self
+            .accepting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((stop, thread));
+        Ok(())
+    }
+
+    /// Goes down as an API server does in a control-plane upgrade: the port refuses
+    /// connections and every open connection (watches included) is closed.
+    pub fn stop(&self) {
+        let accepting = self
+            .accepting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some((stop, thread)) = accepting {
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = thread.join();
+        }
+        let mut state = self.lock();
+        let mut open: Vec<TcpStream> = std::mem::take(&mut state.connections)
+            .into_values()
+            .collect();
+        open.append(&mut state.watches);
+        for c in open {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+        self.state.1.notify_all();
+    }
+
+    /// Comes back on the same address, with its objects. `keep_history`: as a server whose
+    /// watch cache (etcd's history) still reaches back to the clients' resourceVersions, so
+    /// they resume their watches; without it, as a restarted server with a fresh watch cache:
+    /// a watch from an older resourceVersion gets 410 Gone and its client re-lists.
+    pub fn restart(&self, keep_history: bool) -> anyhow::Result<()> {
+        if !keep_history {
+            let mut state = self.lock();
+            state.compacted = state.rv + 1;
+            state.history.clear();
+        }
+        let listener = TcpListener::bind(self.addr)?;
+        self.accept_on(listener)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -2,7 +2,7 @@
 //! EndpointSlices and this node's Node. A watcher lists, then watches; when the watch expires
 //! (410 Gone) or drops, it re-lists and the listing replaces what was known, so deletions missed
 //! meanwhile are not lost.
-use std::path::Path;
+use std::{path::Path, time::Duration};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::{core::v1 as core, discovery::v1 as discovery};
@@ -44,6 +44,52 @@ pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Re
     Ok(Client::try_from(config(path, api_server).await?)?)
 }
 
+/// The delay before a watch is tried again after an error: 200 ms doubling to at most 2 s,
+/// each with up to a quarter of jitter, and back to 200 ms on any success (kube-runtime's
+/// `StreamBackoff` resets it on every event). kube-runtime's default grows to 30 s and more,
+/// so after an API server outage (a control-plane upgrade) changes reached the maps 7 to 32 s
+/// after the server was back; with this cap a watch is back within about 2.5 s of it, and a
+/// 410 Gone (a restarted server's fresh watch cache) re-lists after one short delay.
+#[derive(Clone, Debug)]
+pub struct WatchBackoff {
+    next: Duration,
+    seed: u64,
+}
+
+/// The first and the longest delay of [`WatchBackoff`].
+pub const WATCH_RETRY_MIN: Duration = Duration::from_millis(200);
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            next: WATCH_RETRY_MIN,
+            seed: u64::from(std::process::id()) | 1,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let base = self.next;
+        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
+        // xorshift: jitter without a random number generator crate.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let jitter = base.mul_f64((self.seed % 1000) as f64 / 4000.0);
+        Some(base + jitter)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_RETRY_MIN;
+    }
+}
+
 /// Watches everything the agent needs until the receiver is gone.
 pub async fn watch(client: Client, node_name: Option<String>, tx: mpsc::Sender<SourceEvent>) {
     // As kube-proxy's informers: Services and slices labelled headless are none of a proxy's
@@ -82,18 +128,44 @@ async fn watch_kind<K>(
 ) where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let mut stream = watcher(api, config).default_backoff().boxed();
+    // The retry delay is applied here rather than by a stream adapter: a 410 Gone re-lists at
+    // once (the watcher goes back to listing on its next poll), everything else waits.
+    let mut stream = watcher(api.clone(), config).boxed();
+    let mut backoff = WatchBackoff::default();
     let mut listing: Option<Vec<Object>> = None;
     let mut healthy = true;
+    let mut probe = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let event = match stream.try_next().await {
-            Ok(Some(event)) => event,
+        let next = tokio::select! {
+            next = stream.try_next() => next,
+            // A watch that resumed after an outage yields nothing until something changes: while
+            // it is reported failing, a one-object list says when the API answers again.
+            _ = probe.tick(), if !healthy => {
+                let params = kube::api::ListParams::default().limit(1);
+                if api.list_metadata(&params).await.is_ok() {
+                    healthy = true;
+                    send(&tx, SourceEvent::Health { kind, ok: true }).await;
+                }
+                continue;
+            }
+        };
+        let event = match next {
+            Ok(Some(event)) => {
+                kube::runtime::utils::Backoff::reset(&mut backoff);
+                event
+            }
             Ok(None) => return,
+            Err(watcher::Error::WatchError(status)) if status.code == 410 => {
+                tracing::info!(%kind, "watch history expired (410 Gone): listing again");
+                continue;
+            }
             Err(e) => {
-                // The backoff keeps the stream alive; report and go on.
                 tracing::warn!(%kind, error = %e, "watch failed; retrying");
-                healthy = false;
-                send(&tx, SourceEvent::Health { kind, ok: false }).await;
+                if healthy {
+                    healthy = false;
+                    send(&tx, SourceEvent::Health { kind, ok: false }).await;
+                }
+                tokio::time::sleep(backoff.next().unwrap_or(WATCH_RETRY_MAX)).await;
                 continue;
             }
         };
@@ -136,7 +208,7 @@ async fn watch_kind<K>(
 async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEvent>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, config)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .applied_objects()
         .boxed();
     loop {
@@ -165,4 +237,25 @@ fn rejected(e: &crate::model::ValidationError) -> SourceEvent {
 
 async fn send(tx: &mpsc::Sender<SourceEvent>, event: SourceEvent) {
     let _ = tx.send(event).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::utils::Backoff as _;
+
+    use super::{WATCH_RETRY_MAX, WATCH_RETRY_MIN, WatchBackoff};
+
+    #[test]
+    fn watch_retries_stay_short_and_reset_on_success() {
+        let mut b = WatchBackoff::default();
+        let delays: Vec<_> = b.by_ref().take(12).collect();
+        assert!(delays[0] >= WATCH_RETRY_MIN && delays[0] <= WATCH_RETRY_MIN.mul_f64(1.25));
+        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX.mul_f64(1.25)));
+        assert!(
+            delays[11] >= WATCH_RETRY_MAX,
+            "grows to the cap: {delays:?}"
+        );
+        b.reset();
+        assert!(b.next().is_some_and(|d| d <= WATCH_RETRY_MIN.mul_f64(1.25)));
+    }
 }
