@@ -72,6 +72,8 @@ struct State {
     /// Watches asking for a resourceVersion below this get 410 Gone.
     compacted: u64,
     watches: Vec<TcpStream>,
+    /// The minor version `/version` reports ("" until set: "34").
+    minor: String,
     /// Every connection open now, by number (a stop closes them all).
     connections: BTreeMap<u64, TcpStream>,
     next_connection: u64,
@@ -269,6 +271,11 @@ impl ApiServer {
         self.state.1.notify_all();
     }
 
+    /// The Kubernetes minor version `/version` reports (34 unless set).
+    pub fn set_minor_version(&self, minor: u16) {
+        self.lock().minor = minor.to_string();
+    }
+
     /// How many requests of a kind were served: "list services", "watch endpointslices", ...
     pub fn requests(&self, what: &str) -> usize {
         self.lock().requests.get(what).copied().unwrap_or(0)
@@ -310,6 +317,20 @@ impl ApiServer {
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_string(), percent_decode(v)))
                 .collect();
+            if path == "/version" {
+                let minor = self.lock().minor.clone();
+                let minor = if minor.is_empty() {
+                    "34".to_string()
+                } else {
+                    minor
+                };
+                respond(
+                    &stream,
+                    200,
+                    &json!({"major": "1", "minor": minor, "gitVersion": format!("v1.{minor}.0")}),
+                )?;
+                continue;
+            }
             let Some(resource) = Resource::from_path(path) else {
                 respond(
                     &stream,

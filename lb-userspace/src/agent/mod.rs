@@ -85,6 +85,9 @@ pub struct AgentConfig {
     pub retry_interval: Duration,
     /// /livez fails when changes stay unwritten, or the source stays unhealthy, this long.
     pub stuck_after: Duration,
+    /// Take the topology rules' Kubernetes version from the API server (no
+    /// `--kubernetes-version` given).
+    pub ask_api_version: bool,
 }
 
 /// The listeners, bound before anything else happens.
@@ -219,7 +222,7 @@ pub async fn run(
             "adopted pinned state; it stays in effect until the first complete sync"
         );
     }
-    let mut engine = Engine::new(reconciler, config.node.clone());
+    let mut engine = Engine::new(reconciler, node_flags(&config).await);
     let (mut refresher, mut inbox, handle) = connections::Refresher::new(
         dataplane.sockets.clone(),
         dataplane.features.listing(),
@@ -309,6 +312,45 @@ pub async fn run(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
     );
     Ok(())
+}
+
+/// This node's identity from the flags, with the API server's Kubernetes version when no flag
+/// gives one.
+async fn node_flags(config: &AgentConfig) -> crate::translate::NodeFlags {
+    let mut flags = config.node.clone();
+    if config.ask_api_version {
+        flags.kube_version = api_version(config).await.unwrap_or(flags.kube_version);
+    }
+    tracing::info!(
+        kubernetes = %flags.kube_version,
+        "following this version's kube-proxy topology rules"
+    );
+    flags
+}
+
+/// The API server's Kubernetes version, for the topology rules; `None` (and a warning) when it
+/// cannot be asked.
+async fn api_version(config: &AgentConfig) -> Option<crate::translate::KubeVersion> {
+    let SourceConfig::Kubernetes {
+        kubeconfig,
+        api_server,
+    } = &config.source
+    else {
+        return None;
+    };
+    let asked = async {
+        let client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref()).await?;
+        let (major, minor) = source::kube::server_version(&client).await?;
+        crate::translate::KubeVersion::parse(&format!("{major}.{minor}"))
+            .ok_or_else(|| anyhow::anyhow!("version {major}.{minor} not understood"))
+    };
+    match asked.await {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not ask the API server its version; following the newest topology rules (set --kubernetes-version)");
+            None
+        }
+    }
 }
 
 /// Serves health, metrics and status on the listeners bound at start.

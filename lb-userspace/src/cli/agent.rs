@@ -163,11 +163,12 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
             disabled: args.features.disabled(),
             max_sockets_per_pod: (args.max_sockets_per_pod > 0).then_some(args.max_sockets_per_pod),
         },
-        node: args.node.flags(),
+        node: args.node.flags()?,
         health_listen: listen(&args.health_listen, "health-listen")?,
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
+        ask_api_version: args.node.kubernetes_version.is_none() && args.manifests.is_none(),
     };
     crate::agent::limit_arenas();
     // Bind first: a port in use must fail before anything is loaded or attached.

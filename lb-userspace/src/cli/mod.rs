@@ -177,14 +177,30 @@ pub struct NodeArgs {
     /// This node's zone (default: the Node's topology.kubernetes.io/zone label).
     #[arg(long, env = "SOCKLB_ZONE")]
     pub zone: Option<String>,
-    /// An address of this node on which NodePorts are served (repeatable; default: the Node's
-    /// `InternalIP` and `ExternalIP` addresses). Never 127.0.0.1, as kube-proxy's nftables mode.
+    /// An address of this node on which NodePorts are served (repeatable): overrides
+    /// --nodeport-addresses. Never 127.0.0.1.
     #[arg(
         long = "node-address",
         env = "SOCKLB_NODE_ADDRESSES",
         value_delimiter = ','
     )]
     pub node_addresses: Vec<IpAddr>,
+    /// kube-proxy's --nodeport-addresses: "primary" (the Node's first `InternalIP` of each
+    /// family, else its first `ExternalIP`; kube-proxy's nftables mode default), or CIDRs whose
+    /// addresses on this node's interfaces serve NodePorts (`0.0.0.0/0,::/0`: every one, as
+    /// iptables mode without the flag). Never loopback.
+    #[arg(
+        long = "nodeport-addresses",
+        env = "SOCKLB_NODEPORT_ADDRESSES",
+        value_delimiter = ',',
+        default_value = "primary"
+    )]
+    pub nodeport_addresses: Vec<String>,
+    /// Follow this Kubernetes version's kube-proxy topology rules (1.30: zone hints only with
+    /// the topology annotation; 1.31-1.33: zone hints; 1.34+: node hints too). Default: the
+    /// API server's version; with --manifests, the newest rules (1.35).
+    #[arg(long, env = "SOCKLB_KUBERNETES_VERSION")]
+    pub kubernetes_version: Option<String>,
     /// Serve only Services without a service-proxy-name label, or labelled with this name.
     #[arg(long, default_value = DEFAULT_PROXY_NAME, env = "SOCKLB_PROXY_NAME")]
     pub proxy_name: String,
@@ -194,17 +210,27 @@ pub struct NodeArgs {
 }
 
 impl NodeArgs {
-    pub fn flags(&self) -> NodeFlags {
-        NodeFlags {
+    pub fn flags(&self) -> anyhow::Result<NodeFlags> {
+        Ok(NodeFlags {
             name: self
                 .node_name
                 .clone()
                 .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty())),
             zone: self.zone.clone(),
             addresses: self.node_addresses.clone(),
+            nodeport_addresses: crate::translate::NodePortAddresses::parse(
+                &self.nodeport_addresses,
+            )
+            .map_err(|e| anyhow::anyhow!("--nodeport-addresses: {e}"))?,
             proxy_name: self.proxy_name.clone(),
             external_ips: self.external_ips == ExternalIps::Allow,
-        }
+            kube_version: match &self.kubernetes_version {
+                Some(v) => crate::translate::KubeVersion::parse(v).ok_or_else(|| {
+                    anyhow::anyhow!("--kubernetes-version {v}: not a version like 1.33")
+                })?,
+                None => crate::translate::KubeVersion::NEWEST,
+            },
+        })
     }
 }
 

@@ -21,7 +21,36 @@ use crate::vocab::{Kind, ObjectKey, ObjectRef};
 pub struct NodeObject {
     pub name: String,
     pub zone: Option<String>,
-    pub addresses: Vec<IpAddr>,
+    /// `status.addresses` of type `InternalIP`, in order.
+    pub internal_ips: Vec<IpAddr>,
+    /// `status.addresses` of type `ExternalIP`, in order.
+    pub external_ips: Vec<IpAddr>,
+    /// Being deleted (`metadata.deletionTimestamp`), or tainted
+    /// `ToBeDeletedByClusterAutoscaler`: load balancers should drain it (kube-proxy's
+    /// `/healthz` answers 503).
+    pub leaving: bool,
+}
+
+/// The cluster autoscaler's taint on a node it is about to remove.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
+impl NodeObject {
+    /// Every `InternalIP`, then every `ExternalIP` (kube-proxy's `GetNodeHostIPs` order).
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.internal_ips.iter().chain(&self.external_ips).copied()
+    }
+
+    /// The node's primary address of each family: the first of `addresses` of that family
+    /// (`--nodeport-addresses primary`).
+    pub fn primary(&self) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = Vec::new();
+        for ip in self.addresses() {
+            if !out.iter().any(|o| o.is_ipv4() == ip.is_ipv4()) {
+                out.push(ip);
+            }
+        }
+        out
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -388,16 +417,26 @@ pub fn node_from_api(node: &core::Node) -> NodeObject {
             .as_ref()
             .and_then(|l| l.get(LABEL_TOPOLOGY_ZONE))
             .cloned(),
-        addresses: node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-            .filter_map(|a| a.address.parse().ok())
-            .collect(),
+        internal_ips: addresses_of(node, "InternalIP"),
+        external_ips: addresses_of(node, "ExternalIP"),
+        leaving: node.metadata.deletion_timestamp.is_some()
+            || node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED)),
     }
+}
+
+fn addresses_of(node: &core::Node, kind: &str) -> Vec<IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == kind)
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
 }
 
 #[cfg(test)]

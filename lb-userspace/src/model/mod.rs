@@ -9,7 +9,8 @@ mod store;
 mod validate;
 
 pub use manifest::{
-    ManifestError, ManifestObject, NodeObject, Parsed, node_from_api, parse_manifests,
+    ManifestError, ManifestObject, NodeObject, Parsed, TAINT_TO_BE_DELETED, node_from_api,
+    parse_manifests,
 };
 pub use service::{
     LbIngress, Service, ServicePort, ServiceType, TargetPort, TrafficPolicy, service_from_api,

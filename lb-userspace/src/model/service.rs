@@ -98,6 +98,11 @@ pub struct Service {
     /// Applied by the EndpointSlice controller (endpoints arrive ready); kept for explain.
     pub publish_not_ready_addresses: bool,
     pub traffic_distribution: Option<String>,
+    /// `spec.healthCheckNodePort` (LoadBalancer, externalTrafficPolicy Local).
+    pub health_check_node_port: Option<u16>,
+    /// The topology annotation's value: `service.kubernetes.io/topology-aware-hints` when
+    /// present (it wins, as in kube-proxy), else `service.kubernetes.io/topology-mode`.
+    pub topology_annotation: Option<String>,
     /// Parts of the Service that were left out without rejecting it (an externalIP that does
     /// not parse, say), as kube-proxy skips them one by one.
     pub notes: Vec<String>,
@@ -189,9 +194,25 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
         )?,
         publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
         traffic_distribution: spec.traffic_distribution.clone(),
+        health_check_node_port: spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0),
+        topology_annotation: meta.annotations.as_ref().and_then(|a| {
+            // kube-proxy reads the deprecated annotation, and the current one when that is
+            // empty or absent.
+            a.get(ANNOTATION_TOPOLOGY_AWARE_HINTS)
+                .filter(|v| !v.is_empty())
+                .or_else(|| a.get(ANNOTATION_TOPOLOGY_MODE))
+                .cloned()
+        }),
         notes,
     })
 }
+
+/// The topology annotations kube-proxy read before 1.33 (`pkg/proxy/serviceport.go`).
+pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
+pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 
 /// `spec.clusterIPs` (or `spec.clusterIP`): the addresses, and whether the Service is headless.
 fn cluster_ips(

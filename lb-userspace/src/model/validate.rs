@@ -181,6 +181,22 @@ impl Cidr {
     pub fn is_everything(&self) -> bool {
         self.prefix == 0
     }
+
+    /// Whether `ip` lies in the block (never across families).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |a: IpAddr| -> u128 {
+            match a {
+                IpAddr::V4(v4) => u128::from(u32::from(v4)) << 96,
+                IpAddr::V6(v6) => u128::from(v6),
+            }
+        };
+        if self.addr.is_ipv4() != ip.is_ipv4() {
+            return false;
+        }
+        let prefix = u32::from(self.prefix);
+        let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+        bits(self.addr) & mask == bits(ip) & mask
+    }
 }
 
 impl fmt::Display for Cidr {
@@ -207,5 +223,24 @@ mod tests {
         assert_eq!(c.to_string(), "203.0.113.0/25");
         assert!(Cidr::parse("0.0.0.0/0").unwrap().is_everything());
         assert_eq!(Cidr::parse("10.0.0.0/33"), None);
+        let net = Cidr::parse("192.0.2.0/24").unwrap();
+        assert!(net.contains("192.0.2.77".parse().unwrap()));
+        assert!(!net.contains("192.0.3.1".parse().unwrap()));
+        assert!(!net.contains("::ffff:192.0.2.77".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        assert!(
+            Cidr::parse("fd00::/64")
+                .unwrap()
+                .contains("fd00::5".parse().unwrap())
+        );
+        assert!(
+            !Cidr::parse("fd00::/64")
+                .unwrap()
+                .contains("fd01::5".parse().unwrap())
+        );
     }
 }

@@ -90,6 +90,15 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     }
 }
 
+/// The API server's version (`GET /version`): its major and minor, as it says them
+/// (`"1"`, `"33+"`).
+pub async fn server_version(client: &Client) -> anyhow::Result<(String, String)> {
+    let info = tokio::time::timeout(Duration::from_secs(10), client.apiserver_version())
+        .await
+        .map_err(|_| anyhow::anyhow!("GET /version timed out"))??;
+    Ok((info.major, info.minor))
+}
+
 /// Watches everything the agent needs until the receiver is gone.
 pub async fn watch(client: Client, node_name: Option<String>, tx: mpsc::Sender<SourceEvent>) {
     // As kube-proxy's informers: Services and slices labelled headless are none of a proxy's

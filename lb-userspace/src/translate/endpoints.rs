@@ -143,7 +143,8 @@ impl Merged<'_> {
     }
 
     /// The cluster set: ready endpoints narrowed by topology, else the serving terminating ones.
-    pub fn cluster(&self, node: &NodeInfo) -> Chosen {
+    /// `annotation` is the Service's topology annotation (it matters up to 1.30 only).
+    pub fn cluster(&self, node: &NodeInfo, annotation: Option<&str>) -> Chosen {
         let ready: Vec<usize> = self
             .usable()
             .filter(|(_, e)| e.is_ready())
@@ -178,12 +179,19 @@ impl Merged<'_> {
                 .all(|i| f(endpoint(i)).is_some_and(|h| !h.is_empty()))
         };
         // Node hints first, then zone hints: used when every ready endpoint has one and some
-        // name this node (its zone).
+        // name this node (its zone), as the Kubernetes version's kube-proxy does.
+        let version = node.kube_version;
+        let annotated = annotation.is_some_and(|a| !matches!(a, "" | "disabled" | "Disabled"));
         let by_hints: [(Hints, Option<&str>, Rule); 2] = [
             (Endpoint::node_hints, node.name.as_deref(), Rule::NodeHints),
             (Endpoint::zone_hints, node.zone.as_deref(), Rule::ZoneHints),
         ];
         for (hints, me, rule) in by_hints {
+            if (rule == Rule::NodeHints && !version.node_hints())
+                || (version.hints_need_annotation() && !annotated)
+            {
+                continue;
+            }
             let members: Vec<usize> = ready
                 .iter()
                 .copied()

@@ -42,6 +42,60 @@ pub struct NodeInfo {
     pub proxy_name: String,
     /// Serve `spec.externalIPs` (off: as the `DenyServiceExternalIPs` admission plugin would).
     pub external_ips: bool,
+    /// Whose topology rules apply: kube-proxy's of this Kubernetes version.
+    pub kube_version: KubeVersion,
+}
+
+/// A Kubernetes minor version, for the rules that changed between releases (topology hints:
+/// `pkg/proxy/topology.go` and the feature gates `TopologyAwareHints`,
+/// `ServiceTrafficDistribution` and `PreferSameTrafficDistribution` at their defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KubeVersion {
+    pub minor: u16,
+}
+
+impl KubeVersion {
+    /// The newest rules socklb knows (1.35's).
+    pub const NEWEST: Self = Self { minor: 35 };
+
+    /// Parses `1.33` (also `v1.33`, `1.33.2`, `1.33+`).
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim().trim_start_matches('v');
+        let mut parts = text.split('.');
+        if parts.next()? != "1" {
+            return None;
+        }
+        let minor: String = parts
+            .next()?
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        minor.parse().ok().map(|minor| Self { minor })
+    }
+
+    /// Zone hints apply only to Services whose topology annotation is set and enabled (up to
+    /// 1.30, where `ServiceTrafficDistribution` is alpha and off).
+    pub fn hints_need_annotation(self) -> bool {
+        self.minor <= 30
+    }
+
+    /// Node hints (`forNodes`, trafficDistribution PreferSameNode) are used
+    /// (`PreferSameTrafficDistribution`: alpha and off in 1.33, on from 1.34).
+    pub fn node_hints(self) -> bool {
+        self.minor >= 34
+    }
+}
+
+impl Default for KubeVersion {
+    fn default() -> Self {
+        Self::NEWEST
+    }
+}
+
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "1.{}", self.minor)
+    }
 }
 
 impl Default for NodeInfo {
@@ -53,6 +107,7 @@ impl Default for NodeInfo {
             own_addresses: Vec::new(),
             proxy_name: DEFAULT_PROXY_NAME.into(),
             external_ips: true,
+            kube_version: KubeVersion::NEWEST,
         }
     }
 }
@@ -65,8 +120,68 @@ pub struct NodeFlags {
     pub zone: Option<String>,
     /// `--node-address`: win over the Node's addresses.
     pub addresses: Vec<IpAddr>,
+    /// `--nodeport-addresses`: which of this node's addresses serve NodePorts.
+    pub nodeport_addresses: NodePortAddresses,
     pub proxy_name: String,
     pub external_ips: bool,
+    /// `--kubernetes-version` (or the API server's).
+    pub kube_version: KubeVersion,
+}
+
+/// kube-proxy's `--nodeport-addresses`: which addresses of this node serve NodePorts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    /// The node's primary address of each family (the Node's first `InternalIP`, else its first
+    /// `ExternalIP`): kube-proxy's nftables mode default, and socklb's. (kube-proxy also wants
+    /// it on one of the node's interfaces; socklb takes the Node's word for it.)
+    #[default]
+    Primary,
+    /// The addresses on the node's interfaces inside these ranges (`0.0.0.0/0`, `::/0`: all of
+    /// them, iptables mode's default), loopback never.
+    Cidrs(Vec<crate::model::Cidr>),
+}
+
+impl NodePortAddresses {
+    /// Parses the flag's value: `primary`, or CIDRs (comma-separated), as kube-proxy's
+    /// validation accepts them.
+    pub fn parse(values: &[String]) -> Result<Self, String> {
+        if values.iter().any(|v| v == "primary") {
+            return if values.len() == 1 {
+                Ok(Self::Primary)
+            } else {
+                Err("can't use both 'primary' and CIDRs".into())
+            };
+        }
+        values
+            .iter()
+            .map(|v| {
+                crate::model::Cidr::parse(v).ok_or_else(|| format!("{v}: must be a valid CIDR"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self::Cidrs)
+    }
+
+    /// The NodePort addresses of a node with this Node object and these interface addresses
+    /// (`bound`; empty when unknown, then the Node's addresses stand in for them).
+    pub fn resolve(&self, node: Option<&NodeObject>, bound: &[IpAddr]) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = match self {
+            Self::Primary => node.map(NodeObject::primary).unwrap_or_default(),
+            Self::Cidrs(cidrs) => {
+                let candidates: Vec<IpAddr> = if bound.is_empty() {
+                    node.map(|n| n.addresses().collect()).unwrap_or_default()
+                } else {
+                    bound.to_vec()
+                };
+                candidates
+                    .into_iter()
+                    .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)))
+                    .collect()
+            }
+        };
+        out.retain(|ip| !ip.is_loopback() && !ip.is_unspecified());
+        out.dedup();
+        out
+    }
 }
 
 impl NodeInfo {
@@ -76,7 +191,7 @@ impl NodeInfo {
     /// kube-proxy. `bound` are the addresses on the node's interfaces (host network namespace).
     pub fn resolve(flags: &NodeFlags, node: Option<&NodeObject>, bound: &[IpAddr]) -> Self {
         let mut own: Vec<IpAddr> = flags.addresses.clone();
-        own.extend(node.iter().flat_map(|n| n.addresses.iter().copied()));
+        own.extend(node.iter().flat_map(|n| n.addresses()));
         own.extend(bound.iter().copied());
         own.sort_unstable();
         own.dedup();
@@ -88,12 +203,13 @@ impl NodeInfo {
                 .clone()
                 .or_else(|| node.and_then(|n| n.zone.clone())),
             addresses: if flags.addresses.is_empty() {
-                node.map(|n| n.addresses.clone()).unwrap_or_default()
+                flags.nodeport_addresses.resolve(node, bound)
             } else {
                 flags.addresses.clone()
             },
             proxy_name: flags.proxy_name.clone(),
             external_ips: flags.external_ips,
+            kube_version: flags.kube_version,
         }
     }
 }
@@ -280,7 +396,7 @@ impl PortContext<'_> {
                 continue;
             }
             let chosen = match scope {
-                Scope::Cluster => merged.cluster(node),
+                Scope::Cluster => merged.cluster(node, svc.topology_annotation.as_deref()),
                 Scope::Local => merged.local(node),
             };
             let mut backends: Vec<_> = chosen
@@ -478,4 +594,69 @@ pub fn of_family(addrs: &[IpAddr], family: Family) -> impl Iterator<Item = IpAdd
         .iter()
         .copied()
         .filter(move |ip| Family::of(*ip) == family)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KubeVersion, NodePortAddresses};
+    use crate::model::NodeObject;
+
+    #[test]
+    fn kubernetes_versions_parse_as_the_api_server_and_users_write_them() {
+        for text in ["1.30", "v1.30", "1.30.4", "1.30+", " 1.30 "] {
+            assert_eq!(
+                KubeVersion::parse(text),
+                Some(KubeVersion { minor: 30 }),
+                "{text}"
+            );
+        }
+        for text in ["2.1", "1", "1.x", "", "30"] {
+            assert_eq!(KubeVersion::parse(text), None, "{text}");
+        }
+        assert!(KubeVersion { minor: 30 }.hints_need_annotation());
+        assert!(!KubeVersion { minor: 31 }.hints_need_annotation());
+        assert!(!KubeVersion { minor: 33 }.node_hints());
+        assert!(KubeVersion { minor: 34 }.node_hints());
+    }
+
+    #[test]
+    fn node_port_addresses_follow_kube_proxys_flag() {
+        let ip = |s: &str| s.parse().unwrap();
+        let node = NodeObject {
+            name: "node-a".into(),
+            zone: None,
+            internal_ips: vec![ip("192.0.2.100"), ip("192.0.2.101"), ip("fd00::100")],
+            external_ips: vec![ip("203.0.113.100")],
+            leaving: false,
+        };
+        let primary = NodePortAddresses::parse(&["primary".into()]).unwrap();
+        assert_eq!(primary, NodePortAddresses::default());
+        assert_eq!(
+            primary.resolve(Some(&node), &[]),
+            vec![ip("192.0.2.100"), ip("fd00::100")]
+        );
+        assert_eq!(primary.resolve(None, &[]), Vec::<std::net::IpAddr>::new());
+        let cidrs =
+            NodePortAddresses::parse(&["192.0.2.0/24".into(), "203.0.113.0/24".into()]).unwrap();
+        // Unknown interfaces: the Node's addresses inside the ranges.
+        assert_eq!(
+            cidrs.resolve(Some(&node), &[]),
+            vec![ip("192.0.2.100"), ip("192.0.2.101"), ip("203.0.113.100")]
+        );
+        // Known interfaces: only what is bound there (a NATed ExternalIP is not), never loopback.
+        assert_eq!(
+            cidrs.resolve(
+                Some(&node),
+                &[ip("192.0.2.101"), ip("127.0.0.1"), ip("10.1.1.1")]
+            ),
+            vec![ip("192.0.2.101")]
+        );
+        let all = NodePortAddresses::parse(&["0.0.0.0/0".into()]).unwrap();
+        assert_eq!(
+            all.resolve(Some(&node), &[ip("127.0.0.1"), ip("10.1.1.1")]),
+            vec![ip("10.1.1.1")]
+        );
+        assert!(NodePortAddresses::parse(&["primary".into(), "10.0.0.0/8".into()]).is_err());
+        assert!(NodePortAddresses::parse(&["10.0.0.0/33".into()]).is_err());
+    }
 }

@@ -25,12 +25,19 @@ use crate::{Sandbox, agent::AgentOptions, bins, client::Command, processes::Owne
 pub fn node_flags(node: &Node) -> NodeFlags {
     NodeFlags {
         name: Some("node-a".into()),
-        zone: node.zone.map(str::to_string),
+        zone: node.zone.clone(),
         addresses: node
             .addresses
             .iter()
             .map(|a| a.parse().expect("node address"))
             .collect(),
+        nodeport_addresses: socklb::translate::NodePortAddresses::default(),
+        kube_version: node
+            .kubernetes_version
+            .as_deref()
+            .map_or(socklb::translate::KubeVersion::NEWEST, |v| {
+                socklb::translate::KubeVersion::parse(v).expect("kubernetes-version")
+            }),
         proxy_name: DEFAULT_PROXY_NAME.into(),
         external_ips: true,
     }
@@ -38,30 +45,33 @@ pub fn node_flags(node: &Node) -> NodeFlags {
 
 /// A case's objects as source listings; fails on any document that does not parse.
 fn listings(case: &Case) -> anyhow::Result<Vec<SourceEvent>> {
-    let parsed = parse_manifests(case.name, case.objects.as_bytes());
+    let parsed = parse_manifests(&case.name, case.objects.as_bytes());
     if let Some(e) = parsed.errors.first() {
         bail!("{}: objects do not parse: {e}", case.name);
     }
-    let (mut services, mut slices) = (Vec::new(), Vec::new());
+    let (mut services, mut slices, mut nodes) = (Vec::new(), Vec::new(), Vec::new());
     for o in parsed.objects {
         match o {
             ManifestObject::Service(s) => services.push(Object::Service(s)),
             ManifestObject::EndpointSlice(s) => slices.push(Object::EndpointSlice(s)),
-            ManifestObject::Node(_) => {}
+            ManifestObject::Node(n) => nodes.push(SourceEvent::Node(n)),
         }
     }
-    Ok(vec![
-        SourceEvent::Listed {
-            kind: Kind::Service,
-            objects: services,
-            keep: Vec::new(),
-        },
-        SourceEvent::Listed {
-            kind: Kind::EndpointSlice,
-            objects: slices,
-            keep: Vec::new(),
-        },
-    ])
+    Ok(nodes
+        .into_iter()
+        .chain([
+            SourceEvent::Listed {
+                kind: Kind::Service,
+                objects: services,
+                keep: Vec::new(),
+            },
+            SourceEvent::Listed {
+                kind: Kind::EndpointSlice,
+                objects: slices,
+                keep: Vec::new(),
+            },
+        ])
+        .collect())
 }
 
 /// What the maps say a connect to `addr` gets.
@@ -93,7 +103,7 @@ fn describe(set: &BTreeSet<SocketAddr>) -> String {
 }
 
 /// The text of an expected outcome, as `outcome_in_maps` writes it.
-fn expected_text(outcome: Outcome) -> anyhow::Result<String> {
+fn expected_text(outcome: &Outcome) -> anyhow::Result<String> {
     Ok(match outcome {
         Outcome::Backends(b) => {
             let set: BTreeSet<SocketAddr> = b
@@ -120,15 +130,20 @@ pub fn in_memory(case: &Case) -> anyhow::Result<()> {
     engine.reconcile().context("nothing written")?;
     let snap = engine.reconciler().snapshot();
     let mut wrong = Vec::new();
-    for (addr, outcome) in case.expect {
+    for (addr, outcome) in &case.expect {
         let a = ServiceAddr::parse(addr).with_context(|| format!("address {addr}"))?;
-        let (got, want) = (outcome_in_maps(snap, &a), expected_text(*outcome)?);
+        let (got, want) = (outcome_in_maps(snap, &a), expected_text(outcome)?);
         if got != want {
             wrong.push(format!("  {addr}: expected {want}, the maps give {got}"));
         }
     }
     if !wrong.is_empty() {
-        bail!("{} ({}):\n{}", case.name, case.origin, wrong.join("\n"));
+        bail!(
+            "{} ({}):\n{}",
+            case.name,
+            case.file.display(),
+            wrong.join("\n")
+        );
     }
     Ok(())
 }
@@ -139,7 +154,7 @@ pub fn in_memory(case: &Case) -> anyhow::Result<()> {
 fn backends_of(cases: &[&Case]) -> BTreeSet<(SocketAddr, bool)> {
     let mut out = BTreeSet::new();
     for case in cases {
-        for o in parse_manifests(case.name, case.objects.as_bytes()).objects {
+        for o in parse_manifests(&case.name, case.objects.as_bytes()).objects {
             let ManifestObject::EndpointSlice(s) = o else {
                 continue;
             };
@@ -165,7 +180,7 @@ fn backends_of(cases: &[&Case]) -> BTreeSet<(SocketAddr, bool)> {
 fn untouched_loopback(cases: &[&Case]) -> anyhow::Result<BTreeSet<(SocketAddr, bool)>> {
     let mut out = BTreeSet::new();
     for case in cases {
-        for (addr, outcome) in case.expect {
+        for (addr, outcome) in &case.expect {
             let a = ServiceAddr::parse(addr).with_context(|| format!("address {addr}"))?;
             if *outcome == Outcome::Untouched && a.addr.ip().is_loopback() {
                 out.insert((a.addr, a.protocol == Protocol::Udp));
@@ -219,14 +234,17 @@ pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
         .map(|(addr, udp)| listen_in_client_pod(&sandbox, addr, udp))
         .collect::<anyhow::Result<Vec<Owned>>>()?;
     for case in cases {
-        sandbox.write_manifest(&format!("{}.yaml", case.name), case.objects)?;
+        sandbox.write_manifest(&format!("{}.yaml", case.name), &case.objects)?;
     }
     let mut args = vec!["--node-name".to_string(), "node-a".into()];
-    if let Some(zone) = node.zone {
-        args.extend(["--zone".into(), zone.into()]);
+    if let Some(zone) = &node.zone {
+        args.extend(["--zone".into(), zone.clone()]);
     }
-    for a in node.addresses {
-        args.extend(["--node-address".into(), (*a).into()]);
+    for a in &node.addresses {
+        args.extend(["--node-address".into(), a.clone()]);
+    }
+    if let Some(version) = &node.kubernetes_version {
+        args.extend(["--kubernetes-version".into(), version.clone()]);
     }
     let _agent = sandbox.start_agent(&AgentOptions {
         args,
@@ -236,13 +254,13 @@ pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
     let mut failures = Vec::new();
     for case in cases {
         let mut wrong = Vec::new();
-        for (addr, outcome) in case.expect {
+        for (addr, outcome) in &case.expect {
             let target = ServiceAddr::parse(addr)?;
             let udp = target.protocol == Protocol::Udp;
             // Left alone, a loopback connect reaches the listener on the address itself.
             let loopback = target.addr.ip().is_loopback();
             let expected: BTreeSet<String> = match outcome {
-                Outcome::Backends(b) => b.iter().map(|s| (*s).to_string()).collect(),
+                Outcome::Backends(b) => b.iter().cloned().collect(),
                 Outcome::Untouched if loopback => BTreeSet::from([target.addr.to_string()]),
                 _ => BTreeSet::new(),
             };
@@ -266,7 +284,7 @@ pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
             if !ok {
                 wrong.push(format!(
                     "  {addr}: expected {}, got answers from {got:?} and errors {errors:?}",
-                    expected_text(*outcome)?
+                    expected_text(outcome)?
                 ));
             }
         }
@@ -274,7 +292,7 @@ pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
             failures.push(format!(
                 "{} ({}):\n{}",
                 case.name,
-                case.origin,
+                case.file.display(),
                 wrong.join("\n")
             ));
         }
@@ -287,7 +305,7 @@ pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
 pub fn by_node(cases: &[Case]) -> BTreeMap<Node, Vec<&Case>> {
     let mut out: BTreeMap<Node, Vec<&Case>> = BTreeMap::new();
     for c in cases {
-        out.entry(c.node).or_default().push(c);
+        out.entry(c.node.clone()).or_default().push(c);
     }
     out
 }
@@ -297,16 +315,16 @@ pub fn by_node(cases: &[Case]) -> BTreeMap<Node, Vec<&Case>> {
 pub fn check_table(cases: &[Case]) -> anyhow::Result<()> {
     let mut names = BTreeSet::new();
     for c in cases {
-        anyhow::ensure!(names.insert(c.name), "duplicate case name {}", c.name);
+        anyhow::ensure!(names.insert(&c.name), "duplicate case name {}", c.name);
         anyhow::ensure!(!c.origin.is_empty(), "{} names no origin", c.name);
         anyhow::ensure!(!c.expect.is_empty(), "{} expects nothing", c.name);
     }
     for (node, group) in by_node(cases) {
         let mut seen: BTreeMap<ServiceAddr, &str> = BTreeMap::new();
         for c in group {
-            for (addr, _) in c.expect {
+            for (addr, _) in &c.expect {
                 let a = ServiceAddr::parse(addr)?;
-                if let Some(other) = seen.insert(a, c.name)
+                if let Some(other) = seen.insert(a, &c.name)
                     && other != c.name
                 {
                     bail!("{addr} is used by {other} and {} (node {node:?})", c.name);
