@@ -36,6 +36,22 @@ pub struct Status {
     /// The guarantees lost with the parts that are off, in words (empty: nothing lost).
     #[serde(default)]
     pub degraded: Vec<String>,
+    /// The healthCheckNodePorts served (`--health-check-node-ports`), and those that could not
+    /// listen.
+    #[serde(default)]
+    pub health_check_ports: Vec<HealthCheckPort>,
+}
+
+/// One healthCheckNodePort.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheckPort {
+    pub port: u16,
+    pub service: crate::vocab::ObjectKey,
+    /// What it counts: distinct IPs of the Service's ready endpoints on this node.
+    pub local_endpoints: usize,
+    /// Where it listens (empty: it could not; see `error`).
+    pub listening: Vec<std::net::SocketAddr>,
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

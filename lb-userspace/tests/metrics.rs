@@ -117,7 +117,7 @@ fn exercised() -> Metrics {
     ));
     let pass = engine.reconcile().expect("change");
     metrics.record_pass(&pass);
-    metrics.record_state(&engine);
+    metrics.record_state(&engine, 1);
     metrics.record_error(ErrorKind::UdpTerminate);
     metrics.record_udp_terminated(2);
     metrics
@@ -338,7 +338,7 @@ fn rejected_objects_are_counted_once_and_gauged_until_fixed() {
         });
     };
     let read = |metrics: &Metrics, engine: &Engine<InMemoryMaps>| {
-        metrics.record_state(engine);
+        metrics.record_state(engine, 0);
         let text = metrics.encode(Format::Text);
         (
             sample(&text, "socklb_rejected_objects_total"),

@@ -8,6 +8,7 @@ pub mod bins;
 pub mod churn;
 pub mod client;
 pub mod conformance;
+pub mod curl;
 pub mod features;
 pub mod manifests;
 pub mod privileges;

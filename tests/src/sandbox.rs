@@ -63,6 +63,8 @@ struct Made {
     cgroups: Mutex<Vec<PathBuf>>,
     mount: Mutex<Option<PathBuf>>,
     workdir: Mutex<Option<PathBuf>>,
+    /// Folders in /etc/netns (files `ip netns exec` binds over /etc in a namespace).
+    etc_netns: Mutex<Vec<PathBuf>>,
 }
 
 impl Made {
@@ -178,6 +180,20 @@ impl Sandbox {
         self.plug(&ns, &format!("k{n}"), &[format!("{ipv4}/16")])?;
         let cgroup = self.extra_cgroup(name)?;
         Ok(ClientPod { netns: ns, cgroup })
+    }
+
+    /// Gives `netns` its own /etc/resolv.conf (for processes started with `ip netns exec`),
+    /// removed with the sandbox.
+    pub fn resolv_conf(&self, netns: &str, text: &str) -> anyhow::Result<()> {
+        let dir = PathBuf::from("/etc/netns").join(netns);
+        {
+            let mut made = lock(&self.made.etc_netns);
+            self.made.open()?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            made.push(dir.clone());
+        }
+        std::fs::write(dir.join("resolv.conf"), text)?;
+        Ok(())
     }
 
     /// Another pod served by socklb: a network namespace on the bridge at `ipv4` and a cgroup
@@ -330,6 +346,18 @@ impl Sandbox {
         self.serve_in(ns, addr, udp.then_some("--udp"), udp)
     }
 
+    /// Starts a DNS server on `addr` (UDP) inside `ns` that answers every A question with
+    /// `answer`: which server a resolver reached shows in the address it got.
+    pub fn add_dns_server(
+        &self,
+        ns: &str,
+        addr: SocketAddr,
+        answer: std::net::Ipv4Addr,
+    ) -> anyhow::Result<()> {
+        let answer = answer.to_string();
+        self.start_server(ns, addr, &["dns", "--answer", &answer], true)
+    }
+
     fn serve_in(
         &self,
         ns: &str,
@@ -337,12 +365,25 @@ impl Sandbox {
         flag: Option<&str>,
         udp: bool,
     ) -> anyhow::Result<()> {
+        let mut args = vec!["serve"];
+        args.extend(flag);
+        self.start_server(ns, addr, &args, udp)
+    }
+
+    fn start_server(
+        &self,
+        ns: &str,
+        addr: SocketAddr,
+        args: &[&str],
+        udp: bool,
+    ) -> anyhow::Result<()> {
         let mut owned = self
             .processes
             .spawn(
                 Process::new(bins::sbx()?)
-                    .args(["--netns", ns, "serve", "--addr", &addr.to_string()])
-                    .args(flag)
+                    .args(["--netns", ns])
+                    .args(args)
+                    .args(["--addr", &addr.to_string()])
                     .stdin(Stdio::null())
                     .stdout(Stdio::piped())
                     .stderr(Stdio::inherit()),
@@ -522,6 +563,9 @@ impl Sandbox {
         }
         for ns in lock(&self.made.netns).drain(..).rev() {
             let _ = ip(&["netns", "del", &ns]);
+        }
+        for dir in lock(&self.made.etc_netns).drain(..) {
+            let _ = std::fs::remove_dir_all(dir);
         }
         if let Some(dir) = lock(&self.made.workdir).take() {
             let _ = std::fs::remove_dir_all(dir);

@@ -126,6 +126,13 @@ pub fn sweep_stale() {
             }
         }
     }
+    if let Ok(entries) = std::fs::read_dir("/etc/netns") {
+        for entry in entries.flatten() {
+            if dead(&entry.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
     let tmp = std::env::temp_dir();
     if let Ok(entries) = std::fs::read_dir(&tmp) {
         for entry in entries.flatten() {

@@ -144,6 +144,11 @@ impl<M: ServiceMaps> Engine<M> {
         &self.store
     }
 
+    /// This node's Node object, once seen.
+    pub fn node_object(&self) -> Option<&crate::model::NodeObject> {
+        self.node_object.as_ref()
+    }
+
     pub fn node(&self) -> &NodeInfo {
         &self.node
     }

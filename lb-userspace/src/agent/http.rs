@@ -73,7 +73,7 @@ async fn refresh_affinity(shared: Arc<Shared>) {
 
 /// The accept loop: every connection served by hyper with a header timeout, at most
 /// `MAX_CONNECTIONS` at once (the oldest goes when a new one comes).
-async fn serve(listener: tokio::net::TcpListener, app: Router, what: &'static str) {
+pub(super) async fn serve(listener: tokio::net::TcpListener, app: Router, what: &'static str) {
     let live: Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>> = Arc::default();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder

@@ -127,6 +127,7 @@ pub struct Metrics {
     failing_services: Gauge,
     conflicts: Gauge,
     refused_addresses: Gauge,
+    health_check_ports_failing: Gauge,
     rejected_objects: Counter,
     rejected_now: Gauge,
     udp_terminated: Counter,
@@ -284,7 +285,7 @@ fn register_features(r: &mut Registry, features: &Features) {
 }
 
 /// The gauges the agent sets from its state after each pass.
-fn state_gauges(r: &mut Registry) -> [Gauge; 5] {
+fn state_gauges(r: &mut Registry) -> [Gauge; 6] {
     [
         (
             "service_ports",
@@ -307,6 +308,11 @@ fn state_gauges(r: &mut Registry) -> [Gauge; 5] {
             "refused_addresses",
             "Addresses Services name that are never a frontend (loopback, unspecified, \
              link-local, multicast, this node's own but as a NodePort); /status names them",
+        ),
+        (
+            "health_check_ports_failing",
+            "healthCheckNodePorts this node should serve but does not (the port would not \
+             listen, or another Service has it); /status says why",
         ),
     ]
     .map(|(name, help)| register(r, name, help, Gauge::default()))
@@ -369,6 +375,7 @@ impl Metrics {
             conflicts,
             rejected_now,
             refused_addresses,
+            health_check_ports_failing,
         ] = state_gauges(r);
         let [writes, rejected_objects, udp_terminated, retries] = event_counters(r);
         register_features(r, features);
@@ -400,6 +407,7 @@ impl Metrics {
             failing_services,
             conflicts,
             refused_addresses,
+            health_check_ports_failing,
             rejected_objects,
             rejected_now,
             udp_terminated,
@@ -429,7 +437,9 @@ impl Metrics {
     }
 
     /// Refreshes gauges and error counters from the engine's state.
-    pub fn record_state<M: ServiceMaps>(&self, engine: &Engine<M>) {
+    pub fn record_state<M: ServiceMaps>(&self, engine: &Engine<M>, health_checks_failing: usize) {
+        self.health_check_ports_failing
+            .set(gauge(health_checks_failing));
         let r = engine.reconciler();
         let snap = r.snapshot();
         let caps = r.maps().capacities();

@@ -12,6 +12,7 @@ mod engine;
 mod http;
 mod memory;
 mod metrics;
+mod probes;
 mod security;
 
 pub use engine::{Engine, Pass};
@@ -81,6 +82,10 @@ pub struct AgentConfig {
     pub health_listen: Option<SocketAddr>,
     /// /metrics, /status; `None` turns it off.
     pub metrics_listen: Option<SocketAddr>,
+    /// kube-proxy's /healthz and /livez (its `--healthz-bind-address`); `None`: off.
+    pub kube_proxy_healthz: Option<SocketAddr>,
+    /// Serve healthCheckNodePorts (`--health-check-node-ports`).
+    pub health_check_node_ports: bool,
     /// How often failed backend sets are retried.
     pub retry_interval: Duration,
     /// /livez fails when changes stay unwritten, or the source stays unhealthy, this long.
@@ -94,6 +99,7 @@ pub struct AgentConfig {
 pub struct Listeners {
     health: Option<std::net::TcpListener>,
     metrics: Option<std::net::TcpListener>,
+    kube_proxy_healthz: Option<std::net::TcpListener>,
 }
 
 impl Listeners {
@@ -111,6 +117,10 @@ impl Listeners {
         Ok(Self {
             health: bind(config.health_listen, "health")?,
             metrics: bind(config.metrics_listen, "metrics")?,
+            kube_proxy_healthz: bind(config.kube_proxy_healthz, "kube-proxy healthz").context(
+                "kube-proxy serves this port while it runs: next to kube-proxy, leave \
+                 --kube-proxy-healthz off",
+            )?,
         })
     }
 }
@@ -132,6 +142,8 @@ pub struct Shared {
     pub stuck_after: Duration,
     pub metrics: Metrics,
     pub status: Mutex<Status>,
+    /// What kube-proxy's /healthz says about the node.
+    pub node_health: probes::NodeHealth,
 }
 
 /// Whether a UDP-termination pass runs, and whether another was asked for meanwhile.
@@ -166,6 +178,7 @@ impl Shared {
             stuck_after: config.stuck_after,
             metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
             status: Mutex::new(Status::default()),
+            node_health: probes::NodeHealth::default(),
         })
     }
 
@@ -249,6 +262,9 @@ pub async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
     let mut unhealthy_since: Option<Instant> = None;
+    let mut health_checks = config
+        .health_check_node_ports
+        .then(|| probes::HealthCheckServers::new(shared.clone()));
     loop {
         tokio::select! {
             event = rx.recv() => {
@@ -260,7 +276,13 @@ pub async fn run(
                     engine.handle(event);
                 }
             }
-            _ = retry.tick() => engine.retry_failed(),
+            _ = retry.tick() => {
+                engine.retry_failed();
+                // Ports that could not listen are tried again.
+                if let Some(servers) = health_checks.as_mut().filter(|s| s.failing() > 0) {
+                    sync_health_checks(servers, &engine, &config);
+                }
+            }
             _ = census_tick.tick() => refresher.start(),
             Some(()) = inbox.asked.recv() => refresher.start(),
             Some(counted) = inbox.done.recv() => {
@@ -277,7 +299,14 @@ pub async fn run(
                 terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
+            shared.node_health.written();
+            if let Some(servers) = &mut health_checks {
+                sync_health_checks(servers, &engine, &config);
+            }
         }
+        shared
+            .node_health
+            .follow(engine.node_object(), engine.node().kube_version);
         if engine.is_synced() && !attached {
             let ids = dataplane.attach().context("attaching the programs")?;
             attached = true;
@@ -288,25 +317,8 @@ pub async fn run(
             );
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
-        unhealthy_since = if engine.is_healthy() {
-            None
-        } else {
-            unhealthy_since.or(Some(Instant::now()))
-        };
-        // A watch that fails once (a 410 Gone before the re-list, a dropped connection) is
-        // not "failing": readiness goes only when it stays unhealthy.
-        let ready = attached && unhealthy_since.is_none_or(|t| t.elapsed() < UNHEALTHY_GRACE);
-        if shared.ready.swap(ready, Ordering::Relaxed) != ready {
-            tracing::info!(ready, "readiness changed");
-        }
-        *shared
-            .progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Progress {
-            pending_since: engine.pending_since(),
-            unhealthy_since,
-        };
-        record_state(&engine, &shared);
+        record_progress(&engine, &shared, attached, &mut unhealthy_since);
+        record_state(&engine, &shared, health_checks.as_ref());
     }
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
@@ -358,6 +370,13 @@ fn serve(listeners: Listeners, shared: &Arc<Shared>) -> anyhow::Result<()> {
     if let Some(l) = listeners.health {
         tracing::info!(listen = %l.local_addr()?, "serving /healthz, /livez, /readyz");
         tokio::spawn(http::serve_health(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
+    }
+    if let Some(l) = listeners.kube_proxy_healthz {
+        tracing::info!(listen = %l.local_addr()?, "serving kube-proxy's /healthz and /livez");
+        tokio::spawn(probes::serve_kube_proxy_healthz(
             tokio::net::TcpListener::from_std(l)?,
             shared.clone(),
         ));
@@ -641,9 +660,59 @@ fn log_features(features: &Features) {
     }
 }
 
-fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
+/// Readiness and liveness from the engine's state.
+fn record_progress(
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Shared,
+    attached: bool,
+    unhealthy_since: &mut Option<Instant>,
+) {
+    *unhealthy_since = if engine.is_healthy() {
+        None
+    } else {
+        unhealthy_since.or(Some(Instant::now()))
+    };
+    // A watch that fails once (a 410 Gone before the re-list, a dropped connection) is not
+    // "failing": readiness goes only when it stays unhealthy.
+    let ready = attached && unhealthy_since.is_none_or(|t| t.elapsed() < UNHEALTHY_GRACE);
+    if shared.ready.swap(ready, Ordering::Relaxed) != ready {
+        tracing::info!(ready, "readiness changed");
+    }
+    *shared
+        .progress
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Progress {
+        pending_since: engine.pending_since(),
+        unhealthy_since: *unhealthy_since,
+    };
+}
+
+/// Opens and closes the healthCheckNodePorts as the Services say.
+fn sync_health_checks(
+    servers: &mut probes::HealthCheckServers,
+    engine: &Engine<BpfServiceMaps>,
+    config: &AgentConfig,
+) {
+    let matches_all = matches!(
+        &config.node.nodeport_addresses,
+        crate::translate::NodePortAddresses::Cidrs(c) if c.iter().any(crate::model::Cidr::is_everything)
+    );
+    servers.sync(
+        crate::translate::health_checks(engine.store(), engine.node()),
+        &probes::listen_addresses(engine.node(), matches_all),
+    );
+}
+
+fn record_state(
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Shared,
+    health_checks: Option<&probes::HealthCheckServers>,
+) {
     let r = engine.reconciler();
-    shared.metrics.record_state(engine);
+    shared.metrics.record_state(
+        engine,
+        health_checks.map_or(0, probes::HealthCheckServers::failing),
+    );
     let status = Status {
         version: crate::status::VERSION.to_string(),
         commit: crate::status::COMMIT.to_string(),
@@ -692,6 +761,9 @@ fn record_state(engine: &Engine<BpfServiceMaps>, shared: &Shared) {
             .into_iter()
             .map(str::to_string)
             .collect(),
+        health_check_ports: health_checks
+            .map(probes::HealthCheckServers::report)
+            .unwrap_or_default(),
     };
     *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
 }

@@ -68,6 +68,15 @@ pub struct AgentArgs {
     /// Address for /metrics and /status ("off" to disable).
     #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_METRICS_LISTEN")]
     pub metrics_listen: String,
+    /// Serve the healthCheckNodePort of every LoadBalancer Service with
+    /// externalTrafficPolicy Local, as kube-proxy does (200 while this node has a ready
+    /// endpoint of it, else 503). Only instead of kube-proxy: next to it, the ports are its.
+    #[arg(long, env = "SOCKLB_HEALTH_CHECK_NODE_PORTS")]
+    pub health_check_node_ports: bool,
+    /// Serve kube-proxy's /healthz and /livez on this address ("off", the default; kube-proxy's
+    /// is 0.0.0.0:10256). Only instead of kube-proxy, whose port it is.
+    #[arg(long, default_value = "off", env = "SOCKLB_KUBE_PROXY_HEALTHZ")]
+    pub kube_proxy_healthz: String,
     /// Log format (json for log collectors).
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -166,6 +175,8 @@ pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         node: args.node.flags()?,
         health_listen: listen(&args.health_listen, "health-listen")?,
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
+        kube_proxy_healthz: listen(&args.kube_proxy_healthz, "kube-proxy-healthz")?,
+        health_check_node_ports: args.health_check_node_ports,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
         ask_api_version: args.node.kubernetes_version.is_none() && args.manifests.is_none(),

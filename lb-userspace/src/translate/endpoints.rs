@@ -336,6 +336,6 @@ fn usable(e: &Endpoint) -> bool {
 type Hints = fn(&Endpoint) -> Option<&[Arc<str>]>;
 
 /// On this node: the endpoint's nodeName is exactly this node's name.
-fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {
+pub(super) fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {
     matches!((e.node_name(), node.name.as_deref()), (Some(a), Some(b)) if !b.is_empty() && a == b)
 }

@@ -5,10 +5,12 @@
 //! (`pkg/proxy`), as a socket on this node can observe them; where socklb differs on purpose,
 //! the README's compatibility table says so.
 mod endpoints;
+mod health;
 mod ownership;
 pub mod report;
 mod types;
 
+pub use health::{HealthCheck, HealthChecks, health_check_body, health_checks};
 pub use ownership::{Conflict, Ownership};
 pub use types::{
     Candidacy, ClaimKind, DesiredService, DesiredState, EndpointDecision, Exclusion, FrontendClaim,

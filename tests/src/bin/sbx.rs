@@ -46,8 +46,24 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Some("client") => run_client(),
+        Some("dns") => {
+            let addr: SocketAddr = take_opt(&mut args, "--addr")
+                .context("dns needs --addr")?
+                .parse()?;
+            let answer: std::net::Ipv4Addr = take_opt(&mut args, "--answer")
+                .context("dns needs --answer")?
+                .parse()?;
+            serve_dns(addr, answer)
+        }
+        Some("exec") => {
+            use std::os::unix::process::CommandExt as _;
+            let program = args.get(1).context("exec needs a program")?;
+            let e = std::process::Command::new(program).args(&args[2..]).exec();
+            bail!("exec {program}: {e}")
+        }
         other => bail!(
-            "usage: sbx [--cgroup DIR] [--netns NAME] serve --addr IP:PORT [--udp] | client (got {other:?})"
+            "usage: sbx [--cgroup DIR] [--netns NAME] serve --addr IP:PORT [--udp] | client | \
+             dns --addr IP:PORT --answer IPV4 | exec PROGRAM ARGS... (got {other:?})"
         ),
     }
 }
@@ -133,6 +149,50 @@ fn serve_udp(addr: SocketAddr) -> anyhow::Result<()> {
         let reply = format!("backend={addr} peer={peer} echo={}", msg.trim_end());
         let _ = socket.send_to(reply.as_bytes(), peer);
     }
+}
+
+/// A DNS server that answers every A question with `answer` (TTL 0) and every other question
+/// with no record, so a test can tell which server a resolver reached.
+fn serve_dns(addr: SocketAddr, answer: std::net::Ipv4Addr) -> anyhow::Result<()> {
+    let socket = UdpSocket::bind(addr)?;
+    println!("ready");
+    std::io::stdout().flush()?;
+    let mut buf = [0u8; 512];
+    loop {
+        let (n, peer) = socket.recv_from(&mut buf)?;
+        if let Some(reply) = dns_reply(&buf[..n], answer) {
+            let _ = socket.send_to(&reply, peer);
+        }
+    }
+}
+
+/// The reply to one query: its header and question, with one A record when asked for A/IN.
+fn dns_reply(query: &[u8], answer: std::net::Ipv4Addr) -> Option<Vec<u8>> {
+    if query.len() < 12 || query[4..6] != [0, 1] {
+        return None;
+    }
+    // The question: the name's labels, a zero byte, then type and class.
+    let mut end = 12;
+    while *query.get(end)? != 0 {
+        end += 1 + usize::from(query[end]);
+    }
+    let question = query.get(12..end + 5)?;
+    let (qtype, qclass) = (
+        &question[question.len() - 4..][..2],
+        &question[question.len() - 2..],
+    );
+    let a = qtype == [0, 1] && qclass == [0, 1];
+    let mut reply = Vec::with_capacity(64);
+    reply.extend_from_slice(&query[..2]);
+    // QR, opcode 0, AA, RD as asked; RA; NOERROR.
+    reply.extend_from_slice(&[0x84 | (query[2] & 0x01), 0x80]);
+    reply.extend_from_slice(&[0, 1, 0, u8::from(a), 0, 0, 0, 0]);
+    reply.extend_from_slice(question);
+    if a {
+        reply.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4]);
+        reply.extend_from_slice(&answer.octets());
+    }
+    Some(reply)
 }
 
 fn run_client() -> anyhow::Result<()> {

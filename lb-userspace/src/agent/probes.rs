@@ -1,0 +1,388 @@
+//! The ports load balancers probe on a node, served in kube-proxy's place. Both are opt-in:
+//! next to kube-proxy they are kube-proxy's ports.
+//!
+//! - `--health-check-node-ports`: every LoadBalancer Service with externalTrafficPolicy Local
+//!   gets its `healthCheckNodePort` (`pkg/proxy/healthcheck/service_health.go`): any path and
+//!   method, 200 while this node has a ready endpoint of the Service and the agent is healthy,
+//!   503 otherwise, with kube-proxy's body and headers. Without it a cloud load balancer marks
+//!   every node down. The rules and the body are `translate::health`'s.
+//! - `--kube-proxy-healthz ADDR` (kube-proxy's `0.0.0.0:10256`): `/healthz` and `/livez` as
+//!   `pkg/proxy/healthcheck/proxy_health.go` (1.33+ JSON). Cloud load balancers probe it for
+//!   externalTrafficPolicy Cluster Services; `/healthz` answers 503 while the Node is being
+//!   deleted or carries the `ToBeDeletedByClusterAutoscaler` taint, so drains stay graceful.
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex, PoisonError, RwLock, atomic::Ordering},
+};
+
+use axum::{
+    Router,
+    extract::State,
+    http::{StatusCode, header},
+    response::{IntoResponse as _, Response},
+    routing::any,
+};
+
+use super::{Shared, http};
+use crate::{
+    model::NodeObject,
+    status::HealthCheckPort,
+    translate::{HealthCheck, HealthChecks, KubeVersion, NodeInfo, health_check_body},
+    vocab::ObjectKey,
+};
+
+/// Whether load balancers should send this node traffic, and when the agent last wrote.
+#[derive(Debug)]
+pub struct NodeHealth {
+    /// The Node is not leaving (being deleted, or tainted by the cluster autoscaler).
+    pub eligible: std::sync::atomic::AtomicBool,
+    /// When changes were last written (kube-proxy's `lastUpdated`).
+    pub last_updated: Mutex<jiff::Timestamp>,
+}
+
+impl Default for NodeHealth {
+    fn default() -> Self {
+        Self {
+            eligible: true.into(),
+            last_updated: Mutex::new(jiff::Timestamp::now()),
+        }
+    }
+}
+
+impl NodeHealth {
+    /// Follows the Node object. Before it is known, kube-proxy up to 1.33 counts the node
+    /// eligible ("while it's starting up"); from 1.34 not (its node manager has not seen it).
+    pub fn follow(&self, node: Option<&NodeObject>, version: KubeVersion) {
+        let eligible = node.map_or(version.minor < 34, |n| !n.leaving);
+        if self.eligible.swap(eligible, Ordering::Relaxed) != eligible {
+            tracing::debug!(
+                eligible,
+                "node eligibility for load-balancer traffic changed (kube-proxy /healthz)"
+            );
+        }
+    }
+
+    pub fn written(&self) {
+        *self
+            .last_updated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = jiff::Timestamp::now();
+    }
+}
+
+/// kube-proxy's health answer (`ProxyHealth`, 1.33+), keys in its order.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProxyHealth {
+    last_updated: String,
+    current_time: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node_eligible: Option<bool>,
+    healthy: bool,
+}
+
+/// Serves kube-proxy's `/healthz` and `/livez` (other paths: 404, as its mux).
+pub async fn serve_kube_proxy_healthz(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
+        .route(
+            "/healthz",
+            any(|s: State<Arc<Shared>>| async move { proxy_health(&s, true) }),
+        )
+        .route(
+            "/livez",
+            any(|s: State<Arc<Shared>>| async move { proxy_health(&s, false) }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "404 page not found\n") })
+        .with_state(shared);
+    http::serve(listener, app, "kube-proxy-healthz").await;
+}
+
+fn proxy_health(shared: &Shared, with_node: bool) -> Response {
+    let healthy = shared.stuck().is_none();
+    let now = jiff::Timestamp::now();
+    // As kube-proxy: a healthy proxy reports now as its last update.
+    let last = if healthy {
+        now
+    } else {
+        *shared
+            .node_health
+            .last_updated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    };
+    let eligible = shared.node_health.eligible.load(Ordering::Relaxed);
+    let body = ProxyHealth {
+        last_updated: last.to_string(),
+        current_time: now.to_string(),
+        node_eligible: with_node.then_some(eligible),
+        healthy,
+    };
+    let ok = healthy && (!with_node || eligible);
+    json(
+        if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        serde_json::to_string(&body).unwrap_or_default(),
+        None,
+    )
+}
+
+fn json(status: StatusCode, body: String, weight: Option<usize>) -> Response {
+    let mut response = (
+        status,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
+        body,
+    )
+        .into_response();
+    if let Some(w) = weight {
+        response.headers_mut().insert(
+            "x-load-balancing-endpoint-weight",
+            header::HeaderValue::from(w),
+        );
+    }
+    response
+}
+
+/// The open health-check ports: their listeners, and the table their handlers read.
+pub struct HealthCheckServers {
+    shared: Arc<Shared>,
+    table: Arc<RwLock<BTreeMap<u16, HealthCheck>>>,
+    open: BTreeMap<u16, Server>,
+    /// Ports that could not listen, with why (tried again at every sync).
+    failed: BTreeMap<u16, String>,
+    contested: Vec<(u16, ObjectKey)>,
+}
+
+struct Server {
+    service: ObjectKey,
+    addresses: Vec<SocketAddr>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // Ending the accept loop drops its listener: the port closes.
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The state one port's handler reads.
+struct PortState {
+    port: u16,
+    table: Arc<RwLock<BTreeMap<u16, HealthCheck>>>,
+    shared: Arc<Shared>,
+}
+
+impl HealthCheckServers {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            table: Arc::default(),
+            open: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            contested: Vec::new(),
+        }
+    }
+
+    /// Opens, keeps or closes each port as `checks` says, on `listen` addresses (see
+    /// `listen_addresses`), and updates what each answers.
+    pub fn sync(&mut self, checks: HealthChecks, listen: &[IpAddr]) {
+        for (port, service) in &checks.contested {
+            if !self.contested.contains(&(*port, service.clone())) {
+                tracing::warn!(
+                    port,
+                    %service,
+                    "healthCheckNodePort taken by an older Service: not served for this one"
+                );
+            }
+        }
+        self.contested = checks.contested;
+        let wanted = checks.ports;
+        self.open.retain(|port, server| {
+            let keep = wanted
+                .get(port)
+                .is_some_and(|c| c.service == server.service)
+                && server
+                    .addresses
+                    .iter()
+                    .map(SocketAddr::ip)
+                    .eq(listen.iter().copied());
+            if !keep {
+                tracing::info!(port, service = %server.service, "health-check port closed");
+            }
+            keep
+        });
+        self.failed.retain(|port, _| wanted.contains_key(port));
+        *self.table.write().unwrap_or_else(PoisonError::into_inner) = wanted.clone();
+        for (port, check) in &wanted {
+            if self.open.contains_key(port) {
+                continue;
+            }
+            match self.start(*port, &check.service, listen) {
+                Ok(server) => {
+                    tracing::info!(
+                        port,
+                        service = %check.service,
+                        addresses = ?server.addresses,
+                        local_endpoints = check.local_endpoints,
+                        "health-check port open"
+                    );
+                    self.failed.remove(port);
+                    self.open.insert(*port, server);
+                }
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    if self.failed.get(port) != Some(&error) {
+                        tracing::error!(
+                            port,
+                            service = %check.service,
+                            error,
+                            "health-check port cannot listen; load balancers will see this node down for the Service (tried again at every sync)"
+                        );
+                    }
+                    self.failed.insert(*port, error);
+                }
+            }
+        }
+    }
+
+    fn start(&self, port: u16, service: &ObjectKey, listen: &[IpAddr]) -> anyhow::Result<Server> {
+        let state = Arc::new(PortState {
+            port,
+            table: self.table.clone(),
+            shared: self.shared.clone(),
+        });
+        let app = Router::new().fallback(answer).with_state(state);
+        // All or nothing, as kube-proxy: a port half open would answer for some addresses.
+        let listeners = listen
+            .iter()
+            .map(|ip| bind(*ip, port))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut server = Server {
+            service: service.clone(),
+            addresses: Vec::new(),
+            tasks: Vec::new(),
+        };
+        for l in listeners {
+            server.addresses.push(l.local_addr()?);
+            server.tasks.push(tokio::spawn(http::serve(
+                l,
+                app.clone(),
+                "health-check-node-port",
+            )));
+        }
+        Ok(server)
+    }
+
+    /// The ports as /status shows them.
+    pub fn report(&self) -> Vec<HealthCheckPort> {
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let mut out: Vec<HealthCheckPort> = table
+            .iter()
+            .map(|(port, check)| HealthCheckPort {
+                port: *port,
+                service: check.service.clone(),
+                local_endpoints: check.local_endpoints,
+                listening: self
+                    .open
+                    .get(port)
+                    .map(|s| s.addresses.clone())
+                    .unwrap_or_default(),
+                error: self.failed.get(port).cloned(),
+            })
+            .collect();
+        out.extend(self.contested.iter().map(|(port, service)| HealthCheckPort {
+            port: *port,
+            service: service.clone(),
+            local_endpoints: 0,
+            listening: Vec::new(),
+            error: Some(format!(
+                "port {port} is another Service's healthCheckNodePort (the older one keeps it)"
+            )),
+        }));
+        out
+    }
+
+    /// Ports wanted but not listening.
+    pub fn failing(&self) -> usize {
+        self.failed.len() + self.contested.len()
+    }
+}
+
+/// Where health-check ports listen, as kube-proxy: every address when `--nodeport-addresses`
+/// matches all of them or no NodePort address is known (one dual-stack socket), else each
+/// NodePort address.
+pub fn listen_addresses(node: &NodeInfo, matches_all: bool) -> Vec<IpAddr> {
+    if matches_all || node.addresses.is_empty() {
+        vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
+    } else {
+        node.addresses.clone()
+    }
+}
+
+/// A listener on `ip:port`. A NodePort address need not be on an interface yet (the Node's
+/// primary address behind a NAT never is): `IP_FREEBIND`. The IPv6 wildcard takes IPv4 too;
+/// where IPv6 is off, the IPv4 wildcard stands in.
+fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+    use anyhow::Context as _;
+    let attempt = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
+        let socket = if ip.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        if !ip.is_unspecified() {
+            if ip.is_ipv4() {
+                rustix::net::sockopt::set_ip_freebind(&socket, true)?;
+            } else {
+                rustix::net::sockopt::set_ipv6_freebind(&socket, true)?;
+            }
+        }
+        socket.bind(SocketAddr::new(ip, port))?;
+        socket.listen(64)
+    };
+    match attempt(ip) {
+        Err(e)
+            if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                && e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
+        {
+            attempt(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        }
+        other => other,
+    }
+    .with_context(|| format!("listening on {}", SocketAddr::new(ip, port)))
+}
+
+/// One health-check port's answer, whatever the path or method.
+async fn answer(State(state): State<Arc<PortState>>) -> Response {
+    let check = state
+        .table
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&state.port)
+        .cloned();
+    let Some(check) = check else {
+        // Closing: the port is no longer wanted.
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
+    let healthy = state.shared.stuck().is_none();
+    let status = if check.local_endpoints > 0 && healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(
+        status,
+        health_check_body(&check, healthy),
+        Some(check.local_endpoints),
+    )
+}

@@ -1,0 +1,418 @@
+//! What a real node has around socklb (issue 20): cloud load balancers probing the ports
+//! kube-proxy served (each healthCheckNodePort, and /healthz on 10256), and the node-local DNS
+//! cache holding the DNS ClusterIP on a dummy interface of the node.
+//!
+//! The agent runs in a "node" network namespace of its own, on the sandbox's bridge at
+//! `NODE_IP`, as it runs in the host's on a real node: the probes come from outside it (curl in
+//! the client pod's namespace, where a load balancer's probe would come from another host), and
+//! the addresses it sees bound are the node namespace's.
+use std::{
+    net::SocketAddr,
+    process::Command as Process,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use socklb_tests::{
+    Sandbox,
+    agent::{AgentOptions, AgentProcess},
+    bins,
+    curl::{self, Outcome},
+    privileged,
+    system::ip,
+};
+
+const NODE_IP: &str = "10.244.250.1";
+
+fn wait_until<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(t) = check()? {
+            return Ok(t);
+        }
+        if start.elapsed() > limit {
+            bail!("{what}: not within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The node's namespace, with the agent in it (`args` added to its flags), once it is ready.
+fn node_with_agent(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(String, AgentProcess)> {
+    let node = sandbox.extra_client_pod("node", NODE_IP)?;
+    let mut all: Vec<String> = vec!["--node-name".into(), "node-a".into()];
+    all.extend(args.iter().map(|a| (*a).to_string()));
+    let agent = sandbox.start_agent(&AgentOptions {
+        args: all,
+        netns: Some(node.netns.clone()),
+        no_wait: true,
+        ..AgentOptions::default()
+    })?;
+    let ready = format!("http://{}/readyz", agent.health);
+    wait_until("the agent's readiness", Duration::from_secs(20), || {
+        Ok(match curl::curl(&node.netns, "GET", &ready)? {
+            Outcome::Answer(a) if a.status == 200 => Some(()),
+            _ => None,
+        })
+    })
+    .with_context(|| agent.log_text())?;
+    Ok((node.netns, agent))
+}
+
+fn node_object(taints: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node-a}}\nspec: {{taints: [{taints}]}}\nstatus:\n  addresses:\n    - {{type: InternalIP, address: {NODE_IP}}}\n"
+    )
+}
+
+fn load_balancer(policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: shop}}\nspec:\n  type: LoadBalancer\n  clusterIP: 10.96.7.1\n  externalTrafficPolicy: {policy}\n  healthCheckNodePort: 32100\n  ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30100}}]\n"
+    )
+}
+
+fn web_endpoints(local: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: shop, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints:\n  - {{addresses: [\"10.244.7.1\"], nodeName: node-a, conditions: {local}}}\n  - {{addresses: [\"10.244.7.2\"], nodeName: node-b}}\n"
+    )
+}
+
+/// What kube-proxy answers on a healthCheckNodePort (`service_health.go`), byte for byte.
+fn kube_proxy_body(local_endpoints: usize) -> String {
+    format!(
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"web\"\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": true\n}}"
+    )
+}
+
+/// kube-proxy's `/healthz` and `/livez` on a healthy node, as a probe from `netns` gets them:
+/// its JSON (1.33+ keys, in its order), `nodeEligible` on `/healthz` only, 404 elsewhere.
+fn kube_proxy_health_answers(probe_from: &str) -> anyhow::Result<()> {
+    let healthz = curl::get(probe_from, &format!("http://{NODE_IP}:10256/healthz"))?;
+    assert_eq!(healthz.status, 200, "{healthz:?}");
+    assert_eq!(healthz.header("content-type"), Some("application/json"));
+    let v: serde_json::Value = serde_json::from_str(&healthz.body)?;
+    assert_eq!(v["healthy"], true);
+    assert_eq!(v["nodeEligible"], true);
+    for key in ["lastUpdated", "currentTime"] {
+        let t = v[key].as_str().with_context(|| format!("{key} in {v}"))?;
+        assert!(
+            t.contains('T') && t.ends_with('Z'),
+            "{key}: {t} is not RFC 3339 UTC"
+        );
+    }
+    assert!(
+        healthz.body.starts_with("{\"lastUpdated\":"),
+        "kube-proxy's key order: {}",
+        healthz.body
+    );
+    let livez = curl::get(probe_from, &format!("http://{NODE_IP}:10256/livez"))?;
+    assert_eq!(livez.status, 200);
+    let v: serde_json::Value = serde_json::from_str(&livez.body)?;
+    assert!(
+        v.get("nodeEligible").is_none(),
+        "/livez ignores the node: {v}"
+    );
+    let other = curl::get(probe_from, &format!("http://{NODE_IP}:10256/metrics"))?;
+    assert_eq!(other.status, 404);
+    Ok(())
+}
+
+/// Issue 20.2 and 20.3: a cloud load balancer's probes, answered as kube-proxy answers them,
+/// following the endpoints, the Service and the Node.
+#[test]
+fn load_balancers_probes_get_kube_proxys_answers() -> anyhow::Result<()> {
+    if !privileged("load_balancers_probes_get_kube_proxys_answers") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.write_manifest("node.yaml", &node_object(""))?;
+    sandbox.write_manifest("web.yaml", &load_balancer("Local"))?;
+    sandbox.write_manifest("web-1.yaml", &web_endpoints("{ready: true}"))?;
+    let (node_ns, agent) = node_with_agent(
+        &sandbox,
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0:10256",
+        ],
+    )?;
+    let probe_from = &sandbox.client_ns;
+    let hc = format!("http://{NODE_IP}:32100");
+    // 1. One ready endpoint on this node: 200, kube-proxy's body and headers, on any path.
+    let a = wait_until("the health-check port", Duration::from_secs(10), || {
+        Ok(
+            match curl::curl(probe_from, "GET", &format!("{hc}/healthz"))? {
+                Outcome::Answer(a) => Some(a),
+                Outcome::Failed { .. } => None,
+            },
+        )
+    })
+    .with_context(|| agent.log_text())?;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.body, kube_proxy_body(1));
+    assert_eq!(a.header("content-type"), Some("application/json"));
+    assert_eq!(a.header("x-content-type-options"), Some("nosniff"));
+    assert_eq!(a.header("x-load-balancing-endpoint-weight"), Some("1"));
+    let Outcome::Answer(other) = curl::curl(probe_from, "POST", &format!("{hc}/any/path"))? else {
+        bail!("no answer on another path");
+    };
+    assert_eq!((other.status, other.body), (200, kube_proxy_body(1)));
+
+    // 2. kube-proxy's /healthz and /livez.
+    kube_proxy_health_answers(probe_from)?;
+
+    // 3. The local endpoint terminates (still serving): it no longer counts, 503.
+    sandbox.write_manifest(
+        "web-1.yaml",
+        &web_endpoints("{ready: false, serving: true, terminating: true}"),
+    )?;
+    let a = wait_until(
+        "503 once no endpoint is ready here",
+        Duration::from_secs(10),
+        || {
+            let a = curl::get(probe_from, &hc)?;
+            Ok((a.status == 503).then_some(a))
+        },
+    )?;
+    assert_eq!(a.body, kube_proxy_body(0));
+    assert_eq!(a.header("x-load-balancing-endpoint-weight"), Some("0"));
+
+    // 4. /status names the port, its Service and its count.
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    let port = status
+        .health_check_ports
+        .iter()
+        .find(|p| p.port == 32100)
+        .context("port 32100 in /status")?;
+    assert_eq!(port.service.to_string(), "shop/web");
+    assert_eq!(port.local_endpoints, 0);
+    assert_eq!(port.error, None);
+
+    // 5. The cluster autoscaler taints the node: /healthz drains it, /livez does not.
+    sandbox.write_manifest(
+        "node.yaml",
+        &node_object(
+            "{key: ToBeDeletedByClusterAutoscaler, value: \"1700000000\", effect: NoSchedule}",
+        ),
+    )?;
+    let healthz = wait_until(
+        "/healthz 503 on a tainted node",
+        Duration::from_secs(10),
+        || {
+            let a = curl::get(probe_from, &format!("http://{NODE_IP}:10256/healthz"))?;
+            Ok((a.status == 503).then_some(a))
+        },
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&healthz.body)?;
+    assert_eq!(
+        (&v["nodeEligible"], &v["healthy"]),
+        (&false.into(), &true.into())
+    );
+    assert_eq!(
+        curl::get(probe_from, &format!("http://{NODE_IP}:10256/livez"))?.status,
+        200
+    );
+
+    // 6. externalTrafficPolicy Cluster: no health check, the port closes.
+    sandbox.write_manifest("web.yaml", &load_balancer("Cluster"))?;
+    wait_until("the port closed", Duration::from_secs(10), || {
+        Ok(match curl::curl(probe_from, "GET", &hc)? {
+            Outcome::Failed { code: 7, .. } => Some(()),
+            _ => None,
+        })
+    })?;
+    println!(
+        "FIGURE health-check port: 200/503 and close followed the endpoints, Service and Node"
+    );
+    Ok(())
+}
+
+/// Next to kube-proxy, 10256 is its port: asked for it while it is taken, the agent stops
+/// before it loads anything and says why.
+#[test]
+fn a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason() -> anyhow::Result<()> {
+    if !privileged("a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let mut agent = sandbox.start_agent(&AgentOptions {
+        args: vec!["--kube-proxy-healthz".into(), addr.clone()],
+        no_wait: true,
+        ..AgentOptions::default()
+    })?;
+    let status = agent.wait_exit(Duration::from_secs(20))?;
+    assert!(!status.success());
+    let log = agent.log_text();
+    assert!(
+        log.contains(&addr) && log.contains("kube-proxy serves this port"),
+        "{log}"
+    );
+    assert!(
+        socklb_tests::system::cgroup_program_ids(&sandbox.cgroup)?.is_empty(),
+        "nothing attached"
+    );
+    Ok(())
+}
+
+/// `getent` (the glibc resolver) in the client pod, asking its nameserver for a name: the
+/// address it got names the DNS server that answered.
+fn resolve(sandbox: &Sandbox) -> anyhow::Result<String> {
+    // Into the pod's cgroup first (`ip netns exec` mounts a sysfs of the namespace's own,
+    // without the cgroup tree), then into its namespace with its /etc/resolv.conf.
+    let out = Process::new(bins::sbx()?)
+        .args(["--cgroup", &sandbox.cgroup.display().to_string()])
+        .args(["exec", "ip", "netns", "exec", &sandbox.client_ns])
+        .args(["getent", "ahostsv4", "probe.cluster.test"])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .map_or_else(
+            || {
+                format!(
+                    "nothing (exit {:?}: {})",
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+            },
+            str::to_string,
+        ))
+}
+
+const CLUSTER_DNS_ANSWER: &str = "192.0.2.1";
+const NODE_CACHE_ANSWER: &str = "192.0.2.53";
+
+/// The cluster's DNS (kube-dns at 10.96.0.10, one pod answering `CLUSTER_DNS_ANSWER`), the
+/// client pod's resolver pointed at it, and the node with the agent and an interface for the
+/// node-local cache's address (returned: the node's namespace, the agent, the device).
+fn dns_world(sandbox: &Sandbox) -> anyhow::Result<(String, AgentProcess, &'static str)> {
+    let dns_pod = sandbox.pod("10.244.5.53".parse()?)?;
+    sandbox.add_dns_server(
+        &dns_pod,
+        "10.244.5.53:53".parse()?,
+        CLUSTER_DNS_ANSWER.parse()?,
+    )?;
+    sandbox.write_manifest(
+        "kube-dns.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: kube-dns, namespace: kube-system}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: dns, port: 53, protocol: UDP}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: kube-dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: kube-dns}}\naddressType: IPv4\nports: [{name: dns, port: 53, protocol: UDP}]\nendpoints:\n  - {addresses: [\"10.244.5.53\"], nodeName: node-b}\n",
+    )?;
+    sandbox.resolv_conf(
+        &sandbox.client_ns,
+        "nameserver 10.96.0.10\noptions timeout:1 attempts:2\n",
+    )?;
+    let (node_ns, agent) = node_with_agent(sandbox, &[])?;
+    // The node: a dummy interface for the cache's address (node-local-dns's setup; kernels
+    // built without dummy interfaces get the address on the loopback, which routes the same:
+    // local), the cache listening on it, and the pod's route to that address through the node
+    // (on a real node, the pod's default route).
+    let device = if ip(&[
+        "-n",
+        &node_ns,
+        "link",
+        "add",
+        "nodelocaldns",
+        "type",
+        "dummy",
+    ])
+    .is_ok()
+    {
+        ip(&["-n", &node_ns, "link", "set", "nodelocaldns", "up"])?;
+        "nodelocaldns"
+    } else {
+        "lo"
+    };
+    ip(&[
+        "-n",
+        &sandbox.client_ns,
+        "route",
+        "add",
+        "10.96.0.10/32",
+        "via",
+        NODE_IP,
+    ])?;
+    Ok((node_ns, agent, device))
+}
+
+/// Issue 20.1: the node-local DNS cache (`NodeLocal DNSCache`) binds the kube-dns ClusterIP on a dummy interface of the
+/// node. While the address is there, pods' queries reach the node's cache (socklb leaves the
+/// address alone, as kube-proxy's rules deliver it locally); once it goes, the cluster's DNS
+/// pods answer again.
+#[test]
+fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::Result<()> {
+    if !privileged("node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    let (node_ns, agent, device) = dns_world(&sandbox)?;
+    let cache: SocketAddr = "10.96.0.10:53".parse()?;
+
+    // 1. No cache on the node: the cluster's DNS pod answers.
+    assert_eq!(
+        resolve(&sandbox)?,
+        CLUSTER_DNS_ANSWER,
+        "{}",
+        agent.log_text()
+    );
+
+    // 2. The cache takes the address (first the address, then the listener, as node-local-dns
+    //    sets itself up): pods' queries reach it.
+    ip(&[
+        "-n",
+        &node_ns,
+        "addr",
+        "add",
+        "10.96.0.10/32",
+        "dev",
+        device,
+    ])?;
+    sandbox.add_dns_server(&node_ns, cache, NODE_CACHE_ANSWER.parse()?)?;
+    let took = Instant::now();
+    wait_until(
+        "the node's cache answering",
+        Duration::from_secs(10),
+        || Ok((resolve(&sandbox)? == NODE_CACHE_ANSWER).then_some(())),
+    )
+    .with_context(|| agent.log_text())?;
+    let to_cache = took.elapsed();
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    assert!(
+        status
+            .refused_addresses
+            .iter()
+            .any(|r| r.service.to_string() == "kube-system/kube-dns"),
+        "/status says why 10.96.0.10 is left alone: {:?}",
+        status.refused_addresses
+    );
+
+    // 3. The cache goes away (node-local-dns removed): the cluster's DNS pods answer again.
+    ip(&[
+        "-n",
+        &node_ns,
+        "addr",
+        "del",
+        "10.96.0.10/32",
+        "dev",
+        device,
+    ])?;
+    let took = Instant::now();
+    wait_until(
+        "the cluster's DNS answering again",
+        Duration::from_secs(10),
+        || Ok((resolve(&sandbox)? == CLUSTER_DNS_ANSWER).then_some(())),
+    )
+    .with_context(|| agent.log_text())?;
+    println!(
+        "FIGURE node-local DNS: cache answering {:.2} s after its address appeared, cluster DNS {:.2} s after it went",
+        to_cache.as_secs_f64(),
+        took.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
