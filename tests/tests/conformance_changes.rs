@@ -927,3 +927,56 @@ fn explain_calls_a_service_healthy_whatever_the_text_order_of_its_backends() -> 
     }
     Ok(())
 }
+
+/// Issue 20.5: without `--kubernetes-version` the agent follows the API server's version
+/// (`/version`): kube-proxy 1.30 ignores zone hints on a Service without the topology
+/// annotation (pkg/proxy/topology.go `canUseTopology`, `ServiceTrafficDistribution` off), 1.33
+/// uses them (`topologyModeFromHints`).
+#[test]
+fn topology_rules_follow_the_api_servers_version() -> anyhow::Result<()> {
+    if !privileged("topology_rules_follow_the_api_servers_version") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    for b in at(&[A, B, C], 9376) {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    let api = ApiServer::start()?;
+    api.set_minor_version(30);
+    for o in [
+        service(
+            "close",
+            &[],
+            &[
+                "clusterIP: 10.96.2.3",
+                "trafficDistribution: PreferClose",
+                "ports: [{name: http, protocol: TCP, port: 80, targetPort: 9376}]",
+            ],
+        ),
+        slice(
+            "close-1",
+            "close",
+            "[{name: http, protocol: TCP, port: 9376}]",
+            &[ep_in(A, "zone-a"), ep_in(B, "zone-b"), ep_in(C, "zone-b")],
+        ),
+    ] {
+        api.apply(&o)?;
+    }
+    let mut agent = start_agent(&sandbox, &api, &["--zone", "zone-a"])?;
+    let mut client = sandbox.client()?;
+    let (a, abc) = (at(&[A], 9376), at(&[A, B, C], 9376));
+    sandbox.wait_candidates("10.96.2.3:80", &strs(&abc))?;
+    on_sockets(&mut client, "10.96.2.3:80", Want::Backends(&strs(&abc)))?;
+    assert!(
+        agent.log_text().contains("kubernetes=1.30"),
+        "{}",
+        agent.log_text()
+    );
+
+    // The control plane upgraded to 1.33; the agent restarts (as on its next rollout).
+    api.set_minor_version(33);
+    agent.restart(true)?;
+    sandbox.wait_candidates("10.96.2.3:80", &strs(&a))?;
+    on_sockets(&mut client, "10.96.2.3:80", Want::Backends(&strs(&a)))?;
+    Ok(())
+}
