@@ -416,3 +416,54 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
     );
     Ok(())
 }
+
+/// Issue 20.6, decided: socklb translates every socket of a served pod's cgroup, in whatever
+/// network namespace it is, so a nested namespace inside a pod (kind or Docker-in-Docker)
+/// gets the outer cluster's backends for the outer cluster's service addresses. kube-proxy
+/// translates packets as they leave the pod's namespace, after the inner cluster's own proxy
+/// had its turn. The README says so and how to avoid it (an inner cluster with a service CIDR
+/// of its own). Here: a process in a fresh namespace of its own (loopback only, where an
+/// untranslated connect gets ENETUNREACH) connects to the Service, and is refused by the
+/// backend's address on its loopback: the connect was rewritten to the outer backend.
+#[test]
+fn a_nested_network_namespace_in_a_pod_is_translated_too() -> anyhow::Result<()> {
+    if !privileged("a_nested_network_namespace_in_a_pod_is_translated_too") {
+        return Ok(());
+    }
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend("10.244.9.1:8080".parse()?, false)?;
+    sandbox.write_manifest(
+        "web.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.9.1\n  ports: [{name: http, port: 80, targetPort: 8080}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n  - {addresses: [\"10.244.9.1\"]}\n",
+    )?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    let sbx = bins::sbx()?.display().to_string();
+    let connect = |target: &str| -> anyhow::Result<String> {
+        // In the pod's cgroup, a network namespace of its own (gone when the shell exits).
+        let script = format!(
+            "ip link set lo up && ip addr add 10.244.9.1/32 dev lo && \
+             echo '{{\"op\":\"connect\",\"target\":\"{target}\",\"count\":1}}' | {sbx} client"
+        );
+        let out = Process::new(&sbx)
+            .args(["--cgroup", &sandbox.cgroup.display().to_string()])
+            .args(["exec", "unshare", "--net", "sh", "-c", &script])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let translated = connect("10.96.9.1:80")?;
+    assert!(
+        translated.contains("ECONNREFUSED"),
+        "the nested namespace's connect went to the outer backend's address: {translated}"
+    );
+    let untouched = connect("10.96.9.2:80")?;
+    assert!(
+        untouched.contains("ENETUNREACH"),
+        "an address socklb does not serve is left alone: {untouched}"
+    );
+    Ok(())
+}
