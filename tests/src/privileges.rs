@@ -33,3 +33,52 @@ pub fn privileged(test: &str) -> bool {
     eprintln!("skipping {test}: {reason}");
     false
 }
+
+/// What a skipped test returns: nothing, or `Ok(())`.
+pub trait Skipped {
+    fn skipped() -> Self;
+}
+
+impl Skipped for () {
+    fn skipped() -> Self {}
+}
+
+impl<E> Skipped for Result<(), E> {
+    fn skipped() -> Self {
+        Ok(())
+    }
+}
+
+/// The name of the function this expands in (a test's name).
+#[macro_export]
+macro_rules! function_name {
+    () => {{
+        fn here() {}
+        let path = ::std::any::type_name_of_val(&here);
+        let path = path.strip_suffix("::here").unwrap_or(path);
+        path.rsplit("::").next().unwrap_or(path)
+    }};
+}
+
+/// The first line of every privileged test: returns from it (skipped, with the reason on
+/// stderr) when privileged tests cannot run here, and fails it under CI=true (see
+/// [`privileged`]).
+#[macro_export]
+macro_rules! require_privileges {
+    () => {
+        if !$crate::privileged($crate::function_name!()) {
+            return $crate::privileges::Skipped::skipped();
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_privileged_test_is_named_by_its_function() {
+        assert_eq!(
+            crate::function_name!(),
+            "a_privileged_test_is_named_by_its_function"
+        );
+    }
+}

@@ -18,7 +18,6 @@ use socklb_tests::{
     agent::AgentOptions,
     apiserver::{ApiServer, Resource},
     manifests::{Ep, service, slice},
-    privileged,
 };
 
 const A: &str = "10.244.1.21:8080";
@@ -47,9 +46,7 @@ fn service_ids(sandbox: &Sandbox) -> anyhow::Result<BTreeMap<ServicePortKey, u32
 
 #[test]
 fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<()> {
-    if !privileged("kubernetes_source_converges_follows_changes_and_recovers") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     let api = ApiServer::start()?;
@@ -132,9 +129,7 @@ fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<
 
 #[test]
 fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
-    if !privileged("editing_a_manifest_changes_the_maps_within_a_second") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
@@ -160,9 +155,7 @@ fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
 
 #[test]
 fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
-    if !privileged("kill_9_under_load_loses_no_connect_and_keeps_ids") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     sandbox.copy_manifests(&examples().join("seed"))?;
@@ -214,9 +207,7 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
 
 #[test]
 fn health_readiness_and_metrics() -> anyhow::Result<()> {
-    if !privileged("health_readiness_and_metrics") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     sandbox.copy_manifests(&examples().join("seed"))?;
@@ -250,9 +241,7 @@ fn health_readiness_and_metrics() -> anyhow::Result<()> {
 
 #[test]
 fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()> {
-    if !privileged("a_bad_manifest_is_reported_and_the_rest_keeps_working") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     sandbox.copy_manifests(&examples().join("seed"))?;
@@ -326,9 +315,7 @@ fn a_bad_manifest_is_reported_and_the_rest_keeps_working() -> anyhow::Result<()>
 
 #[test]
 fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
-    if !privileged("inspect_and_explain_tell_the_seed_scenarios") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     sandbox.copy_manifests(&examples().join("seed"))?;
@@ -412,9 +399,7 @@ fn inspect_and_explain_tell_the_seed_scenarios() -> anyhow::Result<()> {
 
 #[test]
 fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
-    if !privileged("pins_are_root_only_and_reset_removes_everything") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
@@ -477,9 +462,7 @@ fn delete_missing_key(map: aya::maps::MapData) -> std::io::Error {
 #[test]
 fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
     use socklb::dataplane::bpf::open_map;
-    if !privileged("inspect_opens_the_maps_read_only") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
@@ -509,9 +492,7 @@ fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
 /// 5 s both times (the watches' retries stay short and reset on success).
 #[test]
 fn changes_reach_the_maps_within_5_s_of_the_api_servers_return() -> anyhow::Result<()> {
-    if !privileged("changes_reach_the_maps_within_5_s_of_the_api_servers_return") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     let api = ApiServer::start()?;

@@ -30,7 +30,6 @@ use socklb_tests::{
     agent::{AgentOptions, AgentProcess},
     apiserver::{ApiServer, Resource},
     client::{Command, Reply},
-    privileged,
 };
 
 const A: &str = "10.244.1.21";
@@ -281,9 +280,7 @@ fn affinity_world(timeout: Option<u32>) -> anyhow::Result<World> {
 /// socklb keys affinity by client pod (cgroup), not source IP: a second pod has its own.
 #[test]
 fn session_affinity_holds_and_switches_off_and_on() -> anyhow::Result<()> {
-    if !privileged("session_affinity_holds_and_switches_off_and_on") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let world = affinity_world(None)?;
     let (cluster_ip, node_port) = ("10.96.4.4:80", format!("{NODE}:30080"));
     assert_eq!(affinity_of(&world.sandbox, cluster_ip)?, Some(10_800));
@@ -325,9 +322,7 @@ fn session_affinity_holds_and_switches_off_and_on() -> anyhow::Result<()> {
 /// keep the affinity past the timeout.
 #[test]
 fn session_affinity_times_out_from_the_last_connect() -> anyhow::Result<()> {
-    if !privileged("session_affinity_times_out_from_the_last_connect") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let timeout = 2;
     let world = affinity_world(Some(timeout))?;
     let mut client = world.sandbox.client()?;
@@ -391,9 +386,7 @@ fn typed_service(type_: &str, cluster_ip: &str, ports: &str) -> String {
 /// (a type change is a port-map update).
 #[test]
 fn type_changes_from_external_name_to_cluster_ip_to_node_port_and_back() -> anyhow::Result<()> {
-    if !privileged("type_changes_from_external_name_to_cluster_ip_to_node_port_and_back") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let backends = at(&[A, B, C], 9376);
     let world = World::start(&backends, &backends, None)?;
     let names = strs(&backends);
@@ -508,9 +501,7 @@ fn plain_slice(service: &str, ips: &[&str]) -> String {
 /// endpoints exist" (REJECT once the last slice goes).
 #[test]
 fn a_deleted_service_stops_and_a_recreated_one_serves() -> anyhow::Result<()> {
-    if !privileged("a_deleted_service_stops_and_a_recreated_one_serves") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let world = World::start(&at(&[A, B, C], 9376), &[], None)?;
     let w = &world;
     let mut client = world.sandbox.client()?;
@@ -564,9 +555,7 @@ fn a_deleted_service_stops_and_a_recreated_one_serves() -> anyhow::Result<()> {
 /// hides the Service). socklb is a proxy of its own: `service-proxy-name: socklb` is served.
 #[test]
 fn service_proxy_name_and_headless_labels_turn_a_service_off_and_on() -> anyhow::Result<()> {
-    if !privileged("service_proxy_name_and_headless_labels_turn_a_service_off_and_on") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let world = World::start(&at(&[A, B, C], 9376), &[], None)?;
     let w = &world;
     let mut client = world.sandbox.client()?;
@@ -626,9 +615,7 @@ fn seen_as(reply: &Reply) -> anyhow::Result<BTreeSet<IpAddr>> {
 /// TCP, connected UDP and unconnected UDP.
 #[test]
 fn backends_see_the_client_pods_own_address() -> anyhow::Result<()> {
-    if !privileged("backends_see_the_client_pods_own_address") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let backends = at(&[A, B, C], 9376);
     let world = World::start(&backends, &backends, None)?;
     world.apply(&[
@@ -700,9 +687,7 @@ fn backends_see_the_client_pods_own_address() -> anyhow::Result<()> {
 /// first keeps working) and "should be rejected when no endpoints exist" (REJECT).
 #[test]
 fn endpoints_and_ports_follow_their_changes() -> anyhow::Result<()> {
-    if !privileged("endpoints_and_ports_follow_their_changes") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let mut tcp = at(&[A, B], 9376);
     tcp.extend([format!("{A}:100"), format!("{B}:101")]);
     let world = World::start(&tcp, &[], None)?;
@@ -774,9 +759,7 @@ fn node(zone: Option<&str>, address: &str) -> String {
 /// node's IPs serve NodePorts). socklb's flags (`--zone`, `--node-address`) win over the Node.
 #[test]
 fn the_node_object_sets_zone_and_node_port_addresses_unless_flags_do() -> anyhow::Result<()> {
-    if !privileged("the_node_object_sets_zone_and_node_port_addresses_unless_flags_do") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox_backends = at(&[A, B, C], 9376);
     let mut world = World::start(&sandbox_backends, &[], Some(&[][..]))?;
     world.apply(&[
@@ -839,9 +822,7 @@ fn the_node_object_sets_zone_and_node_port_addresses_unless_flags_do() -> anyhow
 /// addresses, and so do the digests. Every backend answers, on both families.
 #[test]
 fn explain_calls_a_service_healthy_whatever_the_text_order_of_its_backends() -> anyhow::Result<()> {
-    if !privileged("explain_calls_a_service_healthy_whatever_the_text_order_of_its_backends") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let v4: Vec<String> = ["2", "9", "10", "11", "19", "20", "99", "100", "101", "200"]
         .iter()
         .map(|h| format!("10.244.1.{h}"))
@@ -934,9 +915,7 @@ fn explain_calls_a_service_healthy_whatever_the_text_order_of_its_backends() -> 
 /// uses them (`topologyModeFromHints`).
 #[test]
 fn topology_rules_follow_the_api_servers_version() -> anyhow::Result<()> {
-    if !privileged("topology_rules_follow_the_api_servers_version") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in at(&[A, B, C], 9376) {
         sandbox.add_backend(b.parse()?, false)?;

@@ -13,7 +13,6 @@ use socklb_tests::{
     agent::{AgentOptions, AgentProcess},
     client::Command,
     manifests::{Ep, service, slice},
-    privileged,
     sandbox::ClientPod,
 };
 
@@ -273,17 +272,13 @@ fn explain_live(e: &Explanation, backend: &str) -> (usize, bool) {
 
 #[test]
 fn live_connections_per_backend_and_pod() -> anyhow::Result<()> {
-    if !privileged("live_connections_per_backend_and_pod") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     scenario(&[])
 }
 
 /// The same on the path a kernel that refuses the sockets iterator takes.
 #[test]
 fn live_connections_without_the_sockets_iterator() -> anyhow::Result<()> {
-    if !privileged("live_connections_without_the_sockets_iterator") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     scenario(&["--disable-feature", "sockets-iterator"])
 }

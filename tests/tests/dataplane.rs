@@ -526,9 +526,7 @@ both_families!(
 /// Java and gRPC clients dial IPv4 services through AF_INET6 sockets (`::ffff:a.b.c.d`).
 #[test]
 fn ipv4_mapped_destinations_are_translated() -> anyhow::Result<()> {
-    if !privileged("ipv4_mapped_destinations_are_translated") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let tcp = World::new(&V4, false, &[0, 1, 2], &[])?;
     let mapped: SocketAddr = format!("[::ffff:{}]:{TCP_PORT}", V4.vip).parse()?;
     let r = tcp.client()?.connect(mapped, 50)?;
@@ -561,9 +559,7 @@ fn ipv4_mapped_destinations_are_translated() -> anyhow::Result<()> {
 /// The verifier accepts every program on this kernel; their sizes are printed.
 #[test]
 fn verifier_accepts_every_program() -> anyhow::Result<()> {
-    if !privileged("verifier_accepts_every_program") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let w = World::new(&V4, false, &[0], &[])?;
     let programs: Vec<ProgramView> = w.sandbox.inspect_as(&["programs"])?;
     let names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
@@ -586,9 +582,7 @@ fn verifier_accepts_every_program() -> anyhow::Result<()> {
 /// the programs' records.
 #[test]
 fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<()> {
-    if !privileged("program_logging_is_off_by_default_and_switchable_at_load") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let verified = |sandbox: &Sandbox| -> anyhow::Result<u32> {
         let programs: Vec<ProgramView> = sandbox.inspect_as(&["programs"])?;
         Ok(programs
@@ -640,9 +634,7 @@ fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<
 /// lists them), and no program runs when a socket closes.
 #[test]
 fn per_socket_state_goes_away_with_the_socket() -> anyhow::Result<()> {
-    if !privileged("per_socket_state_goes_away_with_the_socket") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let w = World::new(&V4, false, &[0, 1, 2], &[])?;
     let records =
         |sandbox: &Sandbox| -> anyhow::Result<Vec<SocketRow>> { sandbox.inspect_as(&["sockets"]) };

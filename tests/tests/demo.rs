@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use socklb_tests::{privileged, system::leftovers_of};
+use socklb_tests::system::leftovers_of;
 
 fn demo() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_socklb-demo"));
@@ -33,9 +33,7 @@ fn run_to_the_end(cmd: &mut Command) -> (bool, String, u32) {
 
 #[test]
 fn the_demo_holds_every_claim() {
-    if !privileged("the_demo_holds_every_claim") {
-        return;
-    }
+    socklb_tests::require_privileges!();
     let (ok, text, pid) = run_to_the_end(&mut demo());
     assert!(ok, "the demo failed:\n{text}");
     assert!(text.contains("claims held."), "{text}");
@@ -48,9 +46,7 @@ fn the_demo_holds_every_claim() {
 /// which parts are off and what is lost.
 #[test]
 fn the_demo_holds_its_core_claims_with_every_optional_part_off() {
-    if !privileged("the_demo_holds_its_core_claims_with_every_optional_part_off") {
-        return;
-    }
+    socklb_tests::require_privileges!();
     let (ok, text, pid) = run_to_the_end(demo().env("SOCKLB_DISABLE_FEATURE", "all"));
     assert!(ok, "the demo failed:\n{text}");
     assert!(text.contains("claims held."), "{text}");
@@ -65,9 +61,7 @@ fn the_demo_holds_its_core_claims_with_every_optional_part_off() {
 /// An agent that cannot start, and a panic half-way: the demo fails and cleans up.
 #[test]
 fn a_failed_demo_leaves_nothing() {
-    if !privileged("a_failed_demo_leaves_nothing") {
-        return;
-    }
+    socklb_tests::require_privileges!();
     // A backend array the kernel cannot allocate: the agent's start fails.
     let (ok, text, pid) = run_to_the_end(demo().env("SOCKLB_MAX_BACKENDS", "4000000000"));
     assert!(!ok, "the demo cannot pass without an agent:\n{text}");
@@ -84,9 +78,7 @@ fn a_failed_demo_leaves_nothing() {
 /// down before it exits.
 #[test]
 fn a_signalled_demo_leaves_nothing() {
-    if !privileged("a_signalled_demo_leaves_nothing") {
-        return;
-    }
+    socklb_tests::require_privileges!();
     for signal in [libc::SIGTERM, libc::SIGHUP] {
         let mut child = demo()
             .stdout(Stdio::piped())

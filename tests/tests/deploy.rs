@@ -22,7 +22,6 @@ use socklb_tests::{
     churn::wall_ns,
     client::{Command, Reply},
     manifests::{Ep, service, slice},
-    privileged,
     system::{SOCKLB_ATTACH_TYPES, cgroup_program_ids, cgroup_programs},
 };
 
@@ -98,9 +97,7 @@ fn wait_until(
 /// keep being served.
 #[test]
 fn a_taken_listener_port_fails_the_start_and_changes_nothing() -> anyhow::Result<()> {
-    if !privileged("a_taken_listener_port_fails_the_start_and_changes_nothing") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = seeded()?;
     let taken = TcpListener::bind("127.0.0.1:0")?;
     let addr = taken.local_addr()?;
@@ -176,9 +173,7 @@ fn kubeconfig(path: &Path, server: &str) -> anyhow::Result<()> {
 #[test]
 #[allow(clippy::too_many_lines)] // one scenario in two halves, each reading best in order
 fn replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it() -> anyhow::Result<()> {
-    if !privileged("replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in [A, B] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -314,9 +309,7 @@ fn reset(pin_folder: &Path) -> anyhow::Result<Reset> {
 /// second run (a restarted cleanup pod) finds nothing and succeeds.
 #[test]
 fn uninstall_after_kill_9_leaves_no_program_and_no_pin() -> anyhow::Result<()> {
-    if !privileged("uninstall_after_kill_9_leaves_no_program_and_no_pin") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = seeded()?;
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;
@@ -422,9 +415,7 @@ impl Load {
 /// the old generation's folder is gone; exactly one program per hook is attached.
 #[test]
 fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<()> {
-    if !privileged("a_new_map_layout_takes_over_make_before_break_under_load") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = seeded()?;
     let mut old = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;

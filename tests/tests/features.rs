@@ -14,7 +14,7 @@ use socklb::{
 };
 use socklb_tests::{
     Sandbox, agent::AgentOptions, bench::floor::EMPTY_PROGRAM, bins, client::Command as Client,
-    features::disabled_by_env, privileged,
+    features::disabled_by_env,
 };
 
 fn examples() -> PathBuf {
@@ -65,9 +65,7 @@ fn kernel_loads_iterator(target: &str) -> anyhow::Result<bool> {
 /// (`SOCKLB_DISABLE_FEATURE`) and with every part turned off.
 #[test]
 fn the_probe_agrees_with_the_agent_and_the_kernel() -> anyhow::Result<()> {
-    if !privileged("the_probe_agrees_with_the_agent_and_the_kernel") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let (versions, ok) = probe(&[])?;
     assert!(ok, "the core loads here");
     let kernel = versions.kernel.expect("--features reports the kernel");
@@ -152,9 +150,7 @@ fn the_probe_agrees_with_the_agent_and_the_kernel() -> anyhow::Result<()> {
 /// each lost guarantee, and the gauges say 0.
 #[test]
 fn every_optional_part_off_keeps_translation() -> anyhow::Result<()> {
-    if !privileged("every_optional_part_off_keeps_translation") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in [A, B] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -236,9 +232,7 @@ fn generations(pins: &std::path::Path) -> Vec<String> {
 /// permission hint appears only when the process lacks a capability, read from its own set.
 #[test]
 fn a_failed_start_says_why_and_leaves_nothing() -> anyhow::Result<()> {
-    if !privileged("a_failed_start_says_why_and_leaves_nothing") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let agent_args = |extra: &[&str]| -> Vec<String> {

@@ -14,7 +14,6 @@ use socklb_tests::{
     apiserver::ApiServer,
     client::Command,
     manifests::{Ep, service, slice},
-    privileged,
 };
 
 const VICTIM: &str = "10.96.0.10";
@@ -87,9 +86,7 @@ fn wait_for(what: &str, mut check: impl FnMut() -> anyhow::Result<bool>) -> anyh
 /// claim is reported in /status, counted and logged once.
 #[test]
 fn a_service_cannot_take_another_services_cluster_ip() -> anyhow::Result<()> {
-    if !privileged("a_service_cannot_take_another_services_cluster_ip") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let mut attempts = 0;
     for thief_ns in ["aaa", "zzz"] {
         for how in ["externalIPs", "loadBalancer"] {
@@ -189,9 +186,7 @@ fn a_service_cannot_take_another_services_cluster_ip() -> anyhow::Result<()> {
 /// sorts first; when the owner goes, the other gets it.
 #[test]
 fn between_external_claims_the_older_service_wins() -> anyhow::Result<()> {
-    if !privileged("between_external_claims_the_older_service_wins") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     let shared = "198.51.100.7";
@@ -236,9 +231,7 @@ fn between_external_claims_the_older_service_wins() -> anyhow::Result<()> {
 /// `DenyServiceExternalIPs` admission plugin.
 #[test]
 fn external_ips_can_be_ignored_entirely() -> anyhow::Result<()> {
-    if !privileged("external_ips_can_be_ignored_entirely") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     sandbox.write_manifest(
@@ -354,9 +347,7 @@ fn translation_is_correct(client: &mut socklb_tests::Client) -> anyhow::Result<(
 /// unaffected and nothing is refused.
 #[test]
 fn a_tenant_holding_many_sockets_does_not_degrade_another() -> anyhow::Result<()> {
-    if !privileged("a_tenant_holding_many_sockets_does_not_degrade_another") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let held = std::env::var("SOCKLB_HELD_SOCKETS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -432,9 +423,7 @@ fn nofile_hard_limit() -> anyhow::Result<u64> {
 /// back from an address it never dialled; the other pod is untouched.
 #[test]
 fn a_pod_out_of_socket_memory_fails_explicitly_alone() -> anyhow::Result<()> {
-    if !privileged("a_pod_out_of_socket_memory_fails_explicitly_alone") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let (sandbox, agent) = shared_world()?;
     let starved_pod = sandbox.served_pod("starved", "10.244.100.3")?;
     let other_pod = sandbox.served_pod("other", "10.244.100.4")?;
@@ -476,9 +465,7 @@ fn a_pod_out_of_socket_memory_fails_explicitly_alone() -> anyhow::Result<()> {
 /// its own entries (counted); another pod stays on its backend.
 #[test]
 fn a_pod_with_many_affinity_services_only_evicts_its_own() -> anyhow::Result<()> {
-    if !privileged("a_pod_with_many_affinity_services_only_evicts_its_own") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
     let services = lb_common::AFFINITY_WAYS + 8;
@@ -548,9 +535,7 @@ fn a_pod_with_many_affinity_services_only_evicts_its_own() -> anyhow::Result<()>
 /// the backend leaving a Service, while the socket that went through the Service is ended.
 #[test]
 fn udp_termination_leaves_direct_pod_flows_alone() -> anyhow::Result<()> {
-    if !privileged("udp_termination_leaves_direct_pod_flows_alone") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let (sandbox, _agent) = shared_world()?;
     let mut client = sandbox.client()?;
     let backend: SocketAddr = UDP_BACKENDS[0].parse()?;
@@ -624,9 +609,7 @@ fn udp_termination_leaves_direct_pod_flows_alone() -> anyhow::Result<()> {
 /// start, naming the first, and changes nothing.
 #[test]
 fn a_second_agent_on_the_same_pins_refuses() -> anyhow::Result<()> {
-    if !privileged("a_second_agent_on_the_same_pins_refuses") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let (sandbox, first) = shared_world()?;
     let second = std::process::Command::new(socklb_tests::bins::socklb()?)
         .args(["agent", "--manifests"])
@@ -663,9 +646,7 @@ fn a_second_agent_on_the_same_pins_refuses() -> anyhow::Result<()> {
 /// still finds its old range: ranges in use are never written, freed ones wait.)
 #[test]
 fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
-    if !privileged("no_connect_fails_while_backend_sets_shrink_and_grow") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let cycles: usize = std::env::var("SOCKLB_STORM_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -8,7 +8,6 @@ use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
     manifests::{Ep, service, slice},
-    privileged,
 };
 
 const A: &str = "10.244.1.21:8080";
@@ -96,9 +95,7 @@ fn all_in_place(sandbox: &Sandbox, api: &[&str]) -> anyhow::Result<()> {
 #[test]
 fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() -> anyhow::Result<()>
 {
-    if !privileged("a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in [A, B, C] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -199,9 +196,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
 
 #[test]
 fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
-    if !privileged("an_edit_reaches_the_maps_within_200_ms") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in [A, B] {
         sandbox.add_backend(b.parse()?, false)?;

@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use socklb_tests::{Sandbox, agent::AgentOptions, bins, privileged};
+use socklb_tests::{Sandbox, agent::AgentOptions, bins};
 
 /// What Prometheus sends when it scrapes.
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
@@ -171,9 +171,7 @@ fn process_sync_and_map_metrics(text: &str) -> anyhow::Result<()> {
 
 #[test]
 fn metrics_pass_promtool_and_speak_openmetrics_when_asked() -> anyhow::Result<()> {
-    if !privileged("metrics_pass_promtool_and_speak_openmetrics_when_asked") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -279,9 +277,7 @@ fn closed(s: &mut TcpStream) -> bool {
 
 #[test]
 fn idle_and_slow_clients_cannot_block_readyz_or_metrics() -> anyhow::Result<()> {
-    if !privileged("idle_and_slow_clients_cannot_block_readyz_or_metrics") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let agent = sandbox.start_agent(&AgentOptions::default())?;

@@ -18,7 +18,6 @@ use socklb_tests::{
     agent::{AgentOptions, AgentProcess},
     bins,
     curl::{self, Outcome},
-    privileged,
     system::ip,
 };
 
@@ -125,9 +124,7 @@ fn kube_proxy_health_answers(probe_from: &str) -> anyhow::Result<()> {
 /// following the endpoints, the Service and the Node.
 #[test]
 fn load_balancers_probes_get_kube_proxys_answers() -> anyhow::Result<()> {
-    if !privileged("load_balancers_probes_get_kube_proxys_answers") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.write_manifest("node.yaml", &node_object(""))?;
     sandbox.write_manifest("web.yaml", &load_balancer("Local"))?;
@@ -236,9 +233,7 @@ fn load_balancers_probes_get_kube_proxys_answers() -> anyhow::Result<()> {
 /// before it loads anything and says why.
 #[test]
 fn a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason() -> anyhow::Result<()> {
-    if !privileged("a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = taken.local_addr()?.to_string();
@@ -346,9 +341,7 @@ fn dns_world(sandbox: &Sandbox) -> anyhow::Result<(String, AgentProcess, &'stati
 /// pods answer again.
 #[test]
 fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::Result<()> {
-    if !privileged("node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     let (node_ns, agent, device) = dns_world(&sandbox)?;
     let cache: SocketAddr = "10.96.0.10:53".parse()?;
@@ -427,9 +420,7 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
 /// backend's address on its loopback: the connect was rewritten to the outer backend.
 #[test]
 fn a_nested_network_namespace_in_a_pod_is_translated_too() -> anyhow::Result<()> {
-    if !privileged("a_nested_network_namespace_in_a_pod_is_translated_too") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend("10.244.9.1:8080".parse()?, false)?;
     sandbox.write_manifest(

@@ -17,7 +17,6 @@ use socklb_tests::{
     churn::{Rng, Roller, check},
     client::Command,
     manifests::{Ep, service, slice},
-    privileged,
 };
 
 fn figure(name: &str, value: impl std::fmt::Display) {
@@ -156,9 +155,7 @@ fn churn(updates: usize, min_connects: usize) -> anyhow::Result<()> {
 
 #[test]
 fn rolling_updates_under_load_lose_and_misroute_nothing() -> anyhow::Result<()> {
-    if !privileged("rolling_updates_under_load_lose_and_misroute_nothing") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     churn(10, 10_000)
 }
 
@@ -378,9 +375,7 @@ fn converged(sandbox: &Sandbox, agent: &AgentProcess) -> anyhow::Result<usize> {
 
 #[test]
 fn kill_9_at_random_moments_loses_nothing() -> anyhow::Result<()> {
-    if !privileged("kill_9_at_random_moments_loses_nothing") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     restarts(3, 5_000)
 }
 
@@ -392,9 +387,7 @@ fn stress_restarts() -> anyhow::Result<()> {
 
 #[test]
 fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Result<()> {
-    if !privileged("a_service_that_does_not_fit_is_reported_and_the_others_work") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in ["10.244.1.21:8080", "10.244.2.34:8080", "10.244.3.47:8080"] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -487,9 +480,7 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
 
 #[test]
 fn hostile_manifests_are_rejected_one_by_one_and_the_rest_works() -> anyhow::Result<()> {
-    if !privileged("hostile_manifests_are_rejected_one_by_one_and_the_rest_works") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
         sandbox.add_backend(b.parse()?, false)?;
@@ -590,9 +581,7 @@ fn cap_bits(status: &str, field: &str) -> u64 {
 
 #[test]
 fn the_agent_keeps_only_the_capabilities_it_uses() -> anyhow::Result<()> {
-    if !privileged("the_agent_keeps_only_the_capabilities_it_uses") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend("10.244.1.21:8080".parse()?, false)?;
     sandbox.copy_manifests(&examples().join("seed"))?;

@@ -2,7 +2,7 @@
 //! endpoints, served by the real agent from examples/seed, on real sockets.
 use std::path::PathBuf;
 
-use socklb_tests::{Sandbox, agent::AgentOptions, privileged};
+use socklb_tests::{Sandbox, agent::AgentOptions};
 
 fn seed_manifests() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/seed")
@@ -10,9 +10,7 @@ fn seed_manifests() -> PathBuf {
 
 #[test]
 fn seed_service_reaches_both_backends_and_leaves_other_processes_alone() -> anyhow::Result<()> {
-    if !privileged("seed_service_reaches_both_backends_and_leaves_other_processes_alone") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend("10.244.1.21:8080".parse()?, false)?;
     sandbox.add_backend("10.244.2.34:8080".parse()?, false)?;

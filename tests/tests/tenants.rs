@@ -9,7 +9,6 @@ use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
     client::Command,
-    privileged,
 };
 
 const A: &str = "10.244.1.21";
@@ -81,9 +80,7 @@ fn answered_by(sandbox: &Sandbox, target: &str, count: usize) -> anyhow::Result<
 /// the filler arriving second fails alike.
 #[test]
 fn capacity_goes_to_the_oldest_on_a_fresh_node() -> anyhow::Result<()> {
-    if !privileged("capacity_goes_to_the_oldest_on_a_fresh_node") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend(format!("{A}:8080").parse()?, false)?;
     sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
@@ -182,9 +179,7 @@ fn capacity_goes_to_the_oldest_on_a_fresh_node() -> anyhow::Result<()> {
 /// aaa/big fills the rest; new connects never reach A again, and web gets C once room frees.
 #[test]
 fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
-    if !privileged("removals_apply_at_a_full_backend_array") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for ip in [A, B, C] {
         sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
@@ -263,9 +258,7 @@ fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
 /// own, the metadata address is not rewritten, and /status names each refusal.
 #[test]
 fn special_addresses_are_never_frontends() -> anyhow::Result<()> {
-    if !privileged("special_addresses_are_never_frontends") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend(format!("{A}:8080").parse()?, false)?;
     // The pod's own admin port on its loopback.
@@ -382,9 +375,7 @@ fn expected_refusals() -> BTreeSet<(String, String, SpecialAddress)> {
 /// externalIPs [203.0.113.10] loses it to a newer LoadBalancer Service whose controller set it.
 #[test]
 fn an_allocated_address_outranks_a_typed_one() -> anyhow::Result<()> {
-    if !privileged("an_allocated_address_outranks_a_typed_one") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for ip in [A, B] {
         sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
@@ -440,9 +431,7 @@ fn an_allocated_address_outranks_a_typed_one() -> anyhow::Result<()> {
 /// service's address (resolvers drop the others).
 #[test]
 fn replies_come_from_each_service_a_socket_talked_to() -> anyhow::Result<()> {
-    if !privileged("replies_come_from_each_service_a_socket_talked_to") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
     sandbox.add_backend(format!("{B}:5353").parse()?, true)?;
@@ -505,9 +494,7 @@ fn replies_come_from_each_service_a_socket_talked_to() -> anyhow::Result<()> {
 /// sockets again once it closes its own.
 #[test]
 fn a_pod_with_200000_sockets_cannot_exhaust_the_agent() -> anyhow::Result<()> {
-    if !privileged("a_pod_with_200000_sockets_cannot_exhaust_the_agent") {
-        return Ok(());
-    }
+    socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for ip in [A, B] {
         sandbox.add_backend(format!("{ip}:5353").parse()?, true)?;
