@@ -89,6 +89,21 @@ impl AgentProcess {
             health.to_string(),
         ]);
         command.extend(options.args.iter().cloned());
+        // A test's own `--disable-feature` would replace this run's `SOCKLB_DISABLE_FEATURE`
+        // (a flag wins over its variable): add the run's parts to it, so a run that turns every
+        // optional part off does so for these agents too.
+        if let Ok(env) = std::env::var("SOCKLB_DISABLE_FEATURE")
+            && !env.trim().is_empty()
+        {
+            let mut args = command.iter_mut();
+            while let Some(arg) = args.next() {
+                if arg == "--disable-feature"
+                    && let Some(value) = args.next()
+                {
+                    *value = format!("{value},{env}");
+                }
+            }
+        }
         let mut agent = Self {
             child: None,
             processes: sandbox.processes.clone(),
