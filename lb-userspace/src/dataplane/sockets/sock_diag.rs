@@ -5,11 +5,14 @@
 //! terminate them with `SOCK_DESTROY`: their owners see `ECONNABORTED` and connect again.
 //!
 //! How it talks to the kernel:
-//! - The kernel's structures (`struct nlmsghdr`, `struct nlmsgerr`, `struct nlattr`,
-//!   `struct inet_diag_sockid`, `struct inet_diag_req_v2`, `struct inet_diag_msg`) are mirrored
-//!   as `#[repr(C)]` types whose sizes and field offsets are asserted at compile time. Requests
-//!   are built from them and replies are decoded by copying them out of the received bytes
-//!   (`read_unaligned`), never through hand-counted byte offsets.
+//! - The netlink structures (`struct nlmsghdr`, `struct nlmsgerr`, `struct nlattr`) and
+//!   constants (`NLMSG_*`, `NLM_F_*`, `NLA_F_*`) are the `libc` crate's. The `sock_diag` and
+//!   `inet_diag` ones, which `libc` does not have (`struct inet_diag_sockid`,
+//!   `struct inet_diag_req_v2`, `struct inet_diag_msg`, `SOCK_DIAG_BY_FAMILY`, `SOCK_DESTROY`,
+//!   the `INET_DIAG_*` and `SK_DIAG_*` attribute types), are mirrored here as `#[repr(C)]` types
+//!   and constants. The sizes and field offsets of all six structures are asserted at compile
+//!   time. Requests are built from them and replies are decoded by copying them out of the
+//!   received bytes (`read_unaligned`), never through hand-counted byte offsets.
 //! - Every call opens its own `NETLINK_SOCK_DIAG` socket, so it sees the network namespace the
 //!   calling thread is in at that moment (a thread that did `setns()` sees that namespace).
 //! - Every request carries a fresh sequence number. Replies with another sequence number are
@@ -85,27 +88,38 @@ pub const fn state_bit(state: u8) -> u32 {
 /// How many times [`dump`] starts a dump the kernel flagged `NLM_F_DUMP_INTR` before giving up.
 pub const DUMP_ATTEMPTS: u32 = 3;
 
-// Netlink (include/uapi/linux/netlink.h).
+// Netlink (include/uapi/linux/netlink.h), from libc. libc declares these as `c_int`; the
+// message header and attribute header carry them in u16 fields (`nlmsg_type`, `nlmsg_flags`,
+// `nla_type`), so they are converted once here, checked at compile time.
 /// `NLMSG_NOOP`: nothing, skipped.
-const NLMSG_NOOP: u16 = 1;
+const NLMSG_NOOP: u16 = netlink_u16(libc::NLMSG_NOOP);
 /// `NLMSG_ERROR`: an error, or with code 0 the acknowledgement of a request.
-const NLMSG_ERROR: u16 = 2;
+const NLMSG_ERROR: u16 = netlink_u16(libc::NLMSG_ERROR);
 /// `NLMSG_DONE`: the end of a dump.
-const NLMSG_DONE: u16 = 3;
+const NLMSG_DONE: u16 = netlink_u16(libc::NLMSG_DONE);
 /// `NLM_F_REQUEST`: set on every request.
-const NLM_F_REQUEST: u16 = 0x01;
+const NLM_F_REQUEST: u16 = netlink_u16(libc::NLM_F_REQUEST);
 /// `NLM_F_ACK`: asks for an acknowledgement (an `NLMSG_ERROR` with code 0).
-const NLM_F_ACK: u16 = 0x04;
+const NLM_F_ACK: u16 = netlink_u16(libc::NLM_F_ACK);
 /// `NLM_F_DUMP_INTR`: this part of the dump may be inconsistent.
-const NLM_F_DUMP_INTR: u16 = 0x10;
+const NLM_F_DUMP_INTR: u16 = netlink_u16(libc::NLM_F_DUMP_INTR);
 /// `NLM_F_DUMP` (`NLM_F_ROOT | NLM_F_MATCH`): dump every matching object.
-const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_DUMP: u16 = netlink_u16(libc::NLM_F_DUMP);
 /// `NLA_F_NESTED`: the attribute holds attributes.
-const NLA_F_NESTED: u16 = 1 << 15;
+const NLA_F_NESTED: u16 = netlink_u16(libc::NLA_F_NESTED);
 /// `NLA_F_NET_BYTEORDER`: the attribute's value is in network byte order.
-const NLA_F_NET_BYTEORDER: u16 = 1 << 14;
-/// `NLA_TYPE_MASK`: the attribute type without the two flags.
+const NLA_F_NET_BYTEORDER: u16 = netlink_u16(libc::NLA_F_NET_BYTEORDER);
+/// `NLA_TYPE_MASK`: the attribute type without the two flags. (libc's `NLA_TYPE_MASK` is the
+/// same mask as a negative `c_int`, with the upper 16 bits set too; this is its low half.)
 const NLA_TYPE_MASK: u16 = !(NLA_F_NESTED | NLA_F_NET_BYTEORDER);
+
+/// A libc netlink constant (`c_int`) as the u16 that netlink headers carry. Used only in
+/// constants, so a value that does not fit (negative or above `u16::MAX`) fails the build.
+const fn netlink_u16(value: libc::c_int) -> u16 {
+    let value = value.cast_unsigned();
+    assert!(value <= 0xffff, "netlink constant does not fit in 16 bits");
+    value as u16
+}
 
 // sock_diag (include/uapi/linux/sock_diag.h).
 /// `SOCK_DIAG_BY_FAMILY`: the dump request, and the type of each socket in its reply.
@@ -162,42 +176,6 @@ unsafe trait Plain: Copy {
             std::slice::from_raw_parts(std::ptr::from_ref(self).cast::<u8>(), size_of::<Self>())
         }
     }
-}
-
-/// `struct nlmsghdr`: the header of every netlink message.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct NlMsgHdr {
-    /// `nlmsg_len`: the message's length including this header.
-    len: u32,
-    /// `nlmsg_type`.
-    kind: u16,
-    /// `nlmsg_flags`.
-    flags: u16,
-    /// `nlmsg_seq`: copied from the request into its replies.
-    seq: u32,
-    /// `nlmsg_pid`: the sender's port id (0 for requests to the kernel).
-    pid: u32,
-}
-
-/// `struct nlmsgerr`: the payload of `NLMSG_ERROR`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct NlMsgErr {
-    /// `error`: 0 for an acknowledgement, else a negative errno.
-    error: i32,
-    /// `msg`: the header of the request this answers.
-    msg: NlMsgHdr,
-}
-
-/// `struct nlattr`: the header of a netlink attribute; the value follows, padded to 4 bytes.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct NlAttr {
-    /// `nla_len`: header plus value, without the padding.
-    len: u16,
-    /// `nla_type`, with `NLA_F_NESTED` / `NLA_F_NET_BYTEORDER` in the top bits.
-    kind: u16,
 }
 
 /// `struct inet_diag_sockid`: a socket's identity. Sent back verbatim (cookie included) to
@@ -276,13 +254,23 @@ struct InetDiagMsg {
     inode: u32,
 }
 
+// The netlink headers are libc's (`#[repr(C)]`, like the kernel's):
+// - `libc::nlmsghdr`, the header of every netlink message: `nlmsg_len` (the message's length
+//   including this header), `nlmsg_type`, `nlmsg_flags`, `nlmsg_seq` (copied from the request
+//   into its replies), `nlmsg_pid` (the sender's port id, 0 for requests to the kernel);
+// - `libc::nlmsgerr`, the payload of `NLMSG_ERROR`: `error` (0 for an acknowledgement, else a
+//   negative errno) and `msg`, the header of the request it answers;
+// - `libc::nlattr`, the header of a netlink attribute, whose value follows padded to 4 bytes:
+//   `nla_len` (header plus value, without the padding) and `nla_type` (with `NLA_F_NESTED` /
+//   `NLA_F_NET_BYTEORDER` in the top bits).
+
 // SAFETY (all six): #[repr(C)], integer fields and integer arrays only, and no padding: the
 // assertions below show the fields back to back, the last one ending at the type's size.
-unsafe impl Plain for NlMsgHdr {}
+unsafe impl Plain for libc::nlmsghdr {}
 // SAFETY: see above.
-unsafe impl Plain for NlMsgErr {}
+unsafe impl Plain for libc::nlmsgerr {}
 // SAFETY: see above.
-unsafe impl Plain for NlAttr {}
+unsafe impl Plain for libc::nlattr {}
 // SAFETY: see above.
 unsafe impl Plain for InetDiagSockId {}
 // SAFETY: see above.
@@ -293,20 +281,20 @@ unsafe impl Plain for InetDiagMsg {}
 // The kernel ABI: sizes and offsets from the uapi headers (x86_64 and every other Linux target:
 // these structures only hold naturally aligned fixed-width integers).
 const _: () = {
-    assert!(size_of::<NlMsgHdr>() == 16);
-    assert!(offset_of!(NlMsgHdr, len) == 0);
-    assert!(offset_of!(NlMsgHdr, kind) == 4);
-    assert!(offset_of!(NlMsgHdr, flags) == 6);
-    assert!(offset_of!(NlMsgHdr, seq) == 8);
-    assert!(offset_of!(NlMsgHdr, pid) == 12);
+    assert!(size_of::<libc::nlmsghdr>() == 16);
+    assert!(offset_of!(libc::nlmsghdr, nlmsg_len) == 0);
+    assert!(offset_of!(libc::nlmsghdr, nlmsg_type) == 4);
+    assert!(offset_of!(libc::nlmsghdr, nlmsg_flags) == 6);
+    assert!(offset_of!(libc::nlmsghdr, nlmsg_seq) == 8);
+    assert!(offset_of!(libc::nlmsghdr, nlmsg_pid) == 12);
 
-    assert!(size_of::<NlMsgErr>() == 20);
-    assert!(offset_of!(NlMsgErr, error) == 0);
-    assert!(offset_of!(NlMsgErr, msg) == 4);
+    assert!(size_of::<libc::nlmsgerr>() == 20);
+    assert!(offset_of!(libc::nlmsgerr, error) == 0);
+    assert!(offset_of!(libc::nlmsgerr, msg) == 4);
 
-    assert!(size_of::<NlAttr>() == 4);
-    assert!(offset_of!(NlAttr, len) == 0);
-    assert!(offset_of!(NlAttr, kind) == 2);
+    assert!(size_of::<libc::nlattr>() == 4);
+    assert!(offset_of!(libc::nlattr, nla_len) == 0);
+    assert!(offset_of!(libc::nlattr, nla_type) == 2);
 
     assert!(size_of::<InetDiagSockId>() == 48);
     assert!(offset_of!(InetDiagSockId, sport_be) == 0);
@@ -629,33 +617,33 @@ fn encode_request(
 ) -> Result<Vec<u8>, SockDiagError> {
     let mut attributes = Vec::new();
     if !storage_maps.is_empty() {
-        const MAP_FD_LEN: usize = size_of::<NlAttr>() + size_of::<u32>();
-        let nest_len = u16::try_from(size_of::<NlAttr>() + storage_maps.len() * MAP_FD_LEN)
-            .map_err(|_| SockDiagError::TooManyMaps {
-                maps: storage_maps.len(),
-            })?;
-        let nest = NlAttr {
-            len: nest_len,
-            kind: INET_DIAG_REQ_SK_BPF_STORAGES | NLA_F_NESTED,
+        const MAP_FD_LEN: usize = size_of::<libc::nlattr>() + size_of::<u32>();
+        let nest_len = size_of::<libc::nlattr>() + storage_maps.len() * MAP_FD_LEN;
+        let nest_len = u16::try_from(nest_len).map_err(|_| SockDiagError::TooManyMaps {
+            maps: storage_maps.len(),
+        })?;
+        let nest = libc::nlattr {
+            nla_len: nest_len,
+            nla_type: INET_DIAG_REQ_SK_BPF_STORAGES | NLA_F_NESTED,
         };
         attributes.extend_from_slice(nest.as_bytes());
         for map in storage_maps {
-            let map_fd = NlAttr {
-                len: MAP_FD_LEN as u16,
-                kind: SK_DIAG_BPF_STORAGE_REQ_MAP_FD,
+            let map_fd = libc::nlattr {
+                nla_len: MAP_FD_LEN as u16,
+                nla_type: SK_DIAG_BPF_STORAGE_REQ_MAP_FD,
             };
             attributes.extend_from_slice(map_fd.as_bytes());
             // A BorrowedFd is never negative.
             attributes.extend_from_slice(&map.as_raw_fd().cast_unsigned().to_ne_bytes());
         }
     }
-    let len = size_of::<NlMsgHdr>() + size_of::<InetDiagReqV2>() + attributes.len();
-    let header = NlMsgHdr {
-        len: len as u32,
-        kind,
-        flags,
-        seq,
-        pid: 0,
+    let len = size_of::<libc::nlmsghdr>() + size_of::<InetDiagReqV2>() + attributes.len();
+    let header = libc::nlmsghdr {
+        nlmsg_len: len as u32,
+        nlmsg_type: kind,
+        nlmsg_flags: flags,
+        nlmsg_seq: seq,
+        nlmsg_pid: 0,
     };
     let mut message = Vec::with_capacity(len);
     message.extend_from_slice(header.as_bytes());
@@ -691,10 +679,10 @@ fn dump_with(
         )?)?;
         let mut sockets = Vec::new();
         let end = read_replies(transport, seq, "dump", |header, payload| {
-            if header.kind != SOCK_DIAG_BY_FAMILY {
+            if header.nlmsg_type != SOCK_DIAG_BY_FAMILY {
                 return Err(SockDiagError::UnexpectedMessage {
                     op: "dump",
-                    kind: header.kind,
+                    kind: header.nlmsg_type,
                 });
             }
             sockets.push(parse_socket(payload, protocol)?);
@@ -730,7 +718,7 @@ fn destroy_with(
     let end = read_replies(transport, seq, "destroy", |header, _| {
         Err(SockDiagError::UnexpectedMessage {
             op: "destroy",
-            kind: header.kind,
+            kind: header.nlmsg_type,
         })
     });
     match end {
@@ -763,29 +751,29 @@ fn read_replies(
     transport: &mut impl Transport,
     seq: u32,
     op: &'static str,
-    mut on_message: impl FnMut(&NlMsgHdr, &[u8]) -> Result<(), SockDiagError>,
+    mut on_message: impl FnMut(&libc::nlmsghdr, &[u8]) -> Result<(), SockDiagError>,
 ) -> Result<End, SockDiagError> {
     let mut stale = 0;
     let mut interrupted = false;
     loop {
         for message in messages(transport.recv()?) {
             let (header, payload) = message?;
-            if header.seq != seq {
+            if header.nlmsg_seq != seq {
                 // A late reply to an earlier request: not ours.
                 stale += 1;
                 if stale > MAX_STALE_MESSAGES {
                     return Err(SockDiagError::Sequence {
                         expected: seq,
-                        got: header.seq,
+                        got: header.nlmsg_seq,
                     });
                 }
                 continue;
             }
-            interrupted |= header.flags & NLM_F_DUMP_INTR != 0;
-            match header.kind {
+            interrupted |= header.nlmsg_flags & NLM_F_DUMP_INTR != 0;
+            match header.nlmsg_type {
                 NLMSG_NOOP => {}
                 NLMSG_ERROR => {
-                    let error = NlMsgErr::read(payload)
+                    let error = libc::nlmsgerr::read(payload)
                         .ok_or(SockDiagError::Truncated { what: "nlmsgerr" })?;
                     return match error.error {
                         0 => Ok(End::Ack),
@@ -817,23 +805,25 @@ fn read_replies(
 
 /// The netlink messages in a datagram: (header, payload). A message that claims more bytes than
 /// the datagram holds, or a partial header, is an error.
-fn messages(mut datagram: &[u8]) -> impl Iterator<Item = Result<(NlMsgHdr, &[u8]), SockDiagError>> {
+fn messages(
+    mut datagram: &[u8],
+) -> impl Iterator<Item = Result<(libc::nlmsghdr, &[u8]), SockDiagError>> {
     std::iter::from_fn(move || {
         if datagram.is_empty() {
             return None;
         }
-        let Some(header) = NlMsgHdr::read(datagram) else {
+        let Some(header) = libc::nlmsghdr::read(datagram) else {
             datagram = &[];
             return Some(Err(SockDiagError::Truncated { what: "nlmsghdr" }));
         };
-        let len = header.len as usize;
-        if len < size_of::<NlMsgHdr>() || len > datagram.len() {
+        let len = header.nlmsg_len as usize;
+        if len < size_of::<libc::nlmsghdr>() || len > datagram.len() {
             datagram = &[];
             return Some(Err(SockDiagError::Truncated {
                 what: "netlink message",
             }));
         }
-        let payload = &datagram[size_of::<NlMsgHdr>()..len];
+        let payload = &datagram[size_of::<libc::nlmsghdr>()..len];
         datagram = &datagram[align4(len).min(datagram.len())..];
         Some(Ok((header, payload)))
     })
@@ -846,24 +836,25 @@ fn attributes(mut bytes: &[u8]) -> impl Iterator<Item = Result<(u16, &[u8]), Soc
         if bytes.is_empty() {
             return None;
         }
-        let Some(attr) = NlAttr::read(bytes) else {
+        let Some(attr) = libc::nlattr::read(bytes) else {
             bytes = &[];
             return Some(Err(SockDiagError::Truncated { what: "nlattr" }));
         };
-        let len = usize::from(attr.len);
-        if len < size_of::<NlAttr>() || len > bytes.len() {
+        let len = usize::from(attr.nla_len);
+        if len < size_of::<libc::nlattr>() || len > bytes.len() {
             bytes = &[];
             return Some(Err(SockDiagError::Truncated {
                 what: "netlink attribute",
             }));
         }
-        let value = &bytes[size_of::<NlAttr>()..len];
+        let value = &bytes[size_of::<libc::nlattr>()..len];
         bytes = &bytes[align4(len).min(bytes.len())..];
-        Some(Ok((attr.kind & NLA_TYPE_MASK, value)))
+        Some(Ok((attr.nla_type & NLA_TYPE_MASK, value)))
     })
 }
 
-/// `NLMSG_ALIGN` / `NLA_ALIGN`: rounds up to a multiple of 4.
+/// `NLMSG_ALIGN` / `NLA_ALIGN`: rounds up to a multiple of 4. (libc's macros of those names
+/// return `c_int`, and its `NLA_ALIGN` is an `unsafe fn`; lengths here are `usize`.)
 const fn align4(len: usize) -> usize {
     (len + 3) & !3
 }
@@ -959,8 +950,8 @@ mod tests {
         }
 
         /// The header of the `n`th request sent.
-        fn header(&self, n: usize) -> NlMsgHdr {
-            NlMsgHdr::read(&self.sent[n]).expect("a whole header")
+        fn header(&self, n: usize) -> libc::nlmsghdr {
+            libc::nlmsghdr::read(&self.sent[n]).expect("a whole header")
         }
     }
 
@@ -971,7 +962,7 @@ mod tests {
         }
 
         fn recv(&mut self) -> Result<&[u8], SockDiagError> {
-            let seq = self.header(self.sent.len() - 1).seq;
+            let seq = self.header(self.sent.len() - 1).nlmsg_seq;
             let next = self
                 .replies
                 .pop_front()
@@ -987,12 +978,12 @@ mod tests {
 
     /// A netlink message.
     fn nlmsg(kind: u16, flags: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
-        let header = NlMsgHdr {
-            len: (size_of::<NlMsgHdr>() + payload.len()) as u32,
-            kind,
-            flags,
-            seq,
-            pid: 0,
+        let header = libc::nlmsghdr {
+            nlmsg_len: (size_of::<libc::nlmsghdr>() + payload.len()) as u32,
+            nlmsg_type: kind,
+            nlmsg_flags: flags,
+            nlmsg_seq: seq,
+            nlmsg_pid: 0,
         };
         let mut message = header.as_bytes().to_vec();
         message.extend_from_slice(payload);
@@ -1002,9 +993,9 @@ mod tests {
 
     /// A netlink attribute (type may carry flag bits).
     fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
-        let header = NlAttr {
-            len: (size_of::<NlAttr>() + value.len()) as u16,
-            kind,
+        let header = libc::nlattr {
+            nla_len: (size_of::<libc::nlattr>() + value.len()) as u16,
+            nla_type: kind,
         };
         let mut attribute = header.as_bytes().to_vec();
         attribute.extend_from_slice(value);
@@ -1075,14 +1066,14 @@ mod tests {
 
     /// An `NLMSG_ERROR` payload: `-errno` (0 for an acknowledgement) and the request's header.
     fn error(seq: u32, errno: i32) -> Vec<u8> {
-        let err = NlMsgErr {
+        let err = libc::nlmsgerr {
             error: -errno,
-            msg: NlMsgHdr {
-                len: 72,
-                kind: SOCK_DESTROY,
-                flags: NLM_F_REQUEST | NLM_F_ACK,
-                seq,
-                pid: 0,
+            msg: libc::nlmsghdr {
+                nlmsg_len: 72,
+                nlmsg_type: SOCK_DESTROY,
+                nlmsg_flags: NLM_F_REQUEST | NLM_F_ACK,
+                nlmsg_seq: seq,
+                nlmsg_pid: 0,
             },
         };
         nlmsg(NLMSG_ERROR, 0, seq, err.as_bytes())
@@ -1111,20 +1102,25 @@ mod tests {
             &maps,
         )
         .unwrap();
-        let header = NlMsgHdr::read(&bytes).unwrap();
-        assert_eq!(header.len as usize, bytes.len());
+        let header = libc::nlmsghdr::read(&bytes).unwrap();
+        assert_eq!(header.nlmsg_len as usize, bytes.len());
         assert_eq!(bytes.len(), 16 + 56 + 4 + 2 * 8);
         assert_eq!(
-            (header.kind, header.flags, header.seq, header.pid),
+            (
+                header.nlmsg_type,
+                header.nlmsg_flags,
+                header.nlmsg_seq,
+                header.nlmsg_pid
+            ),
             (20, 0x301, 77, 0)
         );
         let body = InetDiagReqV2::read(&bytes[16..]).unwrap();
         assert_eq!(body, request);
         assert_eq!(body.states, 0b10);
-        let nest = NlAttr::read(&bytes[72..]).unwrap();
-        assert_eq!(nest.len, 4 + 16);
+        let nest = libc::nlattr::read(&bytes[72..]).unwrap();
+        assert_eq!(nest.nla_len, 4 + 16);
         assert_eq!(
-            nest.kind,
+            nest.nla_type,
             2 | 0x8000,
             "INET_DIAG_REQ_SK_BPF_STORAGES, nested"
         );
@@ -1194,7 +1190,7 @@ mod tests {
         let socket = parse_socket(&udp4(1), IPPROTO_UDP).unwrap();
         destroy_with(&mut script, &socket).unwrap();
         dump_with(&mut script, IPPROTO_UDP, AF_INET6, ALL_STATES, &[]).unwrap();
-        let seqs: Vec<u32> = (0..3).map(|n| script.header(n).seq).collect();
+        let seqs: Vec<u32> = (0..3).map(|n| script.header(n).nlmsg_seq).collect();
         assert!(
             seqs[0] != seqs[1] && seqs[1] != seqs[2] && seqs[0] != seqs[2],
             "{seqs:?}"
@@ -1349,8 +1345,11 @@ mod tests {
         let mut script = Script::new(vec![Box::new(|seq| error(seq, 0))]);
         destroy_with(&mut script, &socket).unwrap();
         let bytes = &script.sent[0];
-        let header = NlMsgHdr::read(bytes).unwrap();
-        assert_eq!((header.len, header.kind, header.flags), (72, 21, 0x05));
+        let header = libc::nlmsghdr::read(bytes).unwrap();
+        assert_eq!(
+            (header.nlmsg_len, header.nlmsg_type, header.nlmsg_flags),
+            (72, 21, 0x05)
+        );
         let body = InetDiagReqV2::read(&bytes[16..]).unwrap();
         assert_eq!((body.family, body.protocol), (AF_INET, IPPROTO_UDP));
         assert_eq!(
@@ -1374,7 +1373,7 @@ mod tests {
         let sockets = dump_with(&mut script, IPPROTO_UDP, AF_INET, ALL_STATES, &[]).unwrap();
         assert_eq!(cookies(&sockets), [2], "only the complete second dump");
         assert_eq!(script.sent.len(), 2);
-        assert_ne!(script.header(0).seq, script.header(1).seq);
+        assert_ne!(script.header(0).nlmsg_seq, script.header(1).nlmsg_seq);
 
         let always = (0..DUMP_ATTEMPTS)
             .map(|_| -> Datagram {
