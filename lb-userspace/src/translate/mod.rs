@@ -579,7 +579,7 @@ fn claims(
     });
     // One claim per address: the strongest kind (a ClusterIP also listed as an external IP is
     // still the ClusterIP).
-    out.sort_by_key(|c| (c.addr, c.kind));
+    out.sort_by_key(|c| (c.addr, c.kind.precedence()));
     out.dedup_by_key(|c| c.addr);
     out.into_iter().collect()
 }
