@@ -4,7 +4,8 @@
 //! Two things are scoped to this build script so they never leak into the userspace crates:
 //! - `RUSTC_BOOTSTRAP=1`, which lets the stable toolchain build `core` for the bpf target;
 //! - the `bpf-linker` that `cargo xtask setup` built against this toolchain's libLLVM, found in
-//!   `target/tools/bpf-linker-<hash of rustc -vV>/bin` and put first on the child's PATH.
+//!   `$SOCKLB_TOOLS` or `$CARGO_HOME/socklb-tools` (`~/.cargo/socklb-tools`), in
+//!   `bpf-linker-<hash of rustc -vV>/bin`, and put first on the child's PATH.
 use std::{
     env,
     path::{Path, PathBuf},
@@ -89,7 +90,8 @@ fn git_commit(workspace: &Path) -> String {
     }
 }
 
-/// `target/tools/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to.
+/// `<tools>/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to
+/// (`<tools>`: `$SOCKLB_TOOLS`, else `$CARGO_HOME/socklb-tools`, else `~/.cargo/socklb-tools`).
 fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
     let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let out = Command::new(&rustc)
@@ -97,12 +99,17 @@ fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
         .output()
         .with_context(|| format!("running {rustc} -vV"))?;
     let key = hex16(&Sha256::digest(&out.stdout));
-    let target =
-        env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), PathBuf::from);
-    Ok(target
-        .join("tools")
-        .join(format!("bpf-linker-{key}"))
-        .join("bin"))
+    println!("cargo:rerun-if-env-changed=SOCKLB_TOOLS");
+    let tools = env::var_os("SOCKLB_TOOLS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            env::var_os("CARGO_HOME")
+                .map(PathBuf::from)
+                .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+                .map(|home| home.join("socklb-tools"))
+        })
+        .unwrap_or_else(|| workspace.join("target/tools"));
+    Ok(tools.join(format!("bpf-linker-{key}")).join("bin"))
 }
 
 fn hex16(digest: &[u8]) -> String {

@@ -1,5 +1,6 @@
 //! socklb's developer commands. Every command runs `setup` first, so a fresh clone needs only
 //! `cargo xtask demo` and `cargo xtask test`.
+mod parallel;
 mod setup;
 
 use std::{
@@ -141,30 +142,16 @@ fn test() -> anyhow::Result<()> {
         "deploy manifests (kubernetes-validate --strict)",
         validate_deploy,
     )?;
+    let mut jobs = Vec::new();
+    step("build the tests", || {
+        jobs = parallel::build()?;
+        Ok(())
+    })?;
     step(
-        "tests (unit, golden, property, privileged end-to-end)",
-        || cmd("cargo", &["test", "--workspace"]),
-    )?;
-    // As on a kernel that refuses every optional part, whatever this kernel allows: the
-    // agents these tests start read the variable as their --disable-feature.
-    step(
-        "agent and data-path tests with every optional part off (SOCKLB_DISABLE_FEATURE=all)",
-        || {
-            cargo_within(
-                &[
-                    "test",
-                    "-p",
-                    "socklb-tests",
-                    "--test",
-                    "agent",
-                    "--test",
-                    "dataplane",
-                ],
-                &[("SOCKLB_DISABLE_FEATURE", "all")],
-                STRESS_RUN_LIMIT,
-            )
-            .map(drop)
-        },
+        "tests (unit, golden, property, privileged end-to-end; then the agent and data-path \
+         tests again with every optional part off, SOCKLB_DISABLE_FEATURE=all), three binaries \
+         at a time",
+        || parallel::run(test_order(jobs), TEST_BINARIES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
     step("fuzz manifests (20 s)", || fuzz(20).map(|_| ()))?;
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
@@ -177,6 +164,49 @@ fn test() -> anyhow::Result<()> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Test binaries running at once: their tests mostly wait (agents, sockets, timeouts).
+const TEST_BINARIES_AT_ONCE: usize = 3;
+
+/// The binaries whose tests take longest, first (so the last to start are short ones).
+const SLOWEST_FIRST: [&str; 10] = [
+    "dataplane",
+    "isolation",
+    "agent",
+    "conformance_changes",
+    "reliability",
+    "tenants",
+    "conformance",
+    "deploy",
+    "features",
+    "demo",
+];
+
+/// The jobs in the order they run: the slowest first, and the agent and data-path tests a
+/// second time as on a kernel that refuses every optional part, whatever this kernel allows
+/// (the agents these tests start read the variable as their `--disable-feature`).
+fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
+    let again: Vec<parallel::Job> = jobs
+        .iter()
+        .filter(|j| (j.name == "agent" || j.name == "dataplane") && j.cwd.ends_with("tests"))
+        .cloned()
+        .map(|mut j| {
+            j.envs.push(("SOCKLB_DISABLE_FEATURE".into(), "all".into()));
+            j
+        })
+        .collect();
+    let rank = |j: &parallel::Job| {
+        SLOWEST_FIRST
+            .iter()
+            .position(|n| *n == j.name && j.cwd.ends_with("tests"))
+            .unwrap_or(SLOWEST_FIRST.len())
+    };
+    jobs.sort_by_key(rank);
+    // The reruns right after the first long ones, so they do not end the run alone.
+    let at = jobs.len().min(4);
+    jobs.splice(at..at, again);
+    jobs
 }
 
 /// Runs the cargo-fuzz target for `seconds`; returns libFuzzer's summary line.
@@ -192,6 +222,9 @@ fn fuzz(seconds: u64) -> anyhow::Result<String> {
             "lb-userspace/fuzz",
             "--sanitizer",
             "none",
+            // Unoptimised: it builds in half the time, and 20 s of fuzzing is about finding
+            // crashes, not about the number of runs.
+            "--dev",
             "manifests",
         ])
         .arg(&corpus)
@@ -402,36 +435,51 @@ fn cargo_within(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> anyhow
 }
 
 fn bench(quick: bool) -> anyhow::Result<()> {
-    step("build (release)", || {
-        cmd("cargo", &["build", "--release", "--workspace", "--bins"])
-    })?;
-    let mut criterion = vec![
-        "bench",
-        "-p",
-        "lb-userspace",
-        "--bench",
-        "control_plane",
-        "--",
-        "--noplot",
-    ];
-    if quick {
-        criterion.extend(["--warm-up-time", "0.2", "--measurement-time", "0.5"]);
+    // The quick run only checks that every benchmark runs and writes its report: it uses the
+    // debug build the tests already made (its report says so), not a release build of its own.
+    let profile = if quick { "debug" } else { "release" };
+    if !quick {
+        step("build (release)", || {
+            cmd("cargo", &["build", "--release", "--workspace", "--bins"])
+        })?;
     }
-    step("criterion micro-benchmarks", || cmd("cargo", &criterion))?;
+    if quick {
+        // Each criterion benchmark once, as a test, in the test profile.
+        step("criterion micro-benchmarks (each once)", || {
+            cmd(
+                "cargo",
+                &["test", "-p", "lb-userspace", "--bench", "control_plane"],
+            )
+        })?;
+    } else {
+        step("criterion micro-benchmarks", || {
+            cmd(
+                "cargo",
+                &[
+                    "bench",
+                    "-p",
+                    "lb-userspace",
+                    "--bench",
+                    "control_plane",
+                    "--",
+                    "--noplot",
+                ],
+            )
+        })?;
+    }
     let root = workspace_root();
     let out = root.join("target/bench");
     let _ = std::fs::remove_file(out.join("report.md"));
     step("socklb-bench", || {
-        let mut c = Command::new(root.join("target/release/socklb-bench"));
+        let mut c = Command::new(root.join(format!("target/{profile}/socklb-bench")));
         if quick {
             c.arg("--quick");
         }
-        let status = c
-            .arg("--out")
-            .arg(&out)
-            .arg("--criterion")
-            .arg(root.join("target/criterion"))
-            .status()?;
+        c.arg("--out").arg(&out);
+        if !quick {
+            c.arg("--criterion").arg(root.join("target/criterion"));
+        }
+        let status = c.status()?;
         if !status.success() {
             bail!("socklb-bench failed");
         }

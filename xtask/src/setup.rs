@@ -71,8 +71,8 @@ fn rust_src() -> anyhow::Result<()> {
     )
 }
 
-/// `target/tools/bpf-linker-<first 16 hex of sha256(rustc -vV)>`: a toolchain change gets a
-/// fresh build. lb-userspace's build.rs looks in the same place.
+/// `<tools>/bpf-linker-<first 16 hex of sha256(rustc -vV)>`: a toolchain change gets a fresh
+/// build. lb-userspace's build.rs looks in the same place.
 pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
     let version = Command::new("rustc").arg("-vV").output()?.stdout;
     let digest = Sha256::digest(&version);
@@ -80,12 +80,21 @@ pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
         let _ = write!(s, "{b:02x}");
         s
     });
-    Ok(target_dir().join("tools").join(format!("bpf-linker-{key}")))
+    Ok(tools_root().join(format!("bpf-linker-{key}")))
 }
 
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+/// Where setup installs the tools it builds (bpf-linker, cargo-fuzz): `$SOCKLB_TOOLS`, else
+/// `$CARGO_HOME/socklb-tools` (`~/.cargo/socklb-tools`), beside cargo's own installs, so every
+/// clone on a machine shares one build of each (lb-userspace's build.rs follows the same rule).
+pub fn tools_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SOCKLB_TOOLS") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("socklb-tools")
 }
 
 fn bpf_linker() -> anyhow::Result<PathBuf> {
@@ -265,7 +274,7 @@ fn promtool() -> anyhow::Result<()> {
     }
     require_root("promtool is missing")?;
     eprintln!("setup: extracting promtool from Debian's prometheus package to {PROMTOOL}");
-    let dir = target_dir().join("tmp/prometheus-deb");
+    let dir = workspace_root().join("target/tmp/prometheus-deb");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let download = |update: bool| -> anyhow::Result<bool> {
@@ -365,10 +374,12 @@ fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result
     Ok(())
 }
 
-/// Where `cargo fuzz` is installed (`target/tools/cargo-fuzz/bin/cargo-fuzz`).
+/// Where `cargo fuzz` is installed (`<tools>/cargo-fuzz-<version>/bin/cargo-fuzz`).
 pub fn cargo_fuzz_bin() -> PathBuf {
-    target_dir().join("tools/cargo-fuzz/bin/cargo-fuzz")
+    tools_root().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}/bin/cargo-fuzz"))
 }
+
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// cargo-fuzz runs the fuzz target over manifest parsing and translation.
 fn cargo_fuzz() -> anyhow::Result<()> {
@@ -377,8 +388,13 @@ fn cargo_fuzz() -> anyhow::Result<()> {
     }
     eprintln!("setup: installing cargo-fuzz (about half a minute, once)");
     let status = Command::new("cargo")
-        .args(["install", "cargo-fuzz@0.13.2", "--locked", "--root"])
-        .arg(target_dir().join("tools/cargo-fuzz"))
+        .args([
+            "install",
+            &format!("cargo-fuzz@{CARGO_FUZZ_VERSION}"),
+            "--locked",
+            "--root",
+        ])
+        .arg(tools_root().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}")))
         .env_remove("RUSTC_BOOTSTRAP")
         .status()?;
     if !status.success() {

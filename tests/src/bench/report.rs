@@ -20,6 +20,9 @@ pub struct Environment {
     pub cpu: String,
     pub iptables: String,
     pub quick: bool,
+    /// `debug` or `release`: a debug build's figures check that the benchmarks run, nothing
+    /// more.
+    pub build: String,
     pub passes: usize,
     pub rounds: usize,
     pub batch: usize,
@@ -354,7 +357,12 @@ impl Report {
                 e.cpu,
                 e.iptables,
                 e.services,
-                if e.quick { " · **quick run**" } else { "" }
+                match (e.quick, e.build.as_str()) {
+                    (_, "debug") =>
+                        " · **quick run of a debug build: the figures only show that every benchmark runs**",
+                    (true, _) => " · **quick run**",
+                    _ => "",
+                }
             );
             let _ = writeln!(
                 m,

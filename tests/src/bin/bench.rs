@@ -123,6 +123,12 @@ fn environment(s: &Settings) -> Environment {
             .unwrap_or_default(),
         iptables: iptables_version(),
         quick: s.quick,
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .into(),
         passes: s.passes,
         rounds: s.plan.rounds,
         batch: s.plan.batch,
