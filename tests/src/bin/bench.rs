@@ -38,7 +38,26 @@ struct Settings {
 
 impl Settings {
     fn new(quick: bool) -> Self {
-        if quick {
+        if quick && cfg!(debug_assertions) {
+            // The check run of `cargo xtask test` (a debug build): every benchmark runs and the
+            // report is written; its figures mean nothing, so it stays small.
+            Self {
+                quick,
+                services: 300,
+                passes: 3,
+                kernel_calls: 200,
+                plan: Plan {
+                    rounds: 3,
+                    batch: 50,
+                    warmup: 20,
+                },
+                concurrent_connects: 100,
+                cp_services: 300,
+                cp_changes: 50,
+                cp_rolling: 10,
+                api_changes: 20,
+            }
+        } else if quick {
             Self {
                 quick,
                 services: 1000,
