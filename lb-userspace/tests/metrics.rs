@@ -268,15 +268,34 @@ fn openmetrics_has_the_same_samples_and_ends_with_eof() {
     assert!(om.contains("# TYPE socklb_build info\n"));
     assert!(text.contains("# TYPE socklb_errors_total counter\n"));
     assert!(text.contains("# TYPE socklb_build_info gauge\n"));
-    // Only the descriptions differ (process times and sizes move between the two scrapes).
-    let samples = |s: &str| -> Vec<String> {
-        s.lines()
+    // The same samples, as values (the two encoders write numbers and order a histogram's
+    // lines each their own way; process times and sizes move between the two scrapes).
+    let samples = |s: &str| -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = s
+            .lines()
             .filter(|l| !l.starts_with('#') && !l.starts_with("process_"))
             .filter(|l| !l.starts_with("socklb_last_sync_timestamp_seconds"))
-            .map(str::to_string)
-            .collect()
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                // `le="1.0"` and `le="1"` are one bucket.
+                let series = match series.split_once("le=\"") {
+                    Some((head, rest)) => {
+                        let (bound, tail) = rest.split_once('"')?;
+                        let bound = bound
+                            .parse::<f64>()
+                            .map_or(bound.to_string(), |b| b.to_string());
+                        format!("{head}le=\"{bound}\"{tail}")
+                    }
+                    None => series.to_string(),
+                };
+                Some((series, value.parse::<f64>().ok()?.to_bits()))
+            })
+            .collect();
+        out.sort();
+        out
     };
     assert_eq!(samples(&om), samples(&text));
+    assert!(samples(&om).len() > 50, "{om}");
 }
 
 #[test]

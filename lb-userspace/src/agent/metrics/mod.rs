@@ -6,10 +6,12 @@
 //! and values cached by the agent loop and by a background refresh (`refresh_affinity`).
 //!
 //! Two formats: the Prometheus text format 0.0.4 (the default, and what `promtool check
-//! metrics` reads) and `OpenMetrics` 1.0.0 when the scraper asks for it (`Accept`). The
-//! registry encodes `OpenMetrics`; `to_prometheus_text` turns it into the text format (counter
-//! families named with their `_total` samples, info families as gauges, no `# UNIT` or
-//! `# EOF`).
+//! metrics` reads) and `OpenMetrics` 1.0.0 when the scraper asks for it (`Accept`), both
+//! written by prometheus-client's encoders (label values escaped as each format wants).
+mod datapath;
+mod process;
+mod sockets;
+
 use std::{
     path::{Path, PathBuf},
     sync::{
@@ -19,15 +21,12 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData, PerCpuArray};
-use lb_common::{AffinityTable, Counter as DpCounter, MapId};
+use lb_common::MapId;
 use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
     metrics::{
-        counter::{ConstCounter, Counter},
+        counter::Counter,
         family::Family,
-        gauge::{ConstGauge, Gauge},
+        gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
         info::Info,
     },
@@ -37,10 +36,7 @@ use prometheus_client::{
 use super::engine::{Engine, Pass};
 use crate::{
     dataplane::{
-        bpf::{ReadOnlyMaps, open_map},
-        features::Features,
-        maps::ServiceMaps,
-        sockets::quota::Recount,
+        bpf::ReadOnlyMaps, features::Features, maps::ServiceMaps, sockets::quota::Recount,
     },
     vocab::ErrorKind,
 };
@@ -133,7 +129,7 @@ pub struct Metrics {
     udp_terminated: Counter,
     retries: Counter,
     seen_retries: AtomicU64,
-    sockets: SocketMetrics,
+    sockets: sockets::SocketMetrics,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
@@ -222,52 +218,6 @@ fn fixed_sizes(
     affinity
 }
 
-/// The translated sockets: records per client at each recount, live connections at each
-/// census.
-struct SocketMetrics {
-    records: Gauge,
-    clients_at_bound: Gauge,
-    live: Family<Labels, Gauge>,
-    listing_seconds: Gauge<f64, AtomicU64>,
-}
-
-impl SocketMetrics {
-    fn register(r: &mut Registry) -> Self {
-        let [records, clients_at_bound] = [
-            (
-                "socket_records",
-                "Socket records (translated sockets) held for all clients, at the last recount",
-            ),
-            (
-                "socket_clients_at_bound",
-                "Client cgroups holding as many socket records as one may \
-                 (--max-sockets-per-pod), at the last recount",
-            ),
-        ]
-        .map(|(name, help)| register(r, name, help, Gauge::default()));
-        let live = register(
-            r,
-            "live_sockets",
-            "Translated TCP sockets (any state) and connected UDP sockets, by service port, \
-             protocol and the backend's condition (ready, serving-terminating, terminating, \
-             not-ready, gone), counted every 15 s",
-            Family::<Labels, Gauge>::default(),
-        );
-        let listing_seconds = register(
-            r,
-            "live_sockets_listing_seconds",
-            "How long the last count of the live sockets took",
-            Gauge::<f64, AtomicU64>::default(),
-        );
-        Self {
-            records,
-            clients_at_bound,
-            live,
-            listing_seconds,
-        }
-    }
-}
-
 /// `socklb_feature_enabled{feature}`: decided at start, fixed for the agent's life.
 fn register_features(r: &mut Registry, features: &Features) {
     let feature_enabled: Family<Labels, Gauge> = register(
@@ -345,7 +295,7 @@ impl Metrics {
     /// the reconciler does not hold once, here.
     pub fn new(maps_dir: PathBuf, features: &Features) -> Self {
         let mut root = Registry::default();
-        root.register_collector(Box::new(Process::new()));
+        root.register_collector(Box::new(process::Process::new()));
         let r = root.sub_registry_with_prefix("socklb");
         let [sync_duration, programming_duration] = histograms(r);
         let [last_sync, sync_lag] = [
@@ -379,7 +329,7 @@ impl Metrics {
         ] = state_gauges(r);
         let [writes, rejected_objects, udp_terminated, retries] = event_counters(r);
         register_features(r, features);
-        let sockets = SocketMetrics::register(r);
+        let sockets = sockets::SocketMetrics::register(r);
         r.register(
             "build",
             "The socklb version and git commit of the running agent",
@@ -388,9 +338,8 @@ impl Metrics {
                 ("commit".to_string(), crate::status::COMMIT.to_string()),
             ]),
         );
-        r.register_collector(Box::new(Datapath {
-            dir: maps_dir.clone(),
-            counters: Mutex::new(None),
+        r.register_collector(Box::new(datapath::Datapath {
+            maps: ReadOnlyMaps::new(&maps_dir),
         }));
         let affinity_capacity = fixed_sizes(&maps_dir, &map_entries, &map_capacity);
         Self {
@@ -553,25 +502,26 @@ impl Metrics {
         let Some(capacity) = self.affinity_capacity else {
             return;
         };
-        let map = MapId::Affinity;
-        let Ok(data) = open_map(&self.maps_dir, map, true) else {
+        let Ok(tables) = ReadOnlyMaps::new(&self.maps_dir).affinity(capacity as usize) else {
             return;
         };
-        let Ok(lru) =
-            Map::from_map_data(data).and_then(BpfHashMap::<_, u64, AffinityTable>::try_from)
-        else {
-            return;
-        };
-        let clients = lru.keys().take(capacity as usize).flatten().count();
         self.map_entries
-            .get_or_create(&map_labels(map))
-            .set(gauge(clients));
+            .get_or_create(&map_labels(MapId::Affinity))
+            .set(gauge(tables.len()));
     }
 
     /// The exposition, in the format asked for.
     pub fn encode(&self, format: Format) -> String {
         let mut out = String::new();
-        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+        let encoded = match format {
+            Format::OpenMetrics => {
+                prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            }
+            Format::Text => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)
+            }
+        };
+        if encoded.is_err() {
             out.clear();
             out.push_str("# encoding failed\n");
             if format == Format::OpenMetrics {
@@ -579,239 +529,7 @@ impl Metrics {
             }
             return out;
         }
-        match format {
-            Format::OpenMetrics => out,
-            Format::Text => to_prometheus_text(&out),
-        }
-    }
-}
-
-/// Rewrites prometheus-client's `OpenMetrics` exposition in the Prometheus text format 0.0.4:
-/// a counter family `x` becomes `x_total` (the name its samples carry, so HELP and TYPE
-/// describe them), an info family `x` becomes the gauge `x_info`, `# UNIT` and `# EOF` go, and
-/// HELP keeps only the escapes the text format knows (`\\` and `\n`).
-pub fn to_prometheus_text(openmetrics: &str) -> String {
-    let mut out = String::with_capacity(openmetrics.len());
-    // HELP comes before TYPE: hold it until the type says what the family is called.
-    let mut help: Option<(&str, &str)> = None;
-    for line in openmetrics.lines() {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            flush_help(&mut out, help.take());
-            let (name, text) = rest.split_once(' ').unwrap_or((rest, ""));
-            help = Some((name, text));
-        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (family, kind) = rest.split_once(' ').unwrap_or((rest, "untyped"));
-            let (name, kind) = match kind {
-                "counter" => (format!("{family}_total"), "counter"),
-                "info" => (format!("{family}_info"), "gauge"),
-                "gaugehistogram" => (family.to_string(), "histogram"),
-                "stateset" | "unknown" => (family.to_string(), "untyped"),
-                other => (family.to_string(), other),
-            };
-            match help.take() {
-                Some((of, text)) if of == family => flush_help(&mut out, Some((&name, text))),
-                other => flush_help(&mut out, other),
-            }
-            out.push_str("# TYPE ");
-            out.push_str(&name);
-            out.push(' ');
-            out.push_str(kind);
-            out.push('\n');
-        } else if !(line.starts_with("# UNIT ") || line == "# EOF") {
-            flush_help(&mut out, help.take());
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    flush_help(&mut out, help.take());
-    out
-}
-
-fn flush_help(out: &mut String, help: Option<(&str, &str)>) {
-    let Some((name, text)) = help else {
-        return;
-    };
-    out.push_str("# HELP ");
-    out.push_str(name);
-    out.push(' ');
-    // OpenMetrics escapes `"` in HELP too; the text format does not.
-    out.push_str(&text.replace("\\\"", "\""));
-    out.push('\n');
-}
-
-/// Reads the data path's counters on every scrape: one lookup per counter in the per-CPU
-/// array, opened once.
-struct Datapath {
-    dir: PathBuf,
-    counters: Mutex<Option<PerCpuArray<MapData, u64>>>,
-}
-
-impl std::fmt::Debug for Datapath {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Datapath")
-            .field("dir", &self.dir)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Datapath {
-    fn read(&self) -> Option<Vec<(DpCounter, u64)>> {
-        let mut slot = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
-        if slot.is_none() {
-            let data = open_map(&self.dir, MapId::Counters, true).ok()?;
-            *slot = Some(
-                Map::from_map_data(data)
-                    .and_then(PerCpuArray::try_from)
-                    .ok()?,
-            );
-        }
-        let array = slot.as_ref()?;
-        DpCounter::ALL
-            .iter()
-            .map(|c| {
-                array
-                    .get(&(*c as u32), 0)
-                    .ok()
-                    .map(|values| (*c, values.iter().sum()))
-            })
-            .collect()
-    }
-}
-
-impl Collector for Datapath {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(counters) = self.read() else {
-            return Ok(());
-        };
-        for (counter, total) in counters {
-            let metric = ConstCounter::new(total);
-            let name = format!("datapath_{}", DpCounter::name(counter));
-            let metric_encoder = encoder.encode_descriptor(
-                &name,
-                DpCounter::help(counter),
-                None,
-                metric.metric_type(),
-            )?;
-            metric.encode(metric_encoder)?;
-        }
-        Ok(())
-    }
-}
-
-/// The `process_*` metrics of Prometheus' client libraries, from /proc/self.
-#[derive(Debug)]
-struct Process {
-    /// `process_start_time_seconds`: fixed for the process' life.
-    start_time: Option<f64>,
-    ticks_per_second: f64,
-    page_size: f64,
-}
-
-impl Process {
-    fn new() -> Self {
-        let ticks = rustix::param::clock_ticks_per_second();
-        let ticks_per_second = if ticks > 0 { ticks as f64 } else { 100.0 };
-        let page_size = rustix::param::page_size() as f64;
-        let boot_time = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("btime "))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        });
-        let start_ticks = ProcStat::read().map(|s| s.start_ticks);
-        Self {
-            start_time: boot_time
-                .zip(start_ticks)
-                .map(|(boot, start)| boot + start / ticks_per_second),
-            ticks_per_second,
-            page_size,
-        }
-    }
-}
-
-/// The fields of /proc/self/stat the process metrics use.
-struct ProcStat {
-    cpu_ticks: f64,
-    start_ticks: f64,
-    virtual_bytes: f64,
-    resident_pages: f64,
-}
-
-impl ProcStat {
-    fn read() -> Option<Self> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        Self::parse(&stat)
-    }
-
-    /// Fields after the command name (which may hold spaces and parentheses), counted from 3
-    /// as in proc(5): utime 14, stime 15, starttime 22, vsize 23, rss 24.
-    fn parse(stat: &str) -> Option<Self> {
-        let (_, rest) = stat.rsplit_once(')')?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
-        Some(Self {
-            cpu_ticks: field(14)? + field(15)?,
-            start_ticks: field(22)?,
-            virtual_bytes: field(23)?,
-            resident_pages: field(24)?,
-        })
-    }
-}
-
-impl Collector for Process {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        if let Some(stat) = ProcStat::read() {
-            let cpu = ConstCounter::new(stat.cpu_ticks / self.ticks_per_second);
-            cpu.encode(encoder.encode_descriptor(
-                "process_cpu_seconds",
-                "Total user and system CPU time spent in seconds",
-                None,
-                cpu.metric_type(),
-            )?)?;
-            let gauges = [
-                (
-                    "process_resident_memory_bytes",
-                    "Resident memory size in bytes",
-                    stat.resident_pages * self.page_size,
-                ),
-                (
-                    "process_virtual_memory_bytes",
-                    "Virtual memory size in bytes",
-                    stat.virtual_bytes,
-                ),
-            ];
-            for (name, help, value) in gauges {
-                let g = ConstGauge::new(value);
-                g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)?;
-            }
-        }
-        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-            let g = ConstGauge::new(gauge(fds.count()));
-            g.encode(encoder.encode_descriptor(
-                "process_open_fds",
-                "Number of open file descriptors",
-                None,
-                g.metric_type(),
-            )?)?;
-        }
-        if let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current {
-            let g = ConstGauge::new(i64::try_from(limit).unwrap_or(i64::MAX));
-            g.encode(encoder.encode_descriptor(
-                "process_max_fds",
-                "Maximum number of open file descriptors",
-                None,
-                g.metric_type(),
-            )?)?;
-        }
-        if let Some(start) = self.start_time {
-            let g = ConstGauge::new(start);
-            g.encode(encoder.encode_descriptor(
-                "process_start_time_seconds",
-                "Start time of the process since unix epoch in seconds",
-                None,
-                g.metric_type(),
-            )?)?;
-        }
-        Ok(())
+        out
     }
 }
 
@@ -820,7 +538,7 @@ fn unix_seconds(t: SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn gauge(n: usize) -> i64 {
+pub(super) fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -855,26 +573,6 @@ mod tests {
             Format::negotiate(Some("application/openmetrics-text;version=2.0.0")),
             Format::Text
         );
-    }
-
-    #[test]
-    fn openmetrics_becomes_the_text_format() {
-        let om = "# HELP a_seconds Time \\\"quoted\\\".\n# TYPE a_seconds histogram\n# UNIT a_seconds seconds\na_seconds_sum 1.0\na_seconds_count 1\na_seconds_bucket{le=\"+Inf\"} 1\n# HELP b Things.\n# TYPE b counter\nb_total{kind=\"x\"} 3\n# HELP c Build.\n# TYPE c info\nc_info{version=\"1\"} 1\n# EOF\n";
-        let text = to_prometheus_text(om);
-        assert_eq!(
-            text,
-            "# HELP a_seconds Time \"quoted\".\n# TYPE a_seconds histogram\na_seconds_sum 1.0\na_seconds_count 1\na_seconds_bucket{le=\"+Inf\"} 1\n# HELP b_total Things.\n# TYPE b_total counter\nb_total{kind=\"x\"} 3\n# HELP c_info Build.\n# TYPE c_info gauge\nc_info{version=\"1\"} 1\n"
-        );
-    }
-
-    #[test]
-    fn proc_stat_fields_are_read_after_the_command_name() {
-        let stat = "1234 (socklb (a) b) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 12345 104857600 2560 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
-        let s = ProcStat::parse(stat).expect("parses");
-        assert!((s.cpu_ticks - 300.0).abs() < f64::EPSILON);
-        assert!((s.start_ticks - 12345.0).abs() < f64::EPSILON);
-        assert!((s.virtual_bytes - 104_857_600.0).abs() < f64::EPSILON);
-        assert!((s.resident_pages - 2560.0).abs() < f64::EPSILON);
     }
 
     #[test]

@@ -1,0 +1,56 @@
+//! The translated sockets' metrics: records per client at each recount, live connections per
+//! Service, protocol and condition at each census.
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::{Labels, register};
+
+/// The translated sockets: records per client at each recount, live connections at each
+/// census.
+pub(super) struct SocketMetrics {
+    pub(super) records: Gauge,
+    pub(super) clients_at_bound: Gauge,
+    pub(super) live: Family<Labels, Gauge>,
+    pub(super) listing_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl SocketMetrics {
+    pub(super) fn register(r: &mut Registry) -> Self {
+        let [records, clients_at_bound] = [
+            (
+                "socket_records",
+                "Socket records (translated sockets) held for all clients, at the last recount",
+            ),
+            (
+                "socket_clients_at_bound",
+                "Client cgroups holding as many socket records as one may \
+                 (--max-sockets-per-pod), at the last recount",
+            ),
+        ]
+        .map(|(name, help)| register(r, name, help, Gauge::default()));
+        let live = register(
+            r,
+            "live_sockets",
+            "Translated TCP sockets (any state) and connected UDP sockets, by service port, \
+             protocol and the backend's condition (ready, serving-terminating, terminating, \
+             not-ready, gone), counted every 15 s",
+            Family::<Labels, Gauge>::default(),
+        );
+        let listing_seconds = register(
+            r,
+            "live_sockets_listing_seconds",
+            "How long the last count of the live sockets took",
+            Gauge::<f64, AtomicU64>::default(),
+        );
+        Self {
+            records,
+            clients_at_bound,
+            live,
+            listing_seconds,
+        }
+    }
+}
