@@ -16,7 +16,7 @@ const fn size(id: MapId) -> usize {
 /// IPv4 service address → backend range. Written only by the agent, so entries are allocated on
 /// insert (no preallocation) and an empty map costs nothing.
 #[btf_map]
-pub static FRONTENDS4: HashMap<
+pub(crate) static FRONTENDS4: HashMap<
     Frontend4Key,
     Frontend,
     { size(MapId::Frontends4) },
@@ -25,7 +25,7 @@ pub static FRONTENDS4: HashMap<
 
 /// IPv6 service address → backend range.
 #[btf_map]
-pub static FRONTENDS6: HashMap<
+pub(crate) static FRONTENDS6: HashMap<
     FrontendKey,
     Frontend,
     { size(MapId::Frontends6) },
@@ -34,40 +34,43 @@ pub static FRONTENDS6: HashMap<
 
 /// Backend sets, each a contiguous range that the agent never rewrites while a frontend uses it.
 #[btf_map]
-pub static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
+pub(crate) static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
 
 /// The frontend filter and the backend port bitmap (`lb_common::ports`): the connect and
 /// reverse prefilters.
 #[btf_map]
-pub static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
+pub(crate) static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 
 /// Each translated socket's state, in the socket's own storage: created at connect (or the
 /// first sendmsg), freed by the kernel with the socket. No shared capacity to exhaust.
 #[btf_map]
-pub static SOCKETS: SkStorage<SockState> = SkStorage::new();
+pub(crate) static SOCKETS: SkStorage<SockState> = SkStorage::new();
 
 /// Socket records per client cgroup: counted up when a record is created, recounted by the
 /// agent from the live sockets (there is no program at close). An LRU, so a node with more
 /// clients than entries forgets the least recently active client's count, not anyone's records.
 #[btf_map]
-pub static SOCKET_QUOTA: LruHashMap<u64, u64, { size(MapId::SocketQuota) }> = LruHashMap::new();
+pub(crate) static SOCKET_QUOTA: LruHashMap<u64, u64, { size(MapId::SocketQuota) }> =
+    LruHashMap::new();
 
 /// The agent's settings (one entry).
 #[btf_map]
-pub static CONFIG: Array<DatapathConfig, { size(MapId::Config) }> = Array::new();
+pub(crate) static CONFIG: Array<DatapathConfig, { size(MapId::Config) }> = Array::new();
 
 /// sessionAffinity ClientIP: one fixed table per client cgroup.
 #[btf_map]
-pub static AFFINITY: LruHashMap<u64, AffinityTable, { size(MapId::Affinity) }> = LruHashMap::new();
+pub(crate) static AFFINITY: LruHashMap<u64, AffinityTable, { size(MapId::Affinity) }> =
+    LruHashMap::new();
 
 /// One all-zero table that a new client's table is copied from (it does not fit on the stack).
 #[btf_map]
-pub static AFFINITY_EMPTY: Array<AffinityTable, { size(MapId::AffinityEmpty) }> = Array::new();
+pub(crate) static AFFINITY_EMPTY: Array<AffinityTable, { size(MapId::AffinityEmpty) }> =
+    Array::new();
 
 /// Service id → which Kubernetes service port it is. Only the agent and `socklb inspect` read
 /// it; declared here so it is created, sized and pinned with the others.
 #[btf_map]
-pub static SERVICE_META: HashMap<
+pub(crate) static SERVICE_META: HashMap<
     u32,
     ServiceMeta,
     { size(MapId::ServiceMeta) },
@@ -76,10 +79,10 @@ pub static SERVICE_META: HashMap<
 
 /// Per-CPU event counters, indexed by `lb_common::Counter`.
 #[btf_map]
-pub static COUNTERS: PerCpuArray<u64, { size(MapId::Counters) }> = PerCpuArray::new();
+pub(crate) static COUNTERS: PerCpuArray<u64, { size(MapId::Counters) }> = PerCpuArray::new();
 
 #[inline(always)]
-pub fn count(counter: Counter) {
+pub(crate) fn count(counter: Counter) {
     if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: per-CPU value, only this CPU's program invocation touches it.
         unsafe { *value += 1 };

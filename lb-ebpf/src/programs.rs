@@ -13,48 +13,48 @@ fn translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> i32 {
 }
 
 #[cgroup_sock_addr(connect4)]
-pub fn socklb_connect4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_connect4(ctx: SockAddrContext) -> i32 {
     translate(&ctx, Hook::Connect, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(connect6)]
-pub fn socklb_connect6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_connect6(ctx: SockAddrContext) -> i32 {
     translate(&ctx, Hook::Connect, SocketFamily::V6)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
-pub fn socklb_sendmsg4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_sendmsg4(ctx: SockAddrContext) -> i32 {
     translate(&ctx, Hook::SendMsg, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
-pub fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
     translate(&ctx, Hook::SendMsg, SocketFamily::V6)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
-pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
     reverse(&ctx, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
-pub fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
     reverse(&ctx, SocketFamily::V6)
 }
 
 #[cgroup_sock_addr(getpeername4)]
-pub fn socklb_getpeername4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_getpeername4(ctx: SockAddrContext) -> i32 {
     reverse(&ctx, SocketFamily::V4)
 }
 
 #[cgroup_sock_addr(getpeername6)]
-pub fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
     reverse(&ctx, SocketFamily::V6)
 }
 
 /// `bpf_iter__bpf_sk_storage_map`, the context of an iterator over a socket-storage map.
 #[repr(C)]
-pub struct SkStorageIterCtx {
+pub(crate) struct SkStorageIterCtx {
     meta: *mut IterMeta,
     map: *mut core::ffi::c_void,
     sk: *mut core::ffi::c_void,
@@ -63,12 +63,12 @@ pub struct SkStorageIterCtx {
 
 impl SkStorageIterCtx {
     #[inline(always)]
-    pub fn sk_ptr(&self) -> *mut core::ffi::c_void {
+    pub(crate) fn sk_ptr(&self) -> *mut core::ffi::c_void {
         self.sk
     }
 
     #[inline(always)]
-    pub fn value_ptr(&self) -> *mut lb_common::SockState {
+    pub(crate) fn value_ptr(&self) -> *mut lb_common::SockState {
         self.value
     }
 
@@ -77,7 +77,7 @@ impl SkStorageIterCtx {
     /// # Safety
     /// `meta` must be the kernel's pointer (it always is in an iterator run).
     #[inline(always)]
-    pub unsafe fn seq(&self) -> *mut core::ffi::c_void {
+    pub(crate) unsafe fn seq(&self) -> *mut core::ffi::c_void {
         let _ = self.map;
         // SAFETY: the caller's promise; the verifier types this load from the context's BTF.
         unsafe { (*self.meta).seq }
@@ -87,7 +87,7 @@ impl SkStorageIterCtx {
 /// `bpf_iter__udp`, the context of an iterator over one network namespace's UDP sockets (the
 /// fields after `udp_sk`, `uid` and `bucket`, are not read).
 #[repr(C)]
-pub struct UdpIterCtx {
+pub(crate) struct UdpIterCtx {
     meta: *mut IterMeta,
     udp_sk: *mut core::ffi::c_void,
 }
@@ -95,7 +95,7 @@ pub struct UdpIterCtx {
 impl UdpIterCtx {
     /// The socket (`struct udp_sock *`, which starts with its `struct sock`), or null.
     #[inline(always)]
-    pub fn sk_ptr(&self) -> *mut core::ffi::c_void {
+    pub(crate) fn sk_ptr(&self) -> *mut core::ffi::c_void {
         self.udp_sk
     }
 
@@ -104,7 +104,7 @@ impl UdpIterCtx {
     /// # Safety
     /// `meta` must be the kernel's pointer (it always is in an iterator run).
     #[inline(always)]
-    pub unsafe fn seq(&self) -> *mut core::ffi::c_void {
+    pub(crate) unsafe fn seq(&self) -> *mut core::ffi::c_void {
         // SAFETY: the caller's promise; the verifier types this load from the context's BTF.
         unsafe { (*self.meta).seq }
     }
@@ -112,7 +112,7 @@ impl UdpIterCtx {
 
 /// `struct bpf_iter_meta`: the `seq_file` the iterator writes to.
 #[repr(C)]
-pub struct IterMeta {
+pub(crate) struct IterMeta {
     seq: *mut core::ffi::c_void,
     session_id: u64,
     seq_num: u64,
@@ -123,7 +123,7 @@ pub struct IterMeta {
 /// storage for TCP only) and count translated sockets per backend and client.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/bpf_sk_storage_map")]
-pub extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
+pub(crate) extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
     crate::translate::write_socket_entry(ctx)
 }
 
@@ -131,6 +131,6 @@ pub extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
 /// where the kernel refuses iterators over map elements (run once per pod network namespace).
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/udp")]
-pub extern "C" fn socklb_udp_sockets(ctx: *mut UdpIterCtx) -> i32 {
+pub(crate) extern "C" fn socklb_udp_sockets(ctx: *mut UdpIterCtx) -> i32 {
     crate::translate::write_udp_entry(ctx)
 }

@@ -7,7 +7,7 @@ use lb_common::{FAMILY_IPV4, FAMILY_IPV6};
 /// An address and port in network byte order, as `lb_common` keys hold them. An IPv4-mapped
 /// IPv6 address (`::ffff:a.b.c.d`) is represented as the IPv4 address it carries.
 #[derive(Clone, Copy)]
-pub struct SockAddr {
+pub(crate) struct SockAddr {
     pub addr: [u32; 4],
     pub port_be: u16,
     pub family: u8,
@@ -31,7 +31,7 @@ fn port(ctx: &SockAddrContext) -> u16 {
 
 /// The destination (connect, sendmsg) or peer (getpeername, recvmsg) of an AF_INET socket.
 #[inline(always)]
-pub fn load_v4(ctx: &SockAddrContext) -> SockAddr {
+pub(crate) fn load_v4(ctx: &SockAddrContext) -> SockAddr {
     // SAFETY: see `port`.
     let ip = unsafe { read_volatile(addr_of!((*raw(ctx)).user_ip4)) };
     SockAddr {
@@ -43,7 +43,7 @@ pub fn load_v4(ctx: &SockAddrContext) -> SockAddr {
 
 /// The same for an AF_INET6 socket; IPv4-mapped addresses come back as IPv4.
 #[inline(always)]
-pub fn load_v6(ctx: &SockAddrContext) -> SockAddr {
+pub(crate) fn load_v6(ctx: &SockAddrContext) -> SockAddr {
     let p = raw(ctx);
     // SAFETY: see `port`.
     let w = unsafe {
@@ -78,7 +78,7 @@ fn store_port(ctx: &SockAddrContext, port_be: u16) {
 
 /// Rewrites the address of an AF_INET socket's hook.
 #[inline(always)]
-pub fn store_v4(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16) {
+pub(crate) fn store_v4(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16) {
     // SAFETY: see `store_port`.
     unsafe { write_volatile(addr_of_mut!((*raw(ctx)).user_ip4), addr[0]) };
     store_port(ctx, port_be);
@@ -86,7 +86,7 @@ pub fn store_v4(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16) {
 
 /// Rewrites the address of an AF_INET6 socket's hook; an IPv4 address is written IPv4-mapped.
 #[inline(always)]
-pub fn store_v6(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16, family: u8) {
+pub(crate) fn store_v6(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16, family: u8) {
     let w = if family == FAMILY_IPV4 {
         [0, 0, V4_MAPPED_PREFIX, addr[0]]
     } else {
@@ -105,7 +105,7 @@ pub fn store_v6(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16, family: u8
 
 /// The socket's IP protocol (`IPPROTO_TCP`, `IPPROTO_UDP`, ...).
 #[inline(always)]
-pub fn protocol(ctx: &SockAddrContext) -> u8 {
+pub(crate) fn protocol(ctx: &SockAddrContext) -> u8 {
     // SAFETY: see `port`.
     unsafe { read_volatile(addr_of!((*raw(ctx)).protocol)) as u8 }
 }

@@ -27,8 +27,8 @@ use crate::{
 };
 
 /// Hook return values.
-pub const ALLOW: i32 = 1;
-pub const REJECT: i32 = 0;
+pub(crate) const ALLOW: i32 = 1;
+pub(crate) const REJECT: i32 = 0;
 
 /// Map update flag: only create.
 const BPF_NOEXIST: u64 = 1;
@@ -52,21 +52,21 @@ const MAX_AFFINITY_NS: u64 = 86_400 * NANOS_PER_SECOND;
 static RECORD_TCP: u8 = 1;
 
 /// Something the maps should never hold: a frontend whose range lies outside `BACKENDS`.
-pub enum Fault {
+pub(crate) enum Fault {
     BackendOutOfRange,
 }
 
 /// Which hook translates: `connect()` picks a backend afresh (or by affinity); `sendmsg()` on an
 /// unconnected UDP socket keeps the socket's previous backend while it is still in the service.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     Connect,
     SendMsg,
 }
 
 /// Which address family the socket itself has (an AF_INET6 socket may dial IPv4-mapped addresses).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum SocketFamily {
+pub(crate) enum SocketFamily {
     V4,
     V6,
 }
@@ -81,7 +81,7 @@ struct Choice {
 
 /// connect4/6 and sendmsg4/6: a service address becomes one of its backends.
 #[inline(always)]
-pub fn try_translate(
+pub(crate) fn try_translate(
     ctx: &SockAddrContext,
     hook: Hook,
     family: SocketFamily,
@@ -148,7 +148,7 @@ pub fn try_translate(
 /// getpeername4/6 and recvmsg4/6: a socket that was translated reports the service address as
 /// its peer, as it would behind a NAT-based proxy.
 #[inline(always)]
-pub fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
+pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     let peer = load(ctx, family);
     let udp = sockaddr::protocol(ctx) == PROTOCOL_UDP;
     if !backend_port_in_use(udp, peer.port_be) {
@@ -358,7 +358,7 @@ fn refuse(errno: i32) -> i32 {
 /// Turns a fault into the hook's verdict: count it and refuse with EHOSTUNREACH, so the client
 /// fails fast and no packet goes to the virtual address.
 #[inline(always)]
-pub fn fault_verdict(fault: &Fault) -> i32 {
+pub(crate) fn fault_verdict(fault: &Fault) -> i32 {
     count(Counter::Faults);
     match fault {
         Fault::BackendOutOfRange => refuse(EHOSTUNREACH),
@@ -518,7 +518,7 @@ fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Ch
 
 /// The `SOCKETS` iterator's step: writes (cookie, state) for one socket.
 #[inline(always)]
-pub fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) -> i32 {
+pub(crate) fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) -> i32 {
     // SAFETY: the kernel hands the iterator a valid context; the pointers in it may be null
     // (the end of the walk), which is checked before use.
     unsafe {
@@ -531,7 +531,7 @@ pub fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) -> i32 {
 /// The UDP iterator's step (one network namespace's UDP sockets): writes (cookie, state) for
 /// a socket that has a `SOCKETS` value.
 #[inline(always)]
-pub fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
+pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
     use aya_ebpf::helpers::generated::bpf_sk_storage_get;
     // SAFETY: as above; the helper returns the socket's value in `SOCKETS` or null, and takes a
     // null socket.

@@ -17,7 +17,7 @@ use crate::workspace_root;
 
 /// One test binary to run, with the environment it runs under.
 #[derive(Clone, Debug)]
-pub struct Job {
+pub(crate) struct Job {
     /// The target's name (`dataplane`, `socklb` for a crate's unit tests, ...).
     pub name: String,
     pub executable: PathBuf,
@@ -27,7 +27,7 @@ pub struct Job {
 }
 
 /// Builds every test binary of the workspace (`cargo test --no-run`) and lists them.
-pub fn build() -> anyhow::Result<Vec<Job>> {
+pub(crate) fn build() -> anyhow::Result<Vec<Job>> {
     let out = Command::new("cargo")
         .args([
             "test",
@@ -75,7 +75,7 @@ pub fn build() -> anyhow::Result<Vec<Job>> {
 
 /// Runs `jobs` (in this order, the longest first is best) with at most `at_once` running, each
 /// stopped after `limit`. Fails naming every binary that failed.
-pub fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Result<()> {
+pub(crate) fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Result<()> {
     let queue = Arc::new(Mutex::new(VecDeque::from(jobs)));
     let failed = Arc::new(Mutex::new(Vec::<String>::new()));
     let workers: Vec<_> = (0..at_once.max(1))

@@ -27,7 +27,7 @@ const PACKAGES: [(&str, &str); 4] = [
 /// Where promtool goes when setup extracts it from Debian's `prometheus` package.
 const PROMTOOL: &str = "/usr/local/bin/promtool";
 
-pub fn run(build_only: bool) -> anyhow::Result<()> {
+pub(crate) fn run(build_only: bool) -> anyhow::Result<()> {
     let start = Instant::now();
     rust_src()?;
     let linker = bpf_linker()?;
@@ -73,7 +73,7 @@ fn rust_src() -> anyhow::Result<()> {
 
 /// `<tools>/bpf-linker-<first 16 hex of sha256(rustc -vV)>`: a toolchain change gets a fresh
 /// build. lb-userspace's build.rs looks in the same place.
-pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
     let version = Command::new("rustc").arg("-vV").output()?.stdout;
     let digest = Sha256::digest(&version);
     let key = digest.iter().take(8).fold(String::new(), |mut s, b| {
@@ -86,7 +86,7 @@ pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
 /// Where setup installs the tools it builds (bpf-linker, cargo-fuzz): `$SOCKLB_TOOLS`, else
 /// `$CARGO_HOME/socklb-tools` (`~/.cargo/socklb-tools`), beside cargo's own installs, so every
 /// clone on a machine shares one build of each (lb-userspace's build.rs follows the same rule).
-pub fn tools_root() -> PathBuf {
+pub(crate) fn tools_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("SOCKLB_TOOLS") {
         return PathBuf::from(dir);
     }
@@ -375,7 +375,7 @@ fn cmd_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> anyhow::Result
 }
 
 /// Where `cargo fuzz` is installed (`<tools>/cargo-fuzz-<version>/bin/cargo-fuzz`).
-pub fn cargo_fuzz_bin() -> PathBuf {
+pub(crate) fn cargo_fuzz_bin() -> PathBuf {
     tools_root().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}/bin/cargo-fuzz"))
 }
 

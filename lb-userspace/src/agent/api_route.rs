@@ -13,11 +13,11 @@ use std::{
 
 /// kube-proxy's health server (`--healthz-bind-address`, 0.0.0.0:10256 by default), as the
 /// agent reaches it from the host network.
-pub const KUBE_PROXY_HEALTHZ: &str = "127.0.0.1:10256";
+pub(super) const KUBE_PROXY_HEALTHZ: &str = "127.0.0.1:10256";
 
 /// Why the API server's address is a ClusterIP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ClusterIp {
+pub(super) enum ClusterIp {
     /// It is `KUBERNETES_SERVICE_HOST`: the `kubernetes` Service.
     KubernetesService,
     /// It is a Service frontend in socklb's own maps.
@@ -26,7 +26,7 @@ pub enum ClusterIp {
 
 /// The API server's address, when the agent found it without `--api-server`.
 #[derive(Debug)]
-pub struct ApiRoute {
+pub(super) struct ApiRoute {
     pub server: SocketAddr,
     warned: bool,
 }
@@ -34,7 +34,7 @@ pub struct ApiRoute {
 impl ApiRoute {
     /// From the client configuration's server URL; `None` when the host is a name (the agent
     /// cannot tell what it resolves to through whom).
-    pub fn new(scheme: Option<&str>, host: Option<&str>, port: Option<u16>) -> Option<Self> {
+    pub(super) fn new(scheme: Option<&str>, host: Option<&str>, port: Option<u16>) -> Option<Self> {
         let host = host?.trim_start_matches('[').trim_end_matches(']');
         let ip: IpAddr = host.parse().ok()?;
         let port = port.unwrap_or(if scheme == Some("http") { 80 } else { 443 });
@@ -45,7 +45,10 @@ impl ApiRoute {
     }
 
     /// At start: whether the server is the `kubernetes` Service's ClusterIP.
-    pub fn check_start(&mut self, kubernetes_service_host: Option<&str>) -> Option<ClusterIp> {
+    pub(super) fn check_start(
+        &mut self,
+        kubernetes_service_host: Option<&str>,
+    ) -> Option<ClusterIp> {
         let service_ip = kubernetes_service_host
             .map(|h| h.trim_start_matches('[').trim_end_matches(']'))
             .and_then(|h| h.parse::<IpAddr>().ok())?;
@@ -53,7 +56,7 @@ impl ApiRoute {
     }
 
     /// After a sync: whether the server is a Service frontend in the maps (said once).
-    pub fn check_frontend(&mut self, is_frontend: bool) -> Option<ClusterIp> {
+    pub(super) fn check_frontend(&mut self, is_frontend: bool) -> Option<ClusterIp> {
         (is_frontend && !self.warned).then(|| self.warn(ClusterIp::Frontend))?
     }
 

@@ -26,12 +26,12 @@ use crate::{
 };
 
 /// How often the agent counts live sockets for its metrics.
-pub const REFRESH: Duration = Duration::from_secs(15);
+pub(super) const REFRESH: Duration = Duration::from_secs(15);
 /// A request is answered from a census at most this old.
-pub const FRESH: Duration = Duration::from_secs(2);
+pub(super) const FRESH: Duration = Duration::from_secs(2);
 
 /// A census's result, as it comes back from its thread.
-pub struct Counted {
+pub(super) struct Counted {
     census: Result<Census, ListError>,
     cgroups: HashMap<u64, PathBuf>,
     took: Duration,
@@ -72,7 +72,7 @@ impl Handle {
 }
 
 /// The loop's side.
-pub struct Refresher {
+pub(super) struct Refresher {
     pins: SocketPins,
     listing: Listing,
     cgroup: PathBuf,
@@ -82,13 +82,17 @@ pub struct Refresher {
 }
 
 /// What the loop waits on: finished censuses, and requests for a fresh one.
-pub struct Inbox {
+pub(super) struct Inbox {
     pub done: mpsc::Receiver<Counted>,
     pub asked: mpsc::Receiver<()>,
 }
 
 impl Refresher {
-    pub fn new(pins: SocketPins, listing: Listing, cgroup: PathBuf) -> (Self, Inbox, Handle) {
+    pub(super) fn new(
+        pins: SocketPins,
+        listing: Listing,
+        cgroup: PathBuf,
+    ) -> (Self, Inbox, Handle) {
         let (done_tx, done) = mpsc::channel(1);
         let (ask, asked) = mpsc::channel(1);
         let (publish, latest) = watch::channel(None);
@@ -112,12 +116,12 @@ impl Refresher {
     }
 
     /// Whether the kernel lets the agent list any socket at all.
-    pub fn possible(&self) -> bool {
+    pub(super) fn possible(&self) -> bool {
         self.listing.tcp() || self.listing.udp()
     }
 
     /// Starts a census on a blocking thread unless one runs.
-    pub fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         if self.in_flight || !self.possible() {
             return;
         }
@@ -141,7 +145,7 @@ impl Refresher {
     }
 
     /// Groups a finished census with the engine's objects and maps, and publishes it.
-    pub fn finish<M: ServiceMaps>(
+    pub(super) fn finish<M: ServiceMaps>(
         &mut self,
         counted: Counted,
         engine: &Engine<M>,
@@ -175,7 +179,7 @@ impl Refresher {
 }
 
 /// The view narrowed to one Service and/or backend.
-pub fn filtered(view: &ConnectionsView, filter: &Filter) -> ConnectionsView {
+pub(super) fn filtered(view: &ConnectionsView, filter: &Filter) -> ConnectionsView {
     let mut out = view.clone();
     out.services.retain(|s| {
         filter

@@ -84,8 +84,8 @@ struct Retry {
 
 /// The first retry of a failed backend set comes after this, each next one twice as late, at
 /// most `RETRY_MAX`.
-pub const RETRY_MIN: Duration = Duration::from_millis(500);
-pub const RETRY_MAX: Duration = Duration::from_mins(1);
+pub(super) const RETRY_MIN: Duration = Duration::from_millis(500);
+pub(super) const RETRY_MAX: Duration = Duration::from_mins(1);
 
 impl Retry {
     fn new(error: String, now: Instant) -> Self {

@@ -31,14 +31,14 @@ use tokio::sync::oneshot;
 use super::{Shared, metrics::Format};
 
 /// Connections kept open per listener.
-pub const MAX_CONNECTIONS: usize = 32;
+pub(super) const MAX_CONNECTIONS: usize = 32;
 /// A request's headers must arrive within this (from the connection's start, or from the end
 /// of the previous response on a keep-alive connection).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// A request must be handled within this.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub(super) async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let app = Router::new()
         .route("/healthz", get(livez))
         .route("/livez", get(livez))
@@ -48,7 +48,7 @@ pub async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<Shared>
     serve(listener, app, "health").await;
 }
 
-pub async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub(super) async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     tokio::spawn(refresh_affinity(shared.clone()));
     let app = Router::new()
         .route("/metrics", get(metrics))

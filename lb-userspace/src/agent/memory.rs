@@ -12,7 +12,7 @@ pub fn limit_arenas() {
 }
 
 /// Returns freed heap memory to the kernel.
-pub fn release_free_memory() {
+pub(super) fn release_free_memory() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory.
     unsafe {

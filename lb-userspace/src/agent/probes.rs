@@ -83,7 +83,10 @@ struct ProxyHealth {
 }
 
 /// Serves kube-proxy's `/healthz` and `/livez` (other paths: 404, as its mux).
-pub async fn serve_kube_proxy_healthz(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+pub(super) async fn serve_kube_proxy_healthz(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+) {
     let app = Router::new()
         .route(
             "/healthz",
@@ -150,7 +153,7 @@ fn json(status: StatusCode, body: String, weight: Option<usize>) -> Response {
 }
 
 /// The open health-check ports: their listeners, and the table their handlers read.
-pub struct HealthCheckServers {
+pub(super) struct HealthCheckServers {
     shared: Arc<Shared>,
     table: Arc<RwLock<BTreeMap<u16, HealthCheck>>>,
     open: BTreeMap<u16, Server>,
@@ -182,7 +185,7 @@ struct PortState {
 }
 
 impl HealthCheckServers {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             table: Arc::default(),
@@ -194,7 +197,7 @@ impl HealthCheckServers {
 
     /// Opens, keeps or closes each port as `checks` says, on `listen` addresses (see
     /// `listen_addresses`), and updates what each answers.
-    pub fn sync(&mut self, checks: HealthChecks, listen: &[IpAddr]) {
+    pub(super) fn sync(&mut self, checks: HealthChecks, listen: &[IpAddr]) {
         for (port, service) in &checks.contested {
             if !self.contested.contains(&(*port, service.clone())) {
                 tracing::warn!(
@@ -283,7 +286,7 @@ impl HealthCheckServers {
     }
 
     /// The ports as /status shows them.
-    pub fn report(&self) -> Vec<HealthCheckPort> {
+    pub(super) fn report(&self) -> Vec<HealthCheckPort> {
         let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<HealthCheckPort> = table
             .iter()
@@ -312,7 +315,7 @@ impl HealthCheckServers {
     }
 
     /// Ports wanted but not listening.
-    pub fn failing(&self) -> usize {
+    pub(super) fn failing(&self) -> usize {
         self.failed.len() + self.contested.len()
     }
 }
@@ -320,7 +323,7 @@ impl HealthCheckServers {
 /// Where health-check ports listen, as kube-proxy: every address when `--nodeport-addresses`
 /// matches all of them or no NodePort address is known (one dual-stack socket), else each
 /// NodePort address.
-pub fn listen_addresses(node: &NodeInfo, matches_all: bool) -> Vec<IpAddr> {
+pub(super) fn listen_addresses(node: &NodeInfo, matches_all: bool) -> Vec<IpAddr> {
     if matches_all || node.addresses.is_empty() {
         vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
     } else {

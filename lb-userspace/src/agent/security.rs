@@ -28,7 +28,7 @@ pub const KEEP: [(Capability, &str); 4] = [
 ];
 
 /// Drops what the agent no longer needs; returns the capabilities kept.
-pub fn drop_capabilities() -> Result<Vec<String>, caps::errors::CapsError> {
+pub(super) fn drop_capabilities() -> Result<Vec<String>, caps::errors::CapsError> {
     let keep: CapsHashSet = KEEP.into_iter().map(|(cap, _)| cap).collect();
     for cap in caps::all() {
         if !keep.contains(&cap) && caps::has_cap(None, CapSet::Bounding, cap)? {

@@ -144,7 +144,7 @@ fn listen(value: &str, flag: &str) -> anyhow::Result<Option<SocketAddr>> {
     }
 }
 
-pub fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format, &args.log_level);
     let cgroup = match &args.cgroup {
         Some(c) => c.clone(),

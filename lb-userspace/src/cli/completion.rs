@@ -14,7 +14,7 @@ pub struct CompletionArgs {
     pub shell: Shell,
 }
 
-pub fn run(args: &CompletionArgs) -> ExitCode {
+pub(super) fn run(args: &CompletionArgs) -> ExitCode {
     let mut cmd = Cli::command();
     clap_complete::generate(args.shell, &mut cmd, "socklb", &mut std::io::stdout());
     ExitCode::SUCCESS

@@ -87,7 +87,7 @@ struct Loaded {
 }
 
 /// Exit status 0 when nothing is broken on socklb's side, 1 when a link is.
-pub fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     let flags = args.node.flags()?;
     let loaded = match &args.manifests {
         Some(dir) => from_manifests(dir, flags.name.as_deref())?,

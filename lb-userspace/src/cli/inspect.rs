@@ -82,7 +82,7 @@ impl InspectArgs {
     }
 }
 
-pub fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let pins = PinFolder::new(&args.pins.pin_folder);
     let Some(dir) = pins.current() else {
         anyhow::bail!(

@@ -28,7 +28,7 @@ pub struct Reset {
 }
 
 /// Exit status 0 also when nothing was pinned.
-pub fn run(args: &ResetArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: &ResetArgs) -> anyhow::Result<ExitCode> {
     let pins = PinFolder::new(&args.pins.pin_folder);
     let mut reset = Reset {
         pin_folder: pins.root.display().to_string(),

@@ -1,24 +1,24 @@
 //! Plain aligned tables for the CLI's `-o table` output.
 use std::fmt::Write as _;
 
-pub struct Table {
+pub(super) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    pub fn new<const N: usize>(header: [&str; N]) -> Self {
+    pub(super) fn new<const N: usize>(header: [&str; N]) -> Self {
         Self {
             header: header.iter().map(|h| (*h).to_string()).collect(),
             rows: Vec::new(),
         }
     }
 
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(super) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    pub fn render(&self) -> String {
+    pub(super) fn render(&self) -> String {
         let mut widths: Vec<usize> = self.header.iter().map(String::len).collect();
         for row in &self.rows {
             for (i, cell) in row.iter().enumerate() {

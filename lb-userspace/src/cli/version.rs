@@ -73,7 +73,7 @@ pub struct AgentBuild {
 
 /// Exit status 1 when the agent asked for does not answer, or when the kernel refuses the
 /// programs translation needs.
-pub fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: &VersionArgs) -> anyhow::Result<ExitCode> {
     let mut versions = Versions {
         client: Build {
             version: VERSION.to_string(),

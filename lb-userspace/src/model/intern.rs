@@ -30,7 +30,7 @@ fn table() -> std::sync::MutexGuard<'static, Table> {
 }
 
 /// The one shared copy of `s`.
-pub fn intern(s: &str) -> Arc<str> {
+pub(super) fn intern(s: &str) -> Arc<str> {
     let mut table = table();
     if let Some(shared) = table.strings.get(s) {
         return Arc::clone(shared);
@@ -46,7 +46,7 @@ pub fn intern(s: &str) -> Arc<str> {
 
 /// Strings the table holds now.
 #[cfg(test)]
-pub fn interned() -> usize {
+pub(super) fn interned() -> usize {
     table().strings.len()
 }
 

@@ -10,9 +10,9 @@ use super::{
 use crate::vocab::{Family, Kind, ObjectKey, Protocol};
 
 /// sessionAffinityConfig.clientIP.timeoutSeconds when unset (3 hours), as the API defaults it.
-pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+pub(super) const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
 /// The API's upper bound for the affinity timeout (one day).
-pub const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
+pub(super) const MAX_AFFINITY_TIMEOUT_S: u32 = 86_400;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServiceType {
@@ -211,8 +211,9 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
 }
 
 /// The topology annotations kube-proxy read before 1.33 (`pkg/proxy/serviceport.go`).
-pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
-pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
+pub(super) const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str =
+    "service.kubernetes.io/topology-aware-hints";
+pub(super) const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 
 /// `spec.clusterIPs` (or `spec.clusterIP`): the addresses, and whether the Service is headless.
 fn cluster_ips(

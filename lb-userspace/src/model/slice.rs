@@ -11,12 +11,12 @@ use super::{
 use crate::vocab::{Family, Kind, ObjectKey, Protocol};
 
 /// The API's limit on endpoints in one slice.
-pub const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
+pub(super) const MAX_ENDPOINTS_PER_SLICE: usize = 1000;
 /// The API's limit on ports in one slice.
-pub const MAX_PORTS_PER_SLICE: usize = 100;
+pub(super) const MAX_PORTS_PER_SLICE: usize = 100;
 /// When the change a slice carries was triggered (RFC 3339), set by the EndpointSlice
 /// controller; kube-proxy's network programming latency starts there.
-pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+pub(super) const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

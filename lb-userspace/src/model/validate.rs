@@ -35,7 +35,7 @@ fn is_dns(value: &str, dots: bool) -> bool {
 impl Checker {
     /// The checker for one object, after checking its name (at most `name_max` characters)
     /// and namespace (`default` when absent); also returns the object's key.
-    pub fn for_object(
+    pub(super) fn for_object(
         kind: Kind,
         meta: &ObjectMeta,
         name_max: usize,
@@ -52,7 +52,11 @@ impl Checker {
         Ok((c, key))
     }
 
-    pub fn error(&self, field: impl fmt::Display, message: impl fmt::Display) -> ValidationError {
+    pub(super) fn error(
+        &self,
+        field: impl fmt::Display,
+        message: impl fmt::Display,
+    ) -> ValidationError {
         ValidationError {
             object: self.object.clone(),
             field: field.to_string(),
@@ -61,7 +65,12 @@ impl Checker {
     }
 
     /// An RFC 1123 label or subdomain of at most `max` characters (object names, namespaces).
-    pub fn dns_name(&self, field: &str, value: &str, max: usize) -> Result<(), ValidationError> {
+    pub(super) fn dns_name(
+        &self,
+        field: &str,
+        value: &str,
+        max: usize,
+    ) -> Result<(), ValidationError> {
         if value.is_empty() {
             return Err(self.error(field, "must not be empty"));
         }
@@ -82,7 +91,7 @@ impl Checker {
     }
 
     /// A port number, 1..=65535.
-    pub fn port(&self, field: &str, value: i32) -> Result<u16, ValidationError> {
+    pub(super) fn port(&self, field: &str, value: i32) -> Result<u16, ValidationError> {
         match u16::try_from(value) {
             Ok(p) if p != 0 => Ok(p),
             _ => Err(self.error(field, format!("port {value} is outside 1-65535"))),
@@ -91,14 +100,14 @@ impl Checker {
 
     /// An IP address, read as kube-proxy reads a Service's (`ParseIPSloppy`: IPv4 parts may
     /// carry leading zeros, as objects stored before the API's strict validation can).
-    pub fn ip(&self, field: &str, value: &str) -> Result<IpAddr, ValidationError> {
+    pub(super) fn ip(&self, field: &str, value: &str) -> Result<IpAddr, ValidationError> {
         parse_ip_sloppy(value)
             .ok_or_else(|| self.error(field, format!("{value:?} is not an IP address")))
     }
 
     /// A DNS-1123 label (a Service or EndpointSlice port name): lower-case letters, digits and
     /// '-', starting and ending alphanumeric, at most 63 characters.
-    pub fn dns_label(&self, field: &str, value: &str) -> Result<(), ValidationError> {
+    pub(super) fn dns_label(&self, field: &str, value: &str) -> Result<(), ValidationError> {
         if value.len() > 63 {
             return Err(self.error(
                 field,
@@ -119,7 +128,7 @@ impl Checker {
     }
 
     /// A named targetPort: an IANA service name, at most 15 characters.
-    pub fn port_name(&self, field: &str, value: &str) -> Result<(), ValidationError> {
+    pub(super) fn port_name(&self, field: &str, value: &str) -> Result<(), ValidationError> {
         if value.len() > 15 {
             return Err(self.error(
                 field,

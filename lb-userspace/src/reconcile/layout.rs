@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, net::SocketAddr};
 
 /// `old` is what slots `1..=count` hold now (`None` where a slot is unusable); `desired` the
 /// backends wanted. Returns the new contents of slots `1..=len`.
-pub fn layout(old: &[Option<SocketAddr>], desired: &[SocketAddr]) -> Vec<SocketAddr> {
+pub(super) fn layout(old: &[Option<SocketAddr>], desired: &[SocketAddr]) -> Vec<SocketAddr> {
     let want: BTreeSet<SocketAddr> = desired.iter().copied().collect();
     let mut seen = BTreeSet::new();
     let mut slots: Vec<Option<SocketAddr>> = old

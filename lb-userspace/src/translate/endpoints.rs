@@ -33,19 +33,23 @@ struct Seen<'a> {
 }
 
 /// The endpoints of one Service port and family, merged as kube-proxy merges slices.
-pub struct Merged<'a> {
+pub(super) struct Merged<'a> {
     seen: Vec<Seen<'a>>,
 }
 
 /// A chosen set: the endpoints (indexes into `Merged::seen`) and the rule that chose them.
-pub struct Chosen {
+pub(super) struct Chosen {
     pub members: Vec<usize>,
     pub rule: Rule,
     pub why: Candidacy,
 }
 
 /// Merges the slices for one Service port in one family.
-pub fn merge<'a>(port: &ServicePort, family: Family, slices: &[&'a EndpointSlice]) -> Merged<'a> {
+pub(super) fn merge<'a>(
+    port: &ServicePort,
+    family: Family,
+    slices: &[&'a EndpointSlice],
+) -> Merged<'a> {
     let mut seen = Vec::new();
     let mut by_addr: BTreeMap<SocketAddr, usize> = BTreeMap::new();
     for slice in slices {
@@ -123,16 +127,16 @@ impl Merged<'_> {
     }
 
     /// Some endpoint, anywhere, is ready or serving and terminating.
-    pub fn has_any(&self) -> bool {
+    pub(super) fn has_any(&self) -> bool {
         self.usable().any(|(_, e)| usable(e))
     }
 
-    pub fn addr(&self, index: usize) -> Option<SocketAddr> {
+    pub(super) fn addr(&self, index: usize) -> Option<SocketAddr> {
         self.seen[index].addr
     }
 
     /// Every serving endpoint (for stale UDP socket termination).
-    pub fn serving(&self) -> Vec<SocketAddr> {
+    pub(super) fn serving(&self) -> Vec<SocketAddr> {
         let mut out: Vec<SocketAddr> = self
             .usable()
             .filter(|(_, e)| e.is_serving())
@@ -144,7 +148,7 @@ impl Merged<'_> {
 
     /// The cluster set: ready endpoints narrowed by topology, else the serving terminating ones.
     /// `annotation` is the Service's topology annotation (it matters up to 1.30 only).
-    pub fn cluster(&self, node: &NodeInfo, annotation: Option<&str>) -> Chosen {
+    pub(super) fn cluster(&self, node: &NodeInfo, annotation: Option<&str>) -> Chosen {
         let ready: Vec<usize> = self
             .usable()
             .filter(|(_, e)| e.is_ready())
@@ -213,7 +217,7 @@ impl Merged<'_> {
     }
 
     /// The local set: this node's ready endpoints, else its serving terminating ones.
-    pub fn local(&self, node: &NodeInfo) -> Chosen {
+    pub(super) fn local(&self, node: &NodeInfo) -> Chosen {
         let local: Vec<(usize, &Endpoint)> =
             self.usable().filter(|(_, e)| is_local(e, node)).collect();
         let ready: Vec<usize> = local
@@ -246,7 +250,7 @@ impl Merged<'_> {
     }
 
     /// Each endpoint's verdict for a chosen set (for explain and golden files).
-    pub fn decisions(
+    pub(super) fn decisions(
         &self,
         chosen: &Chosen,
         node: &NodeInfo,

@@ -44,13 +44,13 @@ use crate::{
 type Labels = Vec<(String, String)>;
 
 /// The Prometheus text format, what Prometheus asks for when it does not ask for `OpenMetrics`.
-pub const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(super) const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// `OpenMetrics` 1.0.0.
-pub const CONTENT_TYPE_OPENMETRICS: &str =
+pub(super) const CONTENT_TYPE_OPENMETRICS: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// How often, at most, the agent counts the `AFFINITY` map's clients (a bounded key walk).
-pub const AFFINITY_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
+pub(super) const AFFINITY_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The exposition format of one scrape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
