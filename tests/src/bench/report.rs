@@ -46,7 +46,11 @@ pub struct Report {
     pub close: Option<CloseCost>,
     pub scenarios: Vec<ScenarioResult>,
     pub concurrent: Option<ConcurrentResult>,
+    /// Connects spread over every service, at several numbers of services (ascending).
+    pub scaling: Vec<ScenarioResult>,
     pub full_sync: Option<FullSync>,
+    /// The full sync at several numbers of services (ascending).
+    pub full_sync_scaling: Vec<FullSync>,
     pub changes: Vec<ControlPlaneResult>,
     pub api: Option<ApiMode>,
     /// The agent's RSS in API mode at half the services, for memory per service.
@@ -576,7 +580,18 @@ impl Report {
             dir.join("results.json"),
             serde_json::to_string_pretty(self)?,
         )?;
-        std::fs::write(dir.join("report.md"), self.markdown())?;
+        let charts =
+            super::charts::write(dir, &self.scaling, &self.kernel, &self.full_sync_scaling)?;
+        let mut markdown = self.markdown();
+        if !charts.is_empty() {
+            markdown.push_str("\n## Charts\n\n");
+            for (file, what) in super::charts::CHARTS {
+                if charts.contains(&file) {
+                    let _ = writeln!(markdown, "{what}:\n\n![{what}]({file})\n");
+                }
+            }
+        }
+        std::fs::write(dir.join("report.md"), markdown)?;
         Ok(())
     }
 }

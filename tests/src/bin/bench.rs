@@ -155,6 +155,17 @@ fn environment(s: &Settings) -> Environment {
     }
 }
 
+/// The smaller numbers of services measured beside `n` for the charts (ascending); one only in
+/// the check run of a debug build, which only shows that the benchmarks run.
+fn smaller_sizes(n: usize) -> Vec<usize> {
+    let sizes: &[usize] = if cfg!(debug_assertions) {
+        &[n / 3]
+    } else {
+        &[n / 10, n / 3]
+    };
+    sizes.iter().copied().filter(|m| *m > 0).collect()
+}
+
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
 }
@@ -235,6 +246,26 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
         }
         report.scenarios.push(r);
     }
+    // The spread-connect scenario at smaller numbers of services too, for the chart against
+    // the number of services (after the figures above, so the load time stays from zero).
+    for n in smaller_sizes(s.services).into_iter().rev() {
+        eprintln!("data path: spread connects over {n} services");
+        world.set_services(n)?;
+        report.scaling.push(datapath::measure(
+            &mut world,
+            &Scenario::tcp_cold(n),
+            &s.plan,
+        )?);
+    }
+    report.scaling.reverse();
+    report.scaling.extend(
+        report
+            .scenarios
+            .iter()
+            .find(|r| r.name.starts_with("TCP connect, spread"))
+            .cloned(),
+    );
+    world.set_services(s.services)?;
     let clients = 2 * cpus();
     eprintln!("data path: {clients} clients at once, {} passes", s.passes);
     report.concurrent = Some(datapath::concurrent(
@@ -277,6 +308,13 @@ fn control_plane(
         10,
         s.passes,
     )?);
+    for n in smaller_sizes(s.cp_services) {
+        eprintln!("control plane: full sync of {n} x 10, for the chart");
+        report
+            .full_sync_scaling
+            .push(controlplane::full_sync_floor(sandbox, n, 10, s.passes)?);
+    }
+    report.full_sync_scaling.extend(report.full_sync.clone());
     eprintln!("control plane: single changes and a rolling update, in process");
     report.changes.push(controlplane::in_memory(
         s.cp_services,
