@@ -24,7 +24,8 @@ pub struct AgentOptions {
     pub kubeconfig: Option<PathBuf>,
     /// Don't wait for /readyz.
     pub no_wait: bool,
-    /// How long to wait for /readyz (default 20 s).
+    /// How long to wait for /readyz (default 60 s: an agent starting while other test binaries
+    /// load the machine takes a while to load its programs).
     pub ready_timeout: Option<Duration>,
     /// `--health-listen` (default: a free loopback port).
     pub health_listen: Option<SocketAddr>,
@@ -117,7 +118,7 @@ impl AgentProcess {
         };
         agent.spawn()?;
         if !options.no_wait {
-            agent.wait_ready(options.ready_timeout.unwrap_or(Duration::from_secs(20)))?;
+            agent.wait_ready(options.ready_timeout.unwrap_or(Duration::from_mins(1)))?;
         }
         Ok(agent)
     }
@@ -200,7 +201,7 @@ impl AgentProcess {
         self.kill9();
         self.spawn()?;
         if wait {
-            self.wait_ready(Duration::from_secs(20))?;
+            self.wait_ready(Duration::from_mins(1))?;
         }
         Ok(())
     }

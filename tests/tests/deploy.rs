@@ -109,7 +109,7 @@ fn a_taken_listener_port_fails_the_start_and_changes_nothing() -> anyhow::Result
     };
     let fails = |which: &str| -> anyhow::Result<String> {
         let mut agent = sandbox.start_agent(&taking(which))?;
-        let status = agent.wait_exit(Duration::from_secs(20))?;
+        let status = agent.wait_exit(Duration::from_mins(1))?;
         let log = agent.log_text();
         assert!(!status.success(), "{which}: {status}\n{log}");
         assert!(
@@ -221,10 +221,10 @@ fn replace_mode_reaches_the_api_on_its_real_address_and_warns_without_it() -> an
         no_wait: true,
         ..AgentOptions::default()
     })?;
-    wait_until("the warning", Duration::from_secs(20), || {
+    wait_until("the warning", Duration::from_mins(1), || {
         Ok(stuck.log_text().contains(warning))
     })?;
-    wait_until("a failed watch", Duration::from_secs(20), || {
+    wait_until("a failed watch", Duration::from_mins(1), || {
         Ok(stuck.log_text().contains("watch failed"))
     })?;
     let log = stuck.log_text();

@@ -52,7 +52,7 @@ fn node_with_agent(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(String, 
         ..AgentOptions::default()
     })?;
     let ready = format!("http://{}/readyz", agent.health);
-    wait_until("the agent's readiness", Duration::from_secs(20), || {
+    wait_until("the agent's readiness", Duration::from_mins(1), || {
         Ok(match curl::curl(&node.netns, "GET", &ready)? {
             Outcome::Answer(a) if a.status == 200 => Some(()),
             _ => None,
@@ -242,7 +242,7 @@ fn a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason() -> anyhow::
         no_wait: true,
         ..AgentOptions::default()
     })?;
-    let status = agent.wait_exit(Duration::from_secs(20))?;
+    let status = agent.wait_exit(Duration::from_mins(1))?;
     assert!(!status.success());
     let log = agent.log_text();
     assert!(

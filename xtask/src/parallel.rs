@@ -24,6 +24,8 @@ pub(crate) struct Job {
     /// Its package's folder: cargo runs test binaries there.
     pub cwd: PathBuf,
     pub envs: Vec<(String, String)>,
+    /// Arguments to the test binary (test name filters).
+    pub args: Vec<String>,
 }
 
 /// Builds every test binary of the workspace (`cargo test --no-run`) and lists them.
@@ -65,6 +67,7 @@ pub(crate) fn build() -> anyhow::Result<Vec<Job>> {
             executable: PathBuf::from(executable),
             cwd,
             envs: Vec::new(),
+            args: Vec::new(),
         });
     }
     if jobs.is_empty() {
@@ -113,11 +116,12 @@ pub(crate) fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Re
 }
 
 fn label(job: &Job) -> String {
-    if job.envs.is_empty() {
+    let mut words: Vec<String> = job.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    words.extend(job.args.iter().cloned());
+    if words.is_empty() {
         job.name.clone()
     } else {
-        let envs: Vec<String> = job.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!("{} ({})", job.name, envs.join(" "))
+        format!("{} ({})", job.name, words.join(" "))
     }
 }
 
@@ -134,6 +138,7 @@ fn run_one(job: &Job, limit: Duration) -> anyhow::Result<()> {
     let mut child = Command::new(&job.executable)
         .current_dir(&job.cwd)
         .envs(job.envs.iter().map(|(k, v)| (k, v)))
+        .args(&job.args)
         .stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)

@@ -6,6 +6,7 @@ pub mod controlplane;
 pub mod datapath;
 pub mod floor;
 pub mod kernel;
+pub mod listing;
 pub mod report;
 pub mod stats;
 pub mod world;

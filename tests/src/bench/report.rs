@@ -8,6 +8,7 @@ use super::{
     controlplane::{ApiMode, ControlPlaneResult, FullSync},
     datapath::{Case, ConcurrentResult, ScenarioResult},
     kernel::{CloseCost, KernelCost},
+    listing::ListingCost,
     stats::Spread,
     world::LoadTimes,
 };
@@ -46,6 +47,8 @@ pub struct Report {
     pub close: Option<CloseCost>,
     pub scenarios: Vec<ScenarioResult>,
     pub concurrent: Option<ConcurrentResult>,
+    /// Listing the live sockets beside the kernel's own listing.
+    pub listing: Option<ListingCost>,
     /// Connects spread over every service, at several numbers of services (ascending).
     pub scaling: Vec<ScenarioResult>,
     pub full_sync: Option<FullSync>,
@@ -154,6 +157,26 @@ impl Report {
                     note: String::new(),
                 });
             }
+        }
+        if let Some(l) = &self.listing {
+            out.push(Verdict {
+                target: format!(
+                    "listing {} live translated sockets (the census behind inspect connections and the metric) ÷ the kernel's own UDP dump of the same namespaces",
+                    l.sockets
+                ),
+                limit: "reported".into(),
+                measured: format!(
+                    "{}× ({:.3} s ÷ {:.3} s)",
+                    l.ratio.show(2),
+                    l.census_s.median,
+                    l.floor_s.median
+                ),
+                met: None,
+                note: format!(
+                    "{} network namespaces; the records alone, one iterator walk: {:.3} ({:.3}–{:.3}) s",
+                    l.namespaces, l.records_s.median, l.records_s.min, l.records_s.max
+                ),
+            });
         }
         if let Some(c) = &self.close {
             out.push(Verdict {

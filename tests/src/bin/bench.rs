@@ -12,7 +12,7 @@ use socklb_tests::{
         baselines::iptables_version,
         controlplane,
         datapath::{self, Plan, Scenario, Traffic},
-        kernel,
+        kernel, listing,
         report::{Environment, Micro, Report},
         world::World,
     },
@@ -30,6 +30,8 @@ struct Settings {
     plan: Plan,
     /// Connects per client per pass when several clients run at once.
     concurrent_connects: usize,
+    /// Live translated sockets held while their listing is measured.
+    listing_sockets: usize,
     cp_services: usize,
     cp_changes: usize,
     cp_rolling: usize,
@@ -52,6 +54,7 @@ impl Settings {
                     warmup: 20,
                 },
                 concurrent_connects: 100,
+                listing_sockets: 2_000,
                 cp_services: 300,
                 cp_changes: 50,
                 cp_rolling: 10,
@@ -69,6 +72,7 @@ impl Settings {
                     warmup: 50,
                 },
                 concurrent_connects: 200,
+                listing_sockets: 10_000,
                 cp_services: 1000,
                 cp_changes: 200,
                 cp_rolling: 20,
@@ -86,6 +90,7 @@ impl Settings {
                     warmup: 400,
                 },
                 concurrent_connects: 1500,
+                listing_sockets: 100_000,
                 cp_services: 10_000,
                 cp_changes: 1000,
                 cp_rolling: 1000,
@@ -266,6 +271,11 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
             .cloned(),
     );
     world.set_services(s.services)?;
+    eprintln!(
+        "data path: listing {} live sockets beside the kernel's own listing",
+        s.listing_sockets
+    );
+    report.listing = Some(listing::listing_cost(&world, s.listing_sockets, s.passes)?);
     let clients = 2 * cpus();
     eprintln!("data path: {clients} clients at once, {} passes", s.passes);
     report.concurrent = Some(datapath::concurrent(
