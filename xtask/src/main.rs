@@ -11,45 +11,76 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
 
-#[derive(Parser)]
-#[command(name = "cargo xtask", about = "socklb's developer commands")]
-struct Cli {
-    #[command(subcommand)]
-    command: Task,
-}
-
-#[derive(Subcommand)]
+/// What to do (parsed by hand: xtask builds first in every fresh clone, and a derive-based
+/// parser would cost it most of its build time).
 enum Task {
-    /// Install what the build and tests need (`rust-src`, `bpf-linker`, Debian and `PyPI` packages).
+    /// Only what building needs (`rust-src`, `bpf-linker`): for container builds.
     Setup {
-        /// Only what building needs (`rust-src`, `bpf-linker`): for container builds.
-        #[arg(long)]
         build_only: bool,
     },
-    /// The main job, with no cluster: the seed scenarios on real sockets in a sandbox.
     Demo {
-        /// Don't pause between steps.
-        #[arg(long)]
         non_interactive: bool,
     },
-    /// Everything CI checks: fmt, clippy (userspace and eBPF), unit, golden and privileged tests.
     Test,
-    /// The long reliability runs: rolling updates and kill -9s under load, a long fuzz run and
-    /// many property-test cases; prints the figures and writes target/stress/figures.md.
     Stress,
-    /// Benchmarks: the data path beside kube-proxy's iptables and nftables layouts, and the
-    /// control plane; writes target/bench/report.md.
     Bench {
-        /// A short run (fewer services and rounds), as `cargo xtask test` does.
-        #[arg(long)]
         quick: bool,
     },
 }
 
+const USAGE: &str = "\
+socklb's developer commands
+
+Usage: cargo xtask <COMMAND>
+
+Commands:
+  setup [--build-only]       Install what the build and tests need (rust-src, bpf-linker,
+                             Debian and PyPI packages); --build-only: only what building needs
+  demo [--non-interactive]   The main job, with no cluster: the seed scenarios on real sockets
+  test                       Everything CI checks: fmt, clippy (userspace and eBPF), unit,
+                             golden, property and privileged tests, fuzzing, a bench check
+  bench [--quick]            The data path beside kube-proxy's iptables and nftables layouts,
+                             and the control plane; writes target/bench/report.md
+  stress                     The long reliability runs; writes target/stress/figures.md
+";
+
+impl Task {
+    fn parse(args: &[String]) -> anyhow::Result<Self> {
+        let words: Vec<&str> = args.iter().map(String::as_str).collect();
+        Ok(match words.as_slice() {
+            ["setup"] => Self::Setup { build_only: false },
+            ["setup", "--build-only"] => Self::Setup { build_only: true },
+            ["demo"] => Self::Demo {
+                non_interactive: false,
+            },
+            ["demo", "--non-interactive"] => Self::Demo {
+                non_interactive: true,
+            },
+            ["test"] => Self::Test,
+            ["stress"] => Self::Stress,
+            ["bench"] => Self::Bench { quick: false },
+            ["bench", "--quick"] => Self::Bench { quick: true },
+            _ => bail!("unknown arguments {words:?}\n\n{USAGE}"),
+        })
+    }
+}
+
 fn main() -> ExitCode {
-    match run(&Cli::parse()) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty()
+        || args
+            .iter()
+            .any(|a| a == "--help" || a == "-h" || a == "help")
+    {
+        print!("{USAGE}");
+        return if args.is_empty() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    match Task::parse(&args).and_then(|task| run(&task)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xtask: {e:#}");
@@ -58,12 +89,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: &Cli) -> anyhow::Result<()> {
-    if let Task::Setup { build_only: true } = cli.command {
+fn run(task: &Task) -> anyhow::Result<()> {
+    if let Task::Setup { build_only: true } = task {
         return setup::run(true);
     }
     setup::run(false)?;
-    match &cli.command {
+    match task {
         Task::Setup { .. } => Ok(()),
         Task::Demo { non_interactive } => demo(*non_interactive),
         Task::Test => test(),
@@ -147,13 +178,19 @@ fn test() -> anyhow::Result<()> {
         jobs = parallel::build()?;
         Ok(())
     })?;
+    // The fuzz target builds with flags of its own (every dependency again): beside the tests,
+    // at the lowest priority, it takes the CPU they leave while they wait on agents and sockets.
+    let fuzz_build = FuzzBuild::start()?;
     step(
         "tests (unit, golden, property, privileged end-to-end; then the agent and data-path \
          tests again with every optional part off, SOCKLB_DISABLE_FEATURE=all), three binaries \
          at a time",
         || parallel::run(test_order(jobs), TEST_BINARIES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
-    step("fuzz manifests (20 s)", || fuzz(20).map(|_| ()))?;
+    step("fuzz manifests (20 s)", || {
+        fuzz_build.finish()?;
+        fuzz(20).map(|_| ())
+    })?;
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
     step(
         "cargo xtask bench --quick (runs, writes its report)",
@@ -217,24 +254,76 @@ fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
     jobs
 }
 
+/// cargo fuzz's arguments for the manifests target, after the action (`build`, `run`).
+const FUZZ_TARGET: [&str; 6] = [
+    "--fuzz-dir",
+    "lb-userspace/fuzz",
+    "--sanitizer",
+    "none",
+    // Unoptimised: it builds in half the time, and the fuzzing here is about finding
+    // crashes, not about the number of runs.
+    "--dev",
+    "manifests",
+];
+
+/// The fuzz target's build, running in the background at the lowest CPU priority.
+struct FuzzBuild {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl FuzzBuild {
+    fn start() -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt as _;
+        let log = workspace_root().join("target/fuzz-build.log");
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new("nice")
+            .args(["-n", "19"])
+            .arg(setup::cargo_fuzz_bin())
+            .args(["fuzz", "build"])
+            .args(FUZZ_TARGET)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .current_dir(workspace_root())
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .process_group(0)
+            .spawn()
+            .context("starting the fuzz target's build")?;
+        Ok(Self { child, log })
+    }
+
+    /// Waits for the build; its log when it failed.
+    fn finish(mut self) -> anyhow::Result<()> {
+        let status = self.child.wait()?;
+        if !status.success() {
+            eprintln!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+            bail!("building the fuzz target failed ({status})");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FuzzBuild {
+    fn drop(&mut self) {
+        // A run that failed before the fuzz step: stop the build (its whole process group).
+        if let Ok(None) = self.child.try_wait()
+            && let Ok(pid) = i32::try_from(self.child.id())
+        {
+            // SAFETY: signalling the process group of a child spawned in its own group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Runs the cargo-fuzz target for `seconds`; returns libFuzzer's summary line.
 fn fuzz(seconds: u64) -> anyhow::Result<String> {
     let root = workspace_root();
     let corpus = root.join("target/fuzz-corpus");
     std::fs::create_dir_all(&corpus)?;
     let out = Command::new(setup::cargo_fuzz_bin())
-        .args([
-            "fuzz",
-            "run",
-            "--fuzz-dir",
-            "lb-userspace/fuzz",
-            "--sanitizer",
-            "none",
-            // Unoptimised: it builds in half the time, and 20 s of fuzzing is about finding
-            // crashes, not about the number of runs.
-            "--dev",
-            "manifests",
-        ])
+        .args(["fuzz", "run"])
+        .args(FUZZ_TARGET)
         .arg(&corpus)
         .args([
             "examples/seed",

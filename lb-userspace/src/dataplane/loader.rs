@@ -68,6 +68,20 @@ impl std::fmt::Display for PinOp {
     }
 }
 
+/// Splits aya's error for a program load: the kernel refused it (the verifier's log and the
+/// errno), or something else failed (returned as is).
+pub(crate) fn kernel_refusal(
+    e: aya::programs::ProgramError,
+) -> Result<(String, io::Error), aya::programs::ProgramError> {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => Ok((verifier_log.to_string(), io_error)),
+        other => Err(other),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     #[error("{op} {}", .path.display())]
@@ -173,16 +187,13 @@ impl LoadError {
     }
 
     fn refused(program: &'static str, e: aya::programs::ProgramError) -> Self {
-        match e {
-            aya::programs::ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } => Self::Refused {
+        match kernel_refusal(e) {
+            Ok((verifier_log, source)) => Self::Refused {
                 program,
-                verifier_log: verifier_log.to_string(),
-                source: io_error,
+                verifier_log,
+                source,
             },
-            source => Self::Program {
+            Err(source) => Self::Program {
                 program,
                 what: "loading it",
                 source,
@@ -301,16 +312,17 @@ impl PinFolder {
     }
 
     fn dirs_with_prefix(&self, prefix: &str) -> Vec<PathBuf> {
+        self.dirs_named(|n| n.starts_with(prefix))
+    }
+
+    /// The entries of the pin folder whose names `wanted` accepts, sorted.
+    fn dirs_named(&self, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = fs::read_dir(&self.root)
             .into_iter()
             .flatten()
             .flatten()
             .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
+            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&wanted))
             .collect();
         out.sort();
         out
@@ -318,19 +330,7 @@ impl PinFolder {
 
     /// Every map directory present (generations, and the unversioned `maps` of older agents).
     pub fn map_dirs(&self) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = fs::read_dir(&self.root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n == "maps" || n.starts_with(GENERATION_PREFIX))
-            })
-            .collect();
-        out.sort();
-        out
+        self.dirs_named(|n| n == "maps" || n.starts_with(GENERATION_PREFIX))
     }
 
     /// The map directory the attached programs use: the only generation, or the one whose

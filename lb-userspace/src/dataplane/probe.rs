@@ -89,16 +89,13 @@ impl ProbeError {
     /// A program load the kernel refused, keeping its errno as the source and the verifier's
     /// output for the message (printed once).
     pub fn from_program(program: &'static str, e: aya::programs::ProgramError) -> Self {
-        match e {
-            aya::programs::ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } => Self::Refused {
+        match super::loader::kernel_refusal(e) {
+            Ok((verifier_log, source)) => Self::Refused {
                 program,
-                verifier_log: verifier_log.to_string(),
-                source: io_error,
+                verifier_log,
+                source,
             },
-            source => Self::Program { program, source },
+            Err(source) => Self::Program { program, source },
         }
     }
 }
