@@ -41,6 +41,20 @@ pub struct AgentOptions {
     pub memory_cgroup: Option<PathBuf>,
 }
 
+impl AgentOptions {
+    /// The default options with these extra agent arguments.
+    pub fn with_args<I>(args: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: ToString,
+    {
+        Self {
+            args: args.into_iter().map(|a| a.to_string()).collect(),
+            ..Self::default()
+        }
+    }
+}
+
 pub struct AgentProcess {
     child: Option<Owned>,
     processes: Registry,

@@ -26,6 +26,7 @@ use anyhow::{Context as _, bail};
 
 use crate::{
     agent::{AgentOptions, AgentProcess},
+    apiserver::ApiServer,
     bins,
     client::{Command, Reply},
     processes::{Owned, Registry},
@@ -531,6 +532,21 @@ impl Sandbox {
     /// until it reports ready.
     pub fn start_agent(&self, options: &AgentOptions) -> anyhow::Result<AgentProcess> {
         AgentProcess::start(self, options)
+    }
+
+    /// Starts `socklb agent` watching `api` (a kubeconfig for it written into the workdir)
+    /// instead of the manifests folder, and waits until it reports ready.
+    pub fn start_agent_watching(
+        &self,
+        api: &ApiServer,
+        options: AgentOptions,
+    ) -> anyhow::Result<AgentProcess> {
+        let kubeconfig = self.workdir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig)?;
+        self.start_agent(&AgentOptions {
+            kubeconfig: Some(kubeconfig),
+            ..options
+        })
     }
 
     /// Removes everything: processes, programs and pins, the cgroup, the namespaces, the

@@ -56,12 +56,7 @@ fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<
     api.apply(&std::fs::read_to_string(
         examples().join("seed/endpointslice.yaml"),
     )?)?;
-    let kubeconfig = sandbox.workdir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig)?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        kubeconfig: Some(kubeconfig),
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent_watching(&api, AgentOptions::default())?;
     sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
     let mut client = sandbox.client()?;
     assert_eq!(client.connect("10.96.0.10:80".parse()?, 20)?.answers(), 20);
@@ -502,12 +497,7 @@ fn changes_reach_the_maps_within_5_s_of_the_api_servers_return() -> anyhow::Resu
     api.apply(&std::fs::read_to_string(
         examples().join("seed/endpointslice.yaml"),
     )?)?;
-    let kubeconfig = sandbox.workdir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig)?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        kubeconfig: Some(kubeconfig),
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent_watching(&api, AgentOptions::default())?;
     sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
     let mut client = sandbox.client()?;
     for (keep_history, endpoints) in [(true, [B, C]), (false, [A, C])] {

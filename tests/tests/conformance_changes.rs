@@ -89,15 +89,8 @@ impl World {
 }
 
 fn start_agent(sandbox: &Sandbox, api: &ApiServer, args: &[&str]) -> anyhow::Result<AgentProcess> {
-    let kubeconfig = sandbox.workdir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig)?;
-    let mut all = vec!["--node-name".to_string(), "node-a".into()];
-    all.extend(args.iter().map(|a| (*a).to_string()));
-    sandbox.start_agent(&AgentOptions {
-        args: all,
-        kubeconfig: Some(kubeconfig),
-        ..AgentOptions::default()
-    })
+    let node = ["--node-name", "node-a"];
+    sandbox.start_agent_watching(api, AgentOptions::with_args(node.iter().chain(args)))
 }
 
 /// What connects to an address get.

@@ -125,10 +125,7 @@ fn world(agent_args: &[&str]) -> anyhow::Result<(Sandbox, AgentProcess, ClientPo
             &[Ep::ready(A), Ep::ready(B)],
         ),
     )?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        args: agent_args.iter().map(|a| (*a).to_string()).collect(),
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(agent_args))?;
     sandbox.wait_candidates(WEB, &[&format!("{A}:8080"), &format!("{B}:8080")])?;
     let one = sandbox.served_pod("one", "10.244.0.11")?;
     let two = sandbox.served_pod("two", "10.244.0.12")?;

@@ -121,10 +121,7 @@ impl<'n> World<'n> {
         )?;
         let world_slice = slice_yaml(net, udp, backends);
         sandbox.write_manifest("slice.yaml", &world_slice)?;
-        let agent = sandbox.start_agent(&AgentOptions {
-            args: agent_args.iter().map(|a| (*a).to_string()).collect(),
-            ..AgentOptions::default()
-        })?;
+        let agent = sandbox.start_agent(&AgentOptions::with_args(agent_args))?;
         let w = Self {
             net,
             sandbox,
@@ -602,10 +599,7 @@ fn program_logging_is_off_by_default_and_switchable_at_load() -> anyhow::Result<
         &service("svc", V4.vip, "p", "TCP", TCP_PORT, "8080", &[]),
     )?;
     sandbox.write_manifest("slice.yaml", &slice_yaml(&V4, false, &[0]))?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--bpf-log-level".into(), "debug".into()],
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--bpf-log-level", "debug"]))?;
     let loud_size = verified(&sandbox)?;
     assert!(
         quiet_size < loud_size,

@@ -432,10 +432,10 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     let switch_start = wall_ns();
     let new_backends = 4096u32;
     assert_ne!(new_backends, lb_common::MapId::Backends.default_capacity());
-    let new = sandbox.start_agent(&AgentOptions {
-        args: vec!["--max-backends".into(), new_backends.to_string()],
-        ..AgentOptions::default()
-    })?;
+    let new = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-backends".to_string(),
+        new_backends.to_string(),
+    ]))?;
     let switch_end = wall_ns();
     std::thread::sleep(Duration::from_millis(300));
     let (replies, connects) = load.finish()?;

@@ -175,10 +175,7 @@ fn every_optional_part_off_keeps_translation() -> anyhow::Result<()> {
             ],
         ),
     )?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--disable-feature".into(), "all".into()],
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--disable-feature", "all"]))?;
     sandbox.wait_candidates("10.96.0.53:53/udp", &[A, B])?;
     let status = agent.status()?;
     for f in Feature::ALL {

@@ -246,10 +246,7 @@ fn external_ips_can_be_ignored_entirely() -> anyhow::Result<()> {
             VICTIM_BACKEND,
         ),
     )?;
-    let _agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--external-ips".into(), "ignore".into()],
-        ..AgentOptions::default()
-    })?;
+    let _agent = sandbox.start_agent(&AgentOptions::with_args(["--external-ips", "ignore"]))?;
     sandbox.wait_candidates("10.96.0.81:80", &[VICTIM_BACKEND])?;
     assert_eq!(sandbox.candidates("198.51.100.8:80")?, None);
     let r = sandbox.client()?.connect("198.51.100.8:80".parse()?, 2)?;
@@ -669,12 +666,7 @@ fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
         &[],
     ))?;
     api.apply(&slice("web-1", "web", "http", "TCP", 8080, &three))?;
-    let kubeconfig = sandbox.workdir.join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig)?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        kubeconfig: Some(kubeconfig),
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent_watching(&api, AgentOptions::default())?;
     let vip: SocketAddr = "10.96.0.10:80".parse()?;
     let stop = sandbox.workdir.join("stop");
     let mut loads = Vec::new();

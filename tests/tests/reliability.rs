@@ -93,10 +93,7 @@ fn churn(updates: usize, min_connects: usize) -> anyhow::Result<()> {
             &[Ep::ready("10.244.5.1")],
         ),
     )?;
-    let _agent = sandbox.start_agent(&AgentOptions {
-        args: Vec::new(),
-        ..AgentOptions::default()
-    })?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
     let frontend = ServiceAddr::new(vip.ip(), vip.port(), Protocol::Tcp);
     let mut roller = Roller::new(&sandbox, "rolling", frontend, pool, vec![0, 1, 2])?;
     let load = Load::start(&sandbox, vip, min_connects)?;

@@ -208,10 +208,7 @@ fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
             &[A, B],
         ),
     )?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--max-backends".into(), "16".into()],
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-backends", "16"]))?;
     let (a, b, c) = (
         format!("{A}:8080"),
         format!("{B}:8080"),
@@ -295,10 +292,7 @@ fn special_addresses_are_never_frontends() -> anyhow::Result<()> {
             &[A],
         ),
     )?;
-    let agent = sandbox.start_agent(&AgentOptions {
-        args: vec!["--node-address".into(), "192.0.2.77".into()],
-        ..AgentOptions::default()
-    })?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--node-address", "192.0.2.77"]))?;
     sandbox.wait_candidates("10.96.0.81:8080", &[&format!("{A}:8080")])?;
     for target in [
         "127.0.0.1:8080",
