@@ -44,7 +44,8 @@ pub enum Command {
     },
     /// Closes every socket `Hold` opened.
     Release,
-    /// Sends `msg` on connection `id` and reads the answer.
+    /// Sends `msg` on connection `id` and reads the answer; `peer_names` holds what
+    /// getpeername reported for the connection.
     Exchange {
         id: u32,
         msg: String,
@@ -321,6 +322,14 @@ impl ClientState {
         let Some(conn) = self.conns.get_mut(&id) else {
             return Reply::error(format!("no connection {id}"));
         };
+        // What getpeername reports for the connection, before the exchange.
+        let peer = match conn {
+            Conn::Tcp(r) => r.get_ref().peer_addr(),
+            Conn::Udp(s) => s.peer_addr(),
+        };
+        if let Ok(peer) = peer {
+            *reply.peer_names.entry(peer.to_string()).or_default() += 1;
+        }
         let result = match conn {
             Conn::Tcp(r) => writeln!(r.get_mut(), "{msg}").and_then(|()| read_line(r)),
             Conn::Udp(s) => udp_roundtrip(s, msg),

@@ -15,7 +15,7 @@ use socklb::{
     dataplane::loader::{PinFolder, ProgramView},
 };
 use socklb_tests::{
-    Sandbox,
+    Client, Sandbox,
     agent::AgentOptions,
     apiserver::ApiServer,
     bins,
@@ -412,7 +412,8 @@ impl Load {
 /// generation) while three client processes connect in a loop: the old programs keep serving
 /// until the new agent has written its first full sync into its new maps, the new links go in
 /// beside the old ones, then the old ones go. No connect fails; the new generation serves;
-/// the old generation's folder is gone; exactly one program per hook is attached.
+/// the old generation's folder is gone; exactly one program per hook is attached; a connection
+/// made before the switch still reports the Service's address from getpeername.
 #[test]
 fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
@@ -424,6 +425,7 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     let old_programs = cgroup_program_ids(&sandbox.cgroup)?;
     assert_eq!(old_programs.len(), SOCKLB_ATTACH_TYPES.len());
 
+    let (mut held, opened) = hold_a_connection(&sandbox)?;
     let load = Load::start(&sandbox, WEB.parse()?, 3)?;
     std::thread::sleep(Duration::from_millis(300));
     // A rolling update: the old pod gets SIGTERM and exits, then the new one starts.
@@ -509,5 +511,38 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     );
     sandbox.wait_candidates(WEB, &[A, B])?;
     assert_eq!(connect(&sandbox, WEB, 20)?.answers(), 20);
+    still_on_the_service(&mut held, &opened)
+}
+
+/// A connection to the Service made before a migration: its record lives in the per-socket
+/// storage, which a new layout keeps when the records' own layout is unchanged.
+fn hold_a_connection(sandbox: &Sandbox) -> anyhow::Result<(Client, Reply)> {
+    let mut held = sandbox.client()?;
+    let opened = held.run(&Command::Open {
+        id: 1,
+        target: WEB.parse()?,
+        udp: false,
+    })?;
+    assert!(opened.ok, "{opened:?}");
+    Ok((held, opened))
+}
+
+/// The held connection still reports the Service's address from getpeername (its record was
+/// read by the new programs), and still talks to its backend.
+fn still_on_the_service(held: &mut Client, opened: &Reply) -> anyhow::Result<()> {
+    let after = held.run(&Command::Exchange {
+        id: 1,
+        msg: "after the migration".into(),
+    })?;
+    assert!(after.ok, "{after:?}");
+    assert_eq!(
+        after.peer_names.keys().collect::<Vec<_>>(),
+        [WEB],
+        "getpeername of a connection made before the migration: {after:?}"
+    );
+    assert_eq!(
+        after.backends, opened.backends,
+        "the connection kept its backend"
+    );
     Ok(())
 }
