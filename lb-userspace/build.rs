@@ -51,10 +51,17 @@ fn main() -> anyhow::Result<()> {
         "cargo:rustc-env=SOCKLB_GIT_COMMIT={}",
         git_commit(workspace)
     );
-    println!(
-        "cargo:rerun-if-changed={}",
-        workspace.join(".git/HEAD").display()
-    );
+    // The commit changes with HEAD (a checkout) or with the branch HEAD names (a commit).
+    let git = workspace.join(".git");
+    let mut watched = vec![git.join("HEAD"), git.join("packed-refs")];
+    if let Ok(head) = std::fs::read_to_string(git.join("HEAD"))
+        && let Some(branch) = head.trim().strip_prefix("ref: ")
+    {
+        watched.push(git.join(branch));
+    }
+    for path in watched.iter().filter(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
 
     let ebpf_dir = workspace.join("lb-ebpf");
     let ebpf = Package {
