@@ -149,6 +149,10 @@ fn demo(non_interactive: bool) -> anyhow::Result<()> {
 
 fn test() -> anyhow::Result<()> {
     let start = Instant::now();
+    // The fuzz target builds with flags of its own (every dependency again). From the start, at
+    // the lowest priority, it takes the CPU the other steps leave idle: the builds' serial
+    // stretches (linking, the largest crates) and the tests' waits on agents and sockets.
+    let fuzz_build = FuzzBuild::start()?;
     step("cargo fmt --check", || {
         cmd("cargo", &["fmt", "--all", "--check"])
     })?;
@@ -178,9 +182,6 @@ fn test() -> anyhow::Result<()> {
         jobs = parallel::build()?;
         Ok(())
     })?;
-    // The fuzz target builds with flags of its own (every dependency again): beside the tests,
-    // at the lowest priority, it takes the CPU they leave while they wait on agents and sockets.
-    let fuzz_build = FuzzBuild::start()?;
     step(
         "tests (unit, golden, property, privileged end-to-end; then the agent and data-path \
          tests again with every optional part off, SOCKLB_DISABLE_FEATURE=all), three binaries \
