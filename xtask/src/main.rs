@@ -546,7 +546,7 @@ fn bench(quick: bool) -> anyhow::Result<()> {
         step("criterion micro-benchmarks (each once)", || {
             cmd(
                 "cargo",
-                &["test", "-p", "lb-userspace", "--bench", "control_plane"],
+                &["test", "--workspace", "--bench", "control_plane"],
             )
         })?;
     } else {
