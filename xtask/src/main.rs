@@ -149,10 +149,6 @@ fn demo(non_interactive: bool) -> anyhow::Result<()> {
 
 fn test() -> anyhow::Result<()> {
     let start = Instant::now();
-    // The fuzz target builds with flags of its own (every dependency again). From the start, at
-    // the lowest priority, it takes the CPU the other steps leave idle: the builds' serial
-    // stretches (linking, the largest crates) and the tests' waits on agents and sockets.
-    let fuzz_build = FuzzBuild::start()?;
     step("cargo fmt --check", || {
         cmd("cargo", &["fmt", "--all", "--check"])
     })?;
@@ -188,10 +184,23 @@ fn test() -> anyhow::Result<()> {
          at a time",
         || parallel::run(test_order(jobs), TEST_BINARIES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
-    step("fuzz manifests (20 s)", || {
-        fuzz_build.finish()?;
-        fuzz(20).map(|_| ())
+    // The fuzz target builds with flags of its own (every dependency again, without the eBPF
+    // programs). Built beside the other steps, even at the lowest priority, it slowed them by
+    // as much as it saved: the machine has no idle CPU to give it.
+    step("build the fuzz target", || {
+        let status = Command::new(setup::cargo_fuzz_bin())
+            .args(["fuzz", "build"])
+            .args(FUZZ_TARGET)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .current_dir(workspace_root())
+            .status()
+            .context("running cargo fuzz build")?;
+        if !status.success() {
+            bail!("building the fuzz target failed ({status})");
+        }
+        Ok(())
     })?;
+    step("fuzz manifests (20 s)", || fuzz(20).map(|_| ()))?;
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
     step(
         "cargo xtask bench --quick (runs, writes its report)",
@@ -266,56 +275,6 @@ const FUZZ_TARGET: [&str; 6] = [
     "--dev",
     "manifests",
 ];
-
-/// The fuzz target's build, running in the background at the lowest CPU priority.
-struct FuzzBuild {
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl FuzzBuild {
-    fn start() -> anyhow::Result<Self> {
-        use std::os::unix::process::CommandExt as _;
-        let log = workspace_root().join("target/fuzz-build.log");
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new("nice")
-            .args(["-n", "19"])
-            .arg(setup::cargo_fuzz_bin())
-            .args(["fuzz", "build"])
-            .args(FUZZ_TARGET)
-            .env("RUSTC_BOOTSTRAP", "1")
-            .current_dir(workspace_root())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .process_group(0)
-            .spawn()
-            .context("starting the fuzz target's build")?;
-        Ok(Self { child, log })
-    }
-
-    /// Waits for the build; its log when it failed.
-    fn finish(mut self) -> anyhow::Result<()> {
-        let status = self.child.wait()?;
-        if !status.success() {
-            eprintln!("{}", std::fs::read_to_string(&self.log).unwrap_or_default());
-            bail!("building the fuzz target failed ({status})");
-        }
-        Ok(())
-    }
-}
-
-impl Drop for FuzzBuild {
-    fn drop(&mut self) {
-        // A run that failed before the fuzz step: stop the build (its whole process group).
-        if let Ok(None) = self.child.try_wait()
-            && let Ok(pid) = i32::try_from(self.child.id())
-        {
-            // SAFETY: signalling the process group of a child spawned in its own group.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-            let _ = self.child.wait();
-        }
-    }
-}
 
 /// Runs the cargo-fuzz target for `seconds`; returns libFuzzer's summary line.
 fn fuzz(seconds: u64) -> anyhow::Result<String> {
