@@ -1,5 +1,5 @@
-//! socklb's developer commands. Every command runs `setup` first, so a fresh clone needs only
-//! `cargo xtask demo` and `cargo xtask test`.
+//! socklb's developer commands. Every command runs `setup` first for what it uses (and nothing
+//! more), so a fresh clone needs only `cargo xtask demo` and `cargo xtask test`.
 mod parallel;
 mod setup;
 
@@ -35,8 +35,9 @@ socklb's developer commands
 Usage: cargo xtask <COMMAND>
 
 Commands:
-  setup [--build-only]       Install what the build and tests need (rust-src, bpf-linker,
-                             Debian and PyPI packages); --build-only: only what building needs
+  setup [--build-only]       Install what every command needs (rust-src, bpf-linker, Debian
+                             and PyPI packages); --build-only: only what building needs. Each
+                             command below installs what it uses, and only that, first
   demo [--non-interactive]   The main job, with no cluster: the seed scenarios on real sockets
   test                       Everything CI checks: fmt, clippy (userspace and eBPF), unit,
                              golden, property and privileged tests, fuzzing, a bench check
@@ -90,10 +91,16 @@ fn main() -> ExitCode {
 }
 
 fn run(task: &Task) -> anyhow::Result<()> {
-    if let Task::Setup { build_only: true } = task {
-        return setup::run(true);
-    }
-    setup::run(false)?;
+    // Each command asks setup for what it runs and nothing else.
+    let needs = match task {
+        Task::Setup { build_only: true } => setup::Needs::BUILD,
+        // Everything any command uses (the test's needs cover the others').
+        Task::Setup { build_only: false } | Task::Test => setup::Needs::TEST,
+        Task::Demo { .. } => setup::Needs::DEMO,
+        Task::Bench { .. } => setup::Needs::BENCH,
+        Task::Stress => setup::Needs::STRESS,
+    };
+    setup::run(needs)?;
     match task {
         Task::Setup { .. } => Ok(()),
         Task::Demo { non_interactive } => demo(*non_interactive),

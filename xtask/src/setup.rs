@@ -16,24 +16,95 @@ use crate::{cmd, workspace_root};
 /// bpf-linker's version, built against the toolchain's own libLLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
-/// Debian packages the tests and benchmarks use, by the command each provides.
-const PACKAGES: [(&str, &str); 4] = [
-    ("ip", "iproute2"),
-    ("iptables", "iptables"),
-    ("nft", "nftables"),
-    ("bpftool", "bpftool"),
-];
+/// A Debian package a command runs, by the program it provides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Package {
+    pub command: &'static str,
+    pub package: &'static str,
+}
+
+/// `ip`: the sandboxes' network namespaces and veth pairs (the demo, the tests, the bench).
+pub(crate) const IPROUTE2: Package = Package {
+    command: "ip",
+    package: "iproute2",
+};
+/// kube-proxy's iptables layout, beside which the bench measures (also its quick run in the tests).
+pub(crate) const IPTABLES: Package = Package {
+    command: "iptables",
+    package: "iptables",
+};
+/// kube-proxy's nftables layout, likewise.
+pub(crate) const NFTABLES: Package = Package {
+    command: "nft",
+    package: "nftables",
+};
+/// A load balancer's probe of the health-check ports (tests/tests/node.rs).
+pub(crate) const CURL: Package = Package {
+    command: "curl",
+    package: "curl",
+};
+
+/// What one command needs installed: setup asks for that and nothing else.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Needs {
+    /// Debian packages, by the program each provides.
+    pub packages: &'static [Package],
+    /// promtool (the metrics and alert-rule checks).
+    pub promtool: bool,
+    /// The PyPI package kubernetes-validate (deploy/ checked offline).
+    pub kubernetes_validate: bool,
+    /// cargo-fuzz (the fuzz target).
+    pub cargo_fuzz: bool,
+}
+
+impl Needs {
+    /// Building only (rust-src and bpf-linker, which every command needs).
+    pub(crate) const BUILD: Self = Self {
+        packages: &[],
+        promtool: false,
+        kubernetes_validate: false,
+        cargo_fuzz: false,
+    };
+    /// `cargo xtask demo`: the sandbox's namespaces.
+    pub(crate) const DEMO: Self = Self {
+        packages: &[IPROUTE2],
+        ..Self::BUILD
+    };
+    /// `cargo xtask test`: every step it runs, the quick bench among them.
+    pub(crate) const TEST: Self = Self {
+        packages: &[IPROUTE2, IPTABLES, NFTABLES, CURL],
+        promtool: true,
+        kubernetes_validate: true,
+        cargo_fuzz: true,
+    };
+    /// `cargo xtask bench`: the sandbox and kube-proxy's two layouts.
+    pub(crate) const BENCH: Self = Self {
+        packages: &[IPROUTE2, IPTABLES, NFTABLES],
+        ..Self::BUILD
+    };
+    /// `cargo xtask stress`: the sandbox and five minutes of fuzzing.
+    pub(crate) const STRESS: Self = Self {
+        packages: &[IPROUTE2],
+        cargo_fuzz: true,
+        ..Self::BUILD
+    };
+}
 
 /// Where promtool goes when setup extracts it from Debian's `prometheus` package.
 const PROMTOOL: &str = "/usr/local/bin/promtool";
 
-pub(crate) fn run(build_only: bool) -> anyhow::Result<()> {
+pub(crate) fn run(needs: Needs) -> anyhow::Result<()> {
     let start = Instant::now();
     rust_src()?;
     let linker = bpf_linker()?;
-    if !build_only {
-        debian_packages()?;
+    debian_packages(needs.packages)?;
+    if needs.promtool {
+        promtool()?;
+    }
+    if needs.kubernetes_validate {
         python_packages()?;
+    }
+    if needs.cargo_fuzz {
         cargo_fuzz()?;
     }
     eprintln!(
@@ -174,27 +245,36 @@ fn require_root(what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn debian_packages() -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES
+fn debian_packages(packages: &[Package]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = packages
         .iter()
-        .filter(|(c, _)| !have(c))
-        .map(|(_, p)| *p)
+        .filter(|p| !have(p.command))
+        .map(|p| p.package)
         .collect();
-    if !missing.is_empty() {
-        require_root(&format!(
-            "missing Debian packages {missing:?} (`apt-get install --no-install-recommends {}`)",
-            missing.join(" ")
-        ))?;
-        eprintln!("setup: installing Debian packages {}", missing.join(" "));
-        apt_install(&missing)?;
+    if missing.is_empty() {
+        return Ok(());
     }
-    promtool()
+    require_root(&format!(
+        "missing Debian packages {missing:?} (`{}`)",
+        install_command(&missing)
+    ))?;
+    eprintln!("setup: installing Debian packages {}", missing.join(" "));
+    apt_install(&missing)
 }
 
-/// Installs `packages` without their recommendations, and only if that upgrades and removes
-/// nothing already installed. `--no-upgrade` only covers the packages named; a dependency
-/// that needs a newer version of an installed library would still be upgraded, so the
-/// transaction is simulated first and refused if it would touch an installed package.
+/// The command a person would type to install `packages` as setup does.
+fn install_command(packages: &[&str]) -> String {
+    format!(
+        "apt-get install --no-install-recommends {}",
+        packages.join(" ")
+    )
+}
+
+/// Installs `packages` without their recommendations. The transaction is simulated first: it
+/// goes ahead when it only installs packages and upgrades installed ones (a security or point
+/// release of a library or of a package built from the same source, which `apt-get install`
+/// typed by hand would do too), after saying which; it is refused when it would remove or
+/// downgrade an installed package, naming the command that would do it anyway.
 fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
     let mut args = vec![
         "install",
@@ -221,13 +301,23 @@ fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
         if !simulation.status.success() {
             continue;
         }
-        let touched = touches_installed(&String::from_utf8_lossy(&simulation.stdout));
-        if !touched.is_empty() {
+        let changes = Changes::of(&String::from_utf8_lossy(&simulation.stdout), |a, b| {
+            version_newer(a, b)
+        });
+        if !changes.refused.is_empty() {
             bail!(
-                "installing {} would also upgrade or remove installed packages ({}); setup \
-                 changes nothing already installed: install them yourself if that is fine",
+                "installing {} would also {}; setup removes and downgrades nothing. If that is \
+                 fine, run `{}` and run this command again",
                 packages.join(" "),
-                touched.join(", ")
+                changes.refused.join(", "),
+                install_command(packages)
+            );
+        }
+        if !changes.upgraded.is_empty() {
+            eprintln!(
+                "setup: this also upgrades installed packages (as `{}` would): {}",
+                install_command(packages),
+                changes.upgraded.join(", ")
             );
         }
         let installed = Command::new("apt-get")
@@ -239,28 +329,58 @@ fn apt_install(packages: &[&str]) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    bail!("apt-get install {} failed", packages.join(" "))
+    bail!(
+        "`{}` failed (see apt's output above)",
+        install_command(packages)
+    )
 }
 
-/// The installed packages an `apt-get --simulate` transcript upgrades (`Inst NAME [OLD] (NEW
-/// ...)`; a new package has no `[OLD]`) or removes (`Remv NAME ...`).
-fn touches_installed(simulation: &str) -> Vec<String> {
-    simulation
-        .lines()
-        .filter_map(|line| {
+/// Whether Debian version `a` is newer than `b` (`dpkg --compare-versions a gt b`).
+fn version_newer(a: &str, b: &str) -> bool {
+    Command::new("dpkg")
+        .args(["--compare-versions", a, "gt", b])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// What an `apt-get --simulate` transcript does to installed packages.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Changes {
+    /// `name old → new`, for installed packages moved to a newer version.
+    upgraded: Vec<String>,
+    /// What a person would not accept from an install: removals and downgrades.
+    refused: Vec<String>,
+}
+
+impl Changes {
+    /// Reads `Inst NAME [OLD] (NEW ...)` (no `[OLD]`: a new package) and `Remv NAME ...`;
+    /// `newer(a, b)` compares two versions.
+    fn of(simulation: &str, newer: impl Fn(&str, &str) -> bool) -> Self {
+        let mut changes = Self::default();
+        for line in simulation.lines() {
             if let Some(rest) = line.strip_prefix("Inst ") {
                 let mut words = rest.split_whitespace();
-                let name = words.next()?;
-                words
-                    .next()
-                    .is_some_and(|w| w.starts_with('['))
-                    .then(|| format!("{name} (upgrade)"))
-            } else {
-                let name = line.strip_prefix("Remv ")?.split_whitespace().next()?;
-                Some(format!("{name} (removal)"))
+                let (Some(name), Some(old)) = (words.next(), words.next()) else {
+                    continue;
+                };
+                let Some(old) = old.strip_prefix('[').and_then(|o| o.strip_suffix(']')) else {
+                    continue;
+                };
+                let new = words.next().unwrap_or("").trim_start_matches('(');
+                if newer(new, old) {
+                    changes.upgraded.push(format!("{name} {old} → {new}"));
+                } else {
+                    changes
+                        .refused
+                        .push(format!("downgrade {name} {old} → {new}"));
+                }
+            } else if let Some(rest) = line.strip_prefix("Remv ") {
+                let name = rest.split_whitespace().next().unwrap_or(rest);
+                changes.refused.push(format!("remove {name}"));
             }
-        })
-        .collect()
+        }
+        changes
+    }
 }
 
 /// promtool, Prometheus' own linter, for the tests' `promtool check metrics`. Debian ships it
@@ -405,26 +525,58 @@ fn cargo_fuzz() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::touches_installed;
+    use super::Changes;
+
+    /// Shapes from `apt-get install --simulate --no-upgrade` on Debian 12.
+    const SIMULATION: &str = "\
+NOTE: This is only a simulation!
+Inst bpftool (7.1.0+6.1.192-3 Debian-Security:12/oldstable-security [amd64])
+Inst linux-libc-dev [6.1.187-1] (6.1.192-3 Debian-Security:12/oldstable-security [amd64])
+Conf linux-libc-dev (6.1.192-3 Debian-Security:12/oldstable-security [amd64])
+Inst iptables (1.8.9-2 Debian:12.15/oldstable [amd64])
+";
+
+    /// Enough of dpkg's ordering for the cases here (the real one runs `dpkg`).
+    fn newer(a: &str, b: &str) -> bool {
+        let parts = |v: &str| -> Vec<u32> {
+            v.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        };
+        parts(a) > parts(b)
+    }
 
     #[test]
-    fn simulation_upgrades_and_removals_are_found_new_packages_are_not() {
-        // Shapes from `apt-get install --simulate --no-upgrade apt-utils` on Debian 12.
+    fn new_packages_and_upgrades_go_ahead_and_are_said() {
+        let changes = Changes::of(SIMULATION, newer);
+        assert_eq!(changes.upgraded, ["linux-libc-dev 6.1.187-1 → 6.1.192-3"]);
+        assert!(changes.refused.is_empty());
+    }
+
+    #[test]
+    fn removals_and_downgrades_are_refused() {
         let simulation = "\
-NOTE: This is only a simulation!
-Inst libapt-pkg6.0 [2.6.1] (2.6.2 Debian-Security:12/oldstable-security [amd64])
-Conf libapt-pkg6.0 (2.6.2 Debian-Security:12/oldstable-security [amd64])
-Inst apt-utils (2.6.2 Debian-Security:12/oldstable-security [amd64])
+Inst libapt-pkg6.0 [2.6.2] (2.6.1 Debian:12/oldstable [amd64])
 Remv iptables-legacy [1.8.9-2]
-Conf apt-utils (2.6.2 Debian-Security:12/oldstable-security [amd64])
+Inst apt-utils (2.6.2 Debian-Security:12/oldstable-security [amd64])
 ";
+        let changes = Changes::of(simulation, newer);
         assert_eq!(
-            touches_installed(simulation),
-            ["libapt-pkg6.0 (upgrade)", "iptables-legacy (removal)"]
+            changes.refused,
+            [
+                "downgrade libapt-pkg6.0 2.6.2 → 2.6.1",
+                "remove iptables-legacy"
+            ]
         );
-        assert!(
-            touches_installed("Inst nftables (1.0.6-2+deb12u2 Debian:12.11/stable [amd64])")
-                .is_empty()
+        assert!(changes.upgraded.is_empty());
+    }
+
+    #[test]
+    fn only_installs_change_nothing() {
+        let changes = Changes::of(
+            "Inst nftables (1.0.6-2+deb12u2 Debian:12.11/stable [amd64])",
+            newer,
         );
+        assert_eq!(changes, Changes::default());
     }
 }
