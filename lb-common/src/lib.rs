@@ -32,6 +32,10 @@ pub mod program {
     pub const RECVMSG6: &str = "socklb_recvmsg6";
     pub const GETPEERNAME4: &str = "socklb_getpeername4";
     pub const GETPEERNAME6: &str = "socklb_getpeername6";
+    /// `cgroup/sock_release`: when a socket closes, takes its record off its pod's count and
+    /// frees its connection slot. Optional (`socket-release`): without it there is no per-pod
+    /// bound and TCP sockets keep their record in socket storage.
+    pub const RELEASE: &str = "socklb_release";
     /// The iterator over `SOCKETS` (every translated socket's cookie and state, in one walk),
     /// pinned as `SOCKETS_ITER` beside the socket maps; not attached to the cgroup. Optional:
     /// some kernels refuse iterators over map elements.
@@ -71,6 +75,7 @@ pub enum MapId {
     Backends,
     Ports,
     Sockets,
+    Connections,
     SocketQuota,
     Config,
     Affinity,
@@ -108,15 +113,19 @@ pub struct MapDescriptor {
 
 /// `BPF_F_NO_PREALLOC`: the maps only the agent writes allocate entries as they are inserted.
 pub const MAP_F_NO_PREALLOC: u32 = 1;
+/// `BPF_F_MMAPABLE`: an array the agent reads in place (`CONNECTIONS`), without a system call
+/// per entry.
+pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 
 impl MapId {
     /// Every map, in the order the descriptor table lists them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Frontends4,
         Self::Frontends6,
         Self::Backends,
         Self::Ports,
         Self::Sockets,
+        Self::Connections,
         Self::SocketQuota,
         Self::Config,
         Self::Affinity,
@@ -146,7 +155,7 @@ impl MapId {
 }
 
 /// The maps, indexed by `MapId`.
-pub const MAPS: [MapDescriptor; 11] = [
+pub const MAPS: [MapDescriptor; 12] = [
     MapDescriptor {
         id: MapId::Frontends4,
         name: "FRONTENDS4",
@@ -218,6 +227,20 @@ pub const MAPS: [MapDescriptor; 11] = [
         help: "per-socket translation records, stored with the socket and freed with it",
     },
     MapDescriptor {
+        id: MapId::Connections,
+        name: "CONNECTIONS",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "ConnRecord",
+        value_size: size_of::<ConnRecord>() as u32,
+        default_capacity: CONNECTION_SLOTS,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: true,
+        help: "translated TCP connections by socket cookie (a slot each, freed when the socket closes; a socket whose slot is taken keeps its record in SOCKETS)",
+    },
+    MapDescriptor {
         id: MapId::SocketQuota,
         name: "SOCKET_QUOTA",
         kind: MapKind::LruHash,
@@ -229,7 +252,7 @@ pub const MAPS: [MapDescriptor; 11] = [
         capacity_flag: None,
         preallocated: true,
         per_socket: true,
-        help: "socket records per client cgroup: counted up at each new record, recounted by the agent from the live sockets",
+        help: "socket records per pod: counted up at each new record and down when its socket closes",
     },
     MapDescriptor {
         id: MapId::Config,
@@ -561,8 +584,9 @@ pub const SOCK_DESTINATIONS: usize = 3;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockState {
-    /// The cgroup v2 id of the process whose call created the record (the client pod's
-    /// container): socket records are counted and listed per client by it.
+    /// The cgroup v2 id of the pod whose call created the record (`DatapathConfig::pod_level`;
+    /// the process's own cgroup outside pods): the count the record is charged to, and the
+    /// client it is listed under.
     pub cgroup_id: u64,
     /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`) when the record was created: the socket's age.
     pub created_ns: u64,
@@ -582,26 +606,71 @@ pub struct SocketEntry {
     pub state: SockState,
 }
 
-/// `CONFIG` value: what the agent decides once it knows what the kernel offers.
+/// `CONFIG` value: what the agent decides once it knows what the kernel offers. The programs
+/// read it on every translation; it stays in force while no agent runs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DatapathConfig {
-    /// Socket records one client cgroup may hold (`SOCKET_QUOTA`); `u64::MAX` turns the bound
-    /// off (the agent can only recount live sockets where the kernel lets it list them).
-    pub max_sockets_per_cgroup: u64,
+    /// Socket records one pod may hold (`SOCKET_QUOTA`); `u64::MAX` turns the bound off.
+    pub max_sockets_per_pod: u64,
+    /// The cgroups whose children are pods although they sit at `pod_level` themselves: the
+    /// kubelet's quality-of-service tiers (`kubepods/burstable`, `kubepods/besteffort`); 0:
+    /// unused.
+    pub tiers: [u64; 2],
+    /// The cgroup level of a pod's cgroup: a socket's records are counted against the
+    /// creating process's ancestor at this level (one level lower under a tier). 0: against
+    /// the process's own cgroup.
+    pub pod_level: u32,
+    /// `CONFIG_*` bits.
+    pub flags: u32,
 }
 
+/// `DatapathConfig::flags`: TCP connections take a slot in `CONNECTIONS` (the release program
+/// is attached and frees it).
+pub const CONFIG_CONNECTION_SLOTS: u32 = 1;
+/// `DatapathConfig::flags`: a decision stream is being read (`socklb monitor`): the programs
+/// write their decisions to `EVENTS`.
+pub const CONFIG_EVENTS: u32 = 2;
+
 impl Default for DatapathConfig {
-    /// No bound until the agent writes one.
+    /// No bound, no slots, until the agent writes its settings.
     fn default() -> Self {
         Self {
-            max_sockets_per_cgroup: u64::MAX,
+            max_sockets_per_pod: u64::MAX,
+            tiers: [0; 2],
+            pod_level: 0,
+            flags: 0,
         }
     }
 }
 
+/// Slots in `CONNECTIONS`: a power of two (the slot is the cookie's low bits). A connection
+/// whose slot another live connection holds keeps its record in `SOCKETS` instead.
+pub const CONNECTION_SLOTS: u32 = 1 << 17;
+
+/// `CONNECTIONS` value: one translated TCP connection, in the slot of its socket cookie. The
+/// same facts as a `SockState` with one record, without an allocation per socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnRecord {
+    /// The socket's cookie; 0: the slot is free. Written last, cleared by the release program.
+    pub cookie: u64,
+    /// The cgroup v2 id of the process that connected.
+    pub cgroup_id: u64,
+    /// `bpf_ktime_get_ns()` at connect.
+    pub created_ns: u64,
+    pub frontend: FrontendKey,
+    pub backend: Backend,
+    pub service_id: u32,
+    /// Index of `backend` within its backend set.
+    pub slot: u32,
+}
+
 /// Entries in one client's affinity table.
 pub const AFFINITY_WAYS: usize = 16;
+/// Entries of one bucket of a client's affinity table: a service's choices go in the bucket its
+/// id hashes to (set-associative), so a connect searches this many entries, not all of them.
+pub const AFFINITY_BUCKET: usize = 4;
 
 /// One remembered choice: a pod (network namespace) of one service.
 #[repr(C)]
@@ -703,13 +772,23 @@ const _: () = {
     // The storage element (72 bytes of header, then the value) stays in the 256-byte slab.
     assert!(72 + size_of::<SockState>() <= 256);
     assert!(size_of::<SocketEntry>() == 8 + size_of::<SockState>());
-    assert!(size_of::<DatapathConfig>() == 8);
+    assert!(size_of::<DatapathConfig>() == 32);
+    assert!(offset_of!(DatapathConfig, tiers) == 8);
+    assert!(offset_of!(DatapathConfig, pod_level) == 24);
+    assert!(offset_of!(DatapathConfig, flags) == 28);
+    assert!(size_of::<ConnRecord>() == 72);
+    assert!(offset_of!(ConnRecord, frontend) == 24);
+    assert!(offset_of!(ConnRecord, backend) == 44);
+    assert!(offset_of!(ConnRecord, service_id) == 64);
+    assert!(offset_of!(ConnRecord, slot) == 68);
+    assert!(CONNECTION_SLOTS.is_power_of_two());
     assert!(size_of::<AffinityEntry>() == 48);
     assert!(offset_of!(AffinityEntry, backend) == 16);
     assert!(offset_of!(AffinityEntry, service_id) == 36);
     assert!(offset_of!(AffinityEntry, slot) == 40);
     assert!(size_of::<AffinityTable>() == 48 * AFFINITY_WAYS);
     assert!(AFFINITY_WAYS.is_power_of_two());
+    assert!(AFFINITY_BUCKET.is_power_of_two() && AFFINITY_WAYS / AFFINITY_BUCKET >= 2);
     assert!(size_of::<ServiceMeta>() == 200);
     assert!(offset_of!(ServiceMeta, port) == 192);
     assert!(offset_of!(ServiceMeta, scope) == 196);
@@ -738,6 +817,7 @@ mod pod {
     unsafe impl aya::Pod for super::SockRecord {}
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::DatapathConfig {}
+    unsafe impl aya::Pod for super::ConnRecord {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::AffinityTable {}
     unsafe impl aya::Pod for super::ServiceMeta {}

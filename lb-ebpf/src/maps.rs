@@ -5,8 +5,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use lb_common::{
-    AffinityTable, Backend, Counter, DatapathConfig, Frontend, Frontend4Key, FrontendKey,
-    MAP_F_NO_PREALLOC, MapId, ServiceMeta, SockState,
+    AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Frontend, Frontend4Key,
+    FrontendKey, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, ServiceMeta, SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -46,9 +46,22 @@ pub(crate) static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 #[btf_map]
 pub(crate) static SOCKETS: SkStorage<SockState> = SkStorage::new();
 
-/// Socket records per client cgroup: counted up when a record is created, recounted by the
-/// agent from the live sockets (there is no program at close). An LRU, so a node with more
-/// clients than entries forgets the least recently active client's count, not anyone's records.
+/// Translated TCP connections, one slot per socket cookie (its low bits): taken at connect when
+/// free, freed by the release program. Preallocated, so a connection costs no allocation; a
+/// connection whose slot another live one holds keeps its record in `SOCKETS` instead. The
+/// agent reads it in place (mmap).
+#[btf_map]
+pub(crate) static CONNECTIONS: Array<
+    ConnRecord,
+    { size(MapId::Connections) },
+    { MAP_F_MMAPABLE as usize },
+> = Array::new();
+
+/// Socket records per pod: counted up when a record is created and down when its socket
+/// closes (the release program), so the count is what the pod holds, with or without an agent.
+/// Read as a signed number: a count forgotten by the LRU and started again may go below zero
+/// when older sockets close, which only lets that pod through. An LRU, so a node with more pods
+/// than entries forgets the least recently active pod's count, not anyone's records.
 #[btf_map]
 pub(crate) static SOCKET_QUOTA: LruHashMap<u64, u64, { size(MapId::SocketQuota) }> =
     LruHashMap::new();

@@ -3,9 +3,12 @@
     clippy::needless_pass_by_value,
     reason = "aya's entry-point macro hands the context over by value"
 )]
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{
+    macros::{cgroup_sock, cgroup_sock_addr},
+    programs::{SockAddrContext, SockContext},
+};
 
-use crate::translate::{Hook, SocketFamily, fault_verdict, reverse, try_translate};
+use crate::translate::{Hook, SocketFamily, fault_verdict, release, reverse, try_translate};
 
 #[inline(always)]
 fn translate(ctx: &SockAddrContext, hook: Hook, family: SocketFamily) -> i32 {
@@ -50,6 +53,11 @@ pub(crate) fn socklb_getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub(crate) fn socklb_getpeername6(ctx: SockAddrContext) -> i32 {
     reverse(&ctx, SocketFamily::V6)
+}
+
+#[cgroup_sock(sock_release)]
+pub(crate) fn socklb_release(ctx: SockContext) -> i32 {
+    release(&ctx)
 }
 
 /// `bpf_iter__bpf_sk_storage_map`, the context of an iterator over a socket-storage map.

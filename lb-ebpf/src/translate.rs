@@ -7,21 +7,25 @@
 use aya_ebpf::{
     helpers::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns,
-        generated::{bpf_get_current_cgroup_id, bpf_set_retval},
+        generated::{
+            bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_socket_cookie,
+            bpf_set_retval,
+        },
     },
-    programs::SockAddrContext,
+    programs::{SockAddrContext, SockContext},
 };
 use aya_log_ebpf::debug;
 use lb_common::{
-    AFFINITY_WAYS, AffinityEntry, Backend, Counter, FAMILY_IPV4, FRONTEND_FLAG_AFFINITY,
+    AFFINITY_BUCKET, AFFINITY_WAYS, AffinityEntry, Backend, CONFIG_CONNECTION_SLOTS,
+    CONNECTION_SLOTS, ConnRecord, Counter, DatapathConfig, FAMILY_IPV4, FRONTEND_FLAG_AFFINITY,
     FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS,
     SockRecord, SockState, ports,
 };
 
 use crate::{
     maps::{
-        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, FRONTENDS4, FRONTENDS6, PORTS, SOCKET_QUOTA,
-        SOCKETS, count,
+        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, FRONTENDS4, FRONTENDS6, PORTS,
+        SOCKET_QUOTA, SOCKETS, count,
     },
     sockaddr::{self, SockAddr},
 };
@@ -39,6 +43,8 @@ const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// The API's longest affinity timeout (one day): older entries are dead whatever their service.
 /// Masks table indexes so the verifier sees them bounded.
 const WAY_MASK: usize = AFFINITY_WAYS - 1;
+/// Masks a socket cookie to its `CONNECTIONS` slot.
+const SLOT_MASK: u32 = CONNECTION_SLOTS - 1;
 /// A record index the verifier sees bounded (`SOCK_DESTINATIONS` need not be a power of two).
 #[inline(always)]
 const fn slot_of(i: usize) -> usize {
@@ -124,15 +130,33 @@ pub(crate) fn try_translate(
         return Ok(refuse(ECONNREFUSED));
     }
     let wants_record = udp || read_flag(&RECORD_TCP);
+    let config = CONFIG.get(0);
+    // A TCP connection's record goes in its `CONNECTIONS` slot when that is free (no
+    // allocation); otherwise, and for UDP, in the socket's own storage.
+    let mut slot = core::ptr::null_mut::<ConnRecord>();
+    let mut cookie = 0;
+    if wants_record && !udp && config.is_some_and(|c| c.flags & CONFIG_CONNECTION_SLOTS != 0) {
+        // SAFETY: the hook's own socket.
+        cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+        if let Some(s) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
+            // SAFETY: a value of the array, valid while this program runs.
+            let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*s).cookie)) };
+            if holder == 0 || holder == cookie {
+                slot = s;
+            }
+        }
+    }
     let mut state = core::ptr::null_mut::<SockState>();
-    if wants_record {
-        state = match socket_state(ctx) {
+    if wants_record && slot.is_null() {
+        state = match socket_state(ctx, config) {
             Ok(state) => state,
             Err(verdict) => return Ok(verdict),
         };
     }
     let choice = choose(ctx, hook, &key, &frontend, state)?;
-    if wants_record && !choice.recorded {
+    if !slot.is_null() {
+        take_slot(slot, cookie, &key, &choice, frontend.service_id);
+    } else if wants_record && !choice.recorded {
         remember(state, &key, &choice, frontend.service_id);
     }
     let b = &choice.backend;
@@ -154,6 +178,25 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     if !backend_port_in_use(udp, peer.port_be) {
         return ALLOW;
     }
+    if !udp && slots_on(CONFIG.get(0)) {
+        // SAFETY: the hook's own socket.
+        let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+        if let Some(slot) = CONNECTIONS.get(cookie as u32 & SLOT_MASK)
+            && slot.cookie == cookie
+            && same_backend(&slot.backend, &peer)
+        {
+            let frontend = &slot.frontend;
+            store(
+                ctx,
+                family,
+                &frontend.addr,
+                frontend.port_be,
+                frontend.family,
+            );
+            count(Counter::ReverseTranslations);
+            return ALLOW;
+        }
+    }
     // SAFETY: this socket's own storage, or null.
     let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
     if state.is_null() {
@@ -163,11 +206,7 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
         // SAFETY: non-null, `i` masked below the array's length; only hooks of this socket
         // write it, and a torn read only fails the comparison.
         let record = unsafe { &*core::ptr::addr_of!((*state).records[slot_of(i)]) };
-        let backend = &record.backend;
-        if backend.family == peer.family
-            && backend.port_be == peer.port_be
-            && backend.addr == peer.addr
-        {
+        if same_backend(&record.backend, &peer) {
             let frontend = &record.frontend;
             store(
                 ctx,
@@ -183,53 +222,86 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     ALLOW
 }
 
-/// The socket's state, created on its first translation and counted against its client's
-/// bound. `Err` holds the verdict refusing the call (ENOBUFS): past the bound, or when the
-/// kernel cannot allocate the storage.
+/// Whether TCP connections take `CONNECTIONS` slots (the release program frees them).
 #[inline(always)]
-fn socket_state(ctx: &SockAddrContext) -> Result<*mut SockState, i32> {
+fn slots_on(config: Option<&DatapathConfig>) -> bool {
+    config.is_some_and(|c| c.flags & CONFIG_CONNECTION_SLOTS != 0)
+}
+
+#[inline(always)]
+fn same_backend(backend: &Backend, peer: &SockAddr) -> bool {
+    backend.family == peer.family && backend.port_be == peer.port_be && backend.addr == peer.addr
+}
+
+/// The socket's state, created on its first translation and counted against its pod's bound.
+/// `Err` holds the verdict refusing the call (ENOBUFS): past the bound, or when the kernel
+/// cannot allocate the storage.
+#[inline(always)]
+fn socket_state(
+    ctx: &SockAddrContext,
+    config: Option<&DatapathConfig>,
+) -> Result<*mut SockState, i32> {
     // SAFETY: this socket's own storage, or null.
     let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
     if !state.is_null() {
         return Ok(state);
     }
-    // SAFETY: plain helper call.
-    let cgroup = unsafe { bpf_get_current_cgroup_id() };
-    if !charge(cgroup) {
+    let (pod, max) = match config {
+        Some(c) => (pod_of(c), c.max_sockets_per_pod),
+        // SAFETY: plain helper call.
+        None => (unsafe { bpf_get_current_cgroup_id() }, u64::MAX),
+    };
+    if !charge(pod, max) {
         count(Counter::RecordQuota);
         return Err(refuse(ENOBUFS));
     }
     // SAFETY: the socket is the hook's own; the helper returns its storage or null.
     let state = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
     if state.is_null() {
-        // Counted against the client already; the agent's next recount corrects that.
+        // No record, so no release will take it off the count: take it off now.
+        uncharge(pod, max);
         count(Counter::RecordFailed);
         return Err(refuse(ENOBUFS));
     }
     // SAFETY: non-null; a new value is all zero and only this socket's hooks write it.
     unsafe {
-        (*state).cgroup_id = cgroup;
+        (*state).cgroup_id = pod;
         (*state).created_ns = bpf_ktime_get_ns();
     }
     Ok(state)
 }
 
-/// Counts one more socket record for `cgroup`; false when it already holds as many as one
-/// client may. No bound configured: nothing is counted.
+/// The pod the calling process belongs to: its cgroup's ancestor at the pods' level (one level
+/// further under a kubelet quality-of-service tier), or its own cgroup outside pods.
 #[inline(always)]
-fn charge(cgroup: u64) -> bool {
-    let max = match CONFIG.get(0) {
-        Some(config) => config.max_sockets_per_cgroup,
-        None => u64::MAX,
-    };
-    if max == u64::MAX {
+fn pod_of(config: &DatapathConfig) -> u64 {
+    // SAFETY: plain helper calls.
+    unsafe {
+        let own = bpf_get_current_cgroup_id();
+        let level = config.pod_level.cast_signed();
+        if level == 0 {
+            return own;
+        }
+        let mut pod = bpf_get_current_ancestor_cgroup_id(level);
+        if pod != 0 && (pod == config.tiers[0] || pod == config.tiers[1]) {
+            pod = bpf_get_current_ancestor_cgroup_id(level + 1);
+        }
+        if pod == 0 { own } else { pod }
+    }
+}
+
+/// Counts one more socket record for `pod`; false when it already holds `max`. No bound
+/// configured: nothing is counted (and nothing is taken off at release).
+#[inline(always)]
+fn charge(pod: u64, max: u64) -> bool {
+    if unbounded(max) {
         return true;
     }
-    let held = if let Some(held) = SOCKET_QUOTA.get_ptr_mut(cgroup) {
+    let held = if let Some(held) = SOCKET_QUOTA.get_ptr_mut(pod) {
         held
     } else {
-        let _ = SOCKET_QUOTA.insert(cgroup, 0, BPF_NOEXIST);
-        match SOCKET_QUOTA.get_ptr_mut(cgroup) {
+        let _ = SOCKET_QUOTA.insert(pod, 0, BPF_NOEXIST);
+        match SOCKET_QUOTA.get_ptr_mut(pod) {
             Some(held) => held,
             // The LRU could not make room (only under extreme pressure): do not refuse.
             None => return true,
@@ -237,10 +309,10 @@ fn charge(cgroup: u64) -> bool {
     };
     // SAFETY: a value of the map, valid while this program runs. The add is atomic (BPF's
     // atomic add; the target has no compare-exchange, so core's atomics lack `fetch_add`):
-    // other CPUs count the same client. A concurrent check may let a few more through; the
-    // bound is approximate by that much.
+    // other CPUs count the same pod. A concurrent check may let a few more through; the bound
+    // is approximate by that much. Signed: see `SOCKET_QUOTA`.
     unsafe {
-        if core::ptr::read_volatile(held) >= max {
+        if core::ptr::read_volatile(held).cast_signed() >= max.cast_signed() {
             return false;
         }
         core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
@@ -248,6 +320,92 @@ fn charge(cgroup: u64) -> bool {
         );
     }
     true
+}
+
+/// No bound: `u64::MAX`, or 0 (an entry never written).
+#[inline(always)]
+fn unbounded(max: u64) -> bool {
+    max == u64::MAX || max == 0
+}
+
+/// Takes one record off `pod`'s count.
+#[inline(always)]
+fn uncharge(pod: u64, max: u64) {
+    if unbounded(max) {
+        return;
+    }
+    if let Some(held) = SOCKET_QUOTA.get_ptr_mut(pod) {
+        // SAFETY: as in `charge`; adding 2^64 - 1 subtracts one.
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                held,
+                u64::MAX,
+            );
+        }
+    }
+}
+
+/// Writes a TCP connection's record in its slot, the cookie last (readers match on it).
+#[inline(always)]
+fn take_slot(
+    slot: *mut ConnRecord,
+    cookie: u64,
+    key: &FrontendKey,
+    choice: &Choice,
+    service_id: u32,
+) {
+    // SAFETY: a value of the array, valid while this program runs; another connection racing
+    // for the same slot (cookies equal in their low bits, at the same moment) can only make
+    // this one's getpeername report its backend.
+    unsafe {
+        (*slot).cgroup_id = bpf_get_current_cgroup_id();
+        (*slot).created_ns = bpf_ktime_get_ns();
+        (*slot).frontend = *key;
+        (*slot).backend = choice.backend;
+        (*slot).service_id = service_id;
+        (*slot).slot = choice.slot;
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).cookie), cookie);
+    }
+}
+
+/// `cgroup/sock_release`: a closing socket's record comes off its pod's count, and a TCP
+/// connection frees its slot. Runs for every socket closed in the cgroup tree; a socket that
+/// was never translated costs a storage lookup that finds nothing.
+#[inline(always)]
+pub(crate) fn release(ctx: &SockContext) -> i32 {
+    use aya_ebpf::helpers::generated::bpf_sk_storage_get;
+    let sk = ctx.sock;
+    // SAFETY: the kernel's socket, the program's context.
+    let (protocol, port_be) = unsafe { ((*sk).protocol, (*sk).dst_port) };
+    let udp = match protocol {
+        p if p == u32::from(PROTOCOL_TCP) => false,
+        p if p == u32::from(PROTOCOL_UDP) => true,
+        _ => return ALLOW,
+    };
+    let config = CONFIG.get(0);
+    let max = config.map_or(u64::MAX, |c| c.max_sockets_per_pod);
+    // SAFETY: the helper returns the socket's value in `SOCKETS` or null.
+    let state = unsafe {
+        let map = core::ptr::from_ref(&SOCKETS).cast_mut().cast();
+        bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0).cast::<SockState>()
+    };
+    if !state.is_null() {
+        // SAFETY: non-null, this socket's value.
+        uncharge(unsafe { (*state).cgroup_id }, max);
+    }
+    if !udp && slots_on(config) && port_be != 0 && backend_port_in_use(false, port_be) {
+        // SAFETY: the program's own socket.
+        let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
+        if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
+            // SAFETY: a value of the array; only a matching cookie is cleared.
+            unsafe {
+                if core::ptr::read_volatile(core::ptr::addr_of!((*slot).cookie)) == cookie {
+                    core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).cookie), 0);
+                }
+            }
+        }
+    }
+    ALLOW
 }
 
 /// Records the choice in the socket's state: in the record of the same service address, else
@@ -428,6 +586,15 @@ fn choose_random(frontend: &Frontend) -> Result<Choice, Fault> {
     })
 }
 
+/// The first entry of a service's bucket in a client's affinity table.
+#[inline(always)]
+fn bucket_of(service_id: u32) -> usize {
+    // Fibonacci hashing: the top bits of the product pick the bucket.
+    let buckets = (AFFINITY_WAYS / AFFINITY_BUCKET) as u32;
+    let bucket = service_id.wrapping_mul(0x9e37_79b1) >> (32 - buckets.trailing_zeros());
+    (bucket as usize * AFFINITY_BUCKET) & WAY_MASK
+}
+
 /// sessionAffinity ClientIP: the client (pod network namespace) of this backend set keeps its
 /// backend while it stays and was used less than the timeout ago. The choices live in a table of
 /// fixed size per client cgroup, so a client that uses many services only replaces its own.
@@ -456,15 +623,19 @@ fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Ch
         t
     };
     let timeout = u64::from(frontend.affinity_timeout_s) * NANOS_PER_SECOND;
+    // The service's bucket of the client's table (set-associative: a client's choices for
+    // services of other buckets never compete with these).
+    let first = bucket_of(frontend.service_id);
     let mut found = AFFINITY_WAYS;
-    // Where a new choice goes: a free or dead entry first, else the client's least recently
+    // Where a new choice goes: a free or dead entry first, else the bucket's least recently
     // used one (an eviction, counted).
-    let mut victim = 0usize;
+    let mut victim = first;
     let mut victim_age = 0u64;
     let mut victim_live = true;
-    for i in 0..AFFINITY_WAYS {
-        // SAFETY: `i` < AFFINITY_WAYS, inside the table the map lookup returned; concurrent
-        // writers from the same client only make a choice fail validation.
+    for way in 0..AFFINITY_BUCKET {
+        let i = first + way;
+        // SAFETY: `i` masked below AFFINITY_WAYS, inside the table the map lookup returned;
+        // concurrent writers from the same client only make a choice fail validation.
         let entry = unsafe { &*core::ptr::addr_of!((*table).entries[i & WAY_MASK]) };
         if entry.service_id == frontend.service_id && entry.netns_cookie == netns {
             found = i;

@@ -23,13 +23,25 @@ pub fn disabled_by_env() -> Vec<Feature> {
 
 /// What the agent says it runs with, checked against this run's switch: every part turned off
 /// on purpose is reported off, with a reason, and so is every part the kernel refused.
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent promises, each on or off, read by tests one at a time"
+)]
 pub struct Claims {
     pub udp_termination: bool,
     pub tcp_listing: bool,
     pub udp_listing: bool,
+    /// The release program: the per-pod bound, and TCP connections in preallocated slots.
+    pub socket_release: bool,
 }
 
 impl Claims {
+    /// The program links the agent keeps: the eight cgroup programs translation needs, and
+    /// the release program where the kernel took it.
+    pub fn programs(&self) -> usize {
+        lb_common::program::ALL.len() + usize::from(self.socket_release)
+    }
+
     pub fn of(status: &Status) -> Self {
         let on = |f: Feature| {
             status
@@ -59,11 +71,22 @@ impl Claims {
             udp_termination: on(Feature::SocketDestroy) && (global || on(Feature::UdpIterator)),
             tcp_listing: global || on(Feature::SockDiagStorage),
             udp_listing: global || on(Feature::UdpIterator),
+            socket_release: on(Feature::SocketRelease),
         };
         if !claims.udp_termination {
             assert!(
                 status.degraded.iter().any(|l| l.contains("not terminated")),
                 "the lost UDP termination is named: {:?}",
+                status.degraded
+            );
+        }
+        if !claims.socket_release {
+            assert!(
+                status
+                    .degraded
+                    .iter()
+                    .any(|l| l.contains("no per-pod bound")),
+                "the lost per-pod bound is named: {:?}",
                 status.degraded
             );
         }

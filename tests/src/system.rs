@@ -158,8 +158,9 @@ pub fn sweep_stale() {
     }
 }
 
-/// The cgroup attach types socklb uses, by bpftool's names.
-pub const SOCKLB_ATTACH_TYPES: [(bpf_attach_type, &str); 8] = [
+/// The cgroup attach types socklb uses, by bpftool's names (the release program's only where
+/// the kernel took it).
+pub const SOCKLB_ATTACH_TYPES: [(bpf_attach_type, &str); 9] = [
     (
         bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
         "cgroup_inet4_connect",
@@ -191,6 +192,10 @@ pub const SOCKLB_ATTACH_TYPES: [(bpf_attach_type, &str); 8] = [
     (
         bpf_attach_type::BPF_CGROUP_INET6_GETPEERNAME,
         "cgroup_inet6_getpeername",
+    ),
+    (
+        bpf_attach_type::BPF_CGROUP_INET_SOCK_RELEASE,
+        "cgroup_inet_sock_release",
     ),
 ];
 

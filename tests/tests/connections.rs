@@ -80,7 +80,13 @@ fn counts(
             for c in &b.clients {
                 *by_client
                     .entry(c.cgroup.clone().unwrap_or_default())
-                    .or_default() += c.sockets.len();
+                    .or_default() += c.total;
+                assert!(
+                    c.sockets.len() == c.total.min(socklb::dataplane::sockets::view::SAMPLE),
+                    "the sample holds the oldest {} of {}: {c:?}",
+                    socklb::dataplane::sockets::view::SAMPLE,
+                    c.total
+                );
             }
         }
     }

@@ -561,7 +561,11 @@ fn verifier_accepts_every_program() -> anyhow::Result<()> {
     let w = World::new(&V4, false, &[0], &[])?;
     let programs: Vec<ProgramView> = w.sandbox.inspect_as(&["programs"])?;
     let names: Vec<&str> = programs.iter().map(|p| p.name.as_str()).collect();
-    assert_eq!(names, lb_common::program::ALL);
+    let mut expected = lb_common::program::ALL.to_vec();
+    if socklb_tests::features::Claims::of(&w.agent.status()?).socket_release {
+        expected.push(lb_common::program::RELEASE);
+    }
+    assert_eq!(names, expected);
     eprintln!(
         "{:<22} {:>12} {:>22}",
         "program", "instructions", "verified instructions"

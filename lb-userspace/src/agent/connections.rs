@@ -19,8 +19,8 @@ use crate::{
         features::Listing,
         maps::ServiceMaps,
         sockets::{
-            Census, ListError, SocketPins, census, monotonic_now,
-            view::{self, ConnectionsView, Filter},
+            CensusStats, ListError, SocketPins, census_each, monotonic_now,
+            view::{self, ConnectionsView, Filter, Tally},
         },
     },
 };
@@ -30,9 +30,10 @@ pub(super) const REFRESH: Duration = Duration::from_secs(15);
 /// A request is answered from a census at most this old.
 pub(super) const FRESH: Duration = Duration::from_secs(2);
 
-/// A census's result, as it comes back from its thread.
+/// A census's result, as it comes back from its thread: the connections counted as they
+/// streamed by (its size grows with the connections' kinds, not with the sockets).
 pub(super) struct Counted {
-    census: Result<Census, ListError>,
+    census: Result<(Tally, CensusStats), ListError>,
     cgroups: HashMap<u64, PathBuf>,
     took: Duration,
 }
@@ -134,7 +135,9 @@ impl Refresher {
         );
         tokio::task::spawn_blocking(move || {
             let start = Instant::now();
-            let census = census(&pins, &cgroup, listing, true);
+            let mut tally = Tally::new(monotonic_now());
+            let census = census_each(&pins, &cgroup, listing, true, |s| tally.add(&s))
+                .map(|stats| (tally, stats));
             let cgroups = view::cgroup_paths(&cgroup);
             let _ = tx.blocking_send(Counted {
                 census,
@@ -151,7 +154,7 @@ impl Refresher {
         engine: &Engine<M>,
     ) -> Option<(Arc<ConnectionsView>, Duration)> {
         self.in_flight = false;
-        let census = match counted.census {
+        let (tally, stats) = match counted.census {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(
@@ -163,12 +166,12 @@ impl Refresher {
         };
         let cluster = FromObjects::new(engine.store());
         let view = Arc::new(view::summarize(
-            &census,
+            tally,
+            &stats,
             engine.reconciler().snapshot(),
             &cluster,
             &counted.cgroups,
             &Filter::default(),
-            monotonic_now(),
         ));
         self.publish.send_replace(Some(Published {
             at: Instant::now(),

@@ -55,10 +55,11 @@ use crate::{
 
 /// How long the source may fail before the agent reports itself not ready.
 const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
-/// How often the agent looks at the per-client socket counts; a client past half its bound
-/// gets its count recounted from the live sockets at once, the others every `RECOUNT_EVERY`.
-const QUOTA_CHECK: Duration = Duration::from_secs(2);
-const RECOUNT_EVERY: Duration = Duration::from_mins(1);
+/// How often the agent recounts the per-pod socket records from the live sockets: a safety net
+/// (the kernel keeps the counts exact), whatever any pod does.
+const RECOUNT_EVERY: Duration = Duration::from_mins(5);
+/// How often the agent looks again where pods are in the cgroup tree.
+const PODS_EVERY: Duration = Duration::from_secs(30);
 
 /// Where the agent reads Services and EndpointSlices from.
 #[derive(Clone, Debug)]
@@ -255,7 +256,8 @@ pub async fn run(
 
     let mut retry = tokio::time::interval(config.retry_interval);
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    spawn_recount(&config, &dataplane, &shared);
+    let mut pods_tick = tokio::time::interval(PODS_EVERY);
+    pods_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut census_tick = tokio::time::interval(connections::REFRESH);
     census_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -283,7 +285,11 @@ pub async fn run(
                     sync_health_checks(servers, &engine, &config);
                 }
             }
-            _ = census_tick.tick() => refresher.start(),
+            _ = census_tick.tick() => {
+                refresher.start();
+                record_counts(&config, &dataplane, &shared);
+            }
+            _ = pods_tick.tick(), if attached => refresh_pods(&mut dataplane),
             Some(()) = inbox.asked.recv() => refresher.start(),
             Some(counted) = inbox.done.recv() => {
                 if let Some((view, took)) = refresher.finish(counted, &engine) {
@@ -308,13 +314,8 @@ pub async fn run(
             .node_health
             .follow(engine.node_object(), engine.node().kube_version);
         if engine.is_synced() && !attached {
-            let ids = dataplane.attach().context("attaching the programs")?;
+            attach(&config, &mut dataplane, &engine, &shared)?;
             attached = true;
-            tracing::info!(
-                cgroup = %config.load.cgroup.display(),
-                programs = ids.len(),
-                "first complete sync written; programs attached"
-            );
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
         record_progress(&engine, &shared, attached, &mut unhealthy_since);
@@ -323,6 +324,29 @@ pub async fn run(
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
     );
+    Ok(())
+}
+
+/// After the first complete sync: attaches the programs, starts the recounts, and looks for the
+/// connected UDP sockets whose backend left while no agent ran (they are found now, not at the
+/// next change).
+fn attach(
+    config: &AgentConfig,
+    dataplane: &mut Dataplane,
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Arc<Shared>,
+) -> anyhow::Result<()> {
+    let ids = dataplane.attach().context("attaching the programs")?;
+    tracing::info!(
+        cgroup = %config.load.cgroup.display(),
+        programs = ids.len(),
+        pod_level = dataplane.config().pod_level,
+        "first complete sync written; programs attached"
+    );
+    spawn_recount(config, dataplane, shared);
+    if shared.features.udp_termination() {
+        terminate_udp_sockets(config, dataplane, engine, shared);
+    }
     Ok(())
 }
 
@@ -556,7 +580,7 @@ fn udp_pass(
     }
 }
 
-/// Starts the recount loop when the per-client bound is on.
+/// Starts the recount loop when the per-pod bound is on (once the programs are attached).
 fn spawn_recount(config: &AgentConfig, dataplane: &Dataplane, shared: &Arc<Shared>) {
     if let Some(bound) = config
         .load
@@ -573,8 +597,9 @@ fn spawn_recount(config: &AgentConfig, dataplane: &Dataplane, shared: &Arc<Share
     }
 }
 
-/// Recounts the per-client socket records from the live sockets when a client is past half its
-/// bound, or every `RECOUNT_EVERY`; one recount at a time, off the event loop.
+/// Recounts the per-pod socket records from the live sockets now (counts kept before the
+/// release program was attached are corrected) and then every `RECOUNT_EVERY`; off the event
+/// loop, streaming the records.
 async fn recount_loop(
     cgroup: std::path::PathBuf,
     pins: SocketPins,
@@ -582,25 +607,10 @@ async fn recount_loop(
     shared: Arc<Shared>,
     bound: u64,
 ) {
-    let mut tick = tokio::time::interval(QUOTA_CHECK);
+    let mut tick = tokio::time::interval(RECOUNT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = Instant::now();
     loop {
         tick.tick().await;
-        let near = match quota::counts(&pins) {
-            Ok(counts) => counts.values().any(|c| *c >= bound / 2),
-            Err(e) => {
-                tracing::debug!(
-                    error = &e as &dyn std::error::Error,
-                    "reading the socket counts"
-                );
-                false
-            }
-        };
-        if !(near || last.elapsed() >= RECOUNT_EVERY) {
-            continue;
-        }
-        last = Instant::now();
         let (cgroup, pins, shared) = (cgroup.clone(), pins.clone(), shared.clone());
         let done = tokio::task::spawn_blocking(move || {
             let result = quota::recount(&pins, listing, &cgroup, bound);
@@ -613,12 +623,19 @@ async fn recount_loop(
         match result {
             Ok(r) => {
                 shared.metrics.record_recount(&r);
+                if r.corrected > 0 {
+                    tracing::info!(
+                        pods = r.corrected,
+                        records = r.records,
+                        "recounted the per-pod socket records: some counts were off"
+                    );
+                }
                 if r.at_bound > 0 {
                     tracing::warn!(
-                        clients = r.at_bound,
+                        pods = r.at_bound,
                         bound,
                         largest = r.largest,
-                        "clients hold as many socket records as one may: their new service sockets get ENOBUFS"
+                        "pods hold as many socket records as one may: their new service sockets get ENOBUFS"
                     );
                 }
             }
@@ -632,6 +649,43 @@ async fn recount_loop(
                 );
             }
         }
+    }
+}
+
+/// The kernel's per-pod record counts (when the bound is on) and the slots held, for the
+/// metrics.
+fn record_counts(config: &AgentConfig, dataplane: &Dataplane, shared: &Shared) {
+    if let Ok(held) = sockets::held_slots(&dataplane.sockets) {
+        shared.metrics.record_slots(held);
+    }
+    let Some(bound) = config
+        .load
+        .max_sockets_per_pod
+        .filter(|_| shared.features.socket_bound())
+    else {
+        return;
+    };
+    if let Ok(counts) = quota::counts(&dataplane.sockets) {
+        shared.metrics.record_counts(&counts, bound);
+    }
+}
+
+/// Looks again where pods are in the cgroup tree (the kubelet's tiers may come after the agent).
+fn refresh_pods(dataplane: &mut Dataplane) {
+    match dataplane.refresh_pods() {
+        Ok(true) => {
+            let c = dataplane.config();
+            tracing::info!(
+                pod_level = c.pod_level,
+                tiers = ?c.tiers,
+                "where pods are in the cgroup tree changed; the programs count their records there"
+            );
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            error = &e as &dyn std::error::Error,
+            "could not update the programs' settings"
+        ),
     }
 }
 

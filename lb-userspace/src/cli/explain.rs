@@ -51,24 +51,25 @@ fn live_connections(
     store: &Store,
     service: ObjectKey,
 ) -> Option<crate::dataplane::sockets::view::ConnectionsView> {
-    use crate::dataplane::sockets::{self, view};
+    use crate::dataplane::sockets::view;
     let socket_pins = pins.current_sockets()?;
     let cgroup = args
         .cgroup
         .clone()
         .or_else(crate::dataplane::sysfs::cgroup2_mount)?;
-    match sockets::census(&socket_pins, &cgroup, socket_pins.listing(), true) {
-        Ok(census) => Some(view::summarize(
-            &census,
-            snapshot,
-            &crate::connections::FromObjects::new(store),
-            &view::cgroup_paths(&cgroup),
-            &view::Filter {
-                service: Some(service),
-                backend: None,
-            },
-            sockets::monotonic_now(),
-        )),
+    match view::connections(
+        &socket_pins,
+        &cgroup,
+        socket_pins.listing(),
+        snapshot,
+        &crate::connections::FromObjects::new(store),
+        &view::cgroup_paths(&cgroup),
+        &view::Filter {
+            service: Some(service),
+            backend: None,
+        },
+    ) {
+        Ok(view) => Some(view),
         Err(e) => {
             eprintln!(
                 "note: live connections not listed: {:#}",

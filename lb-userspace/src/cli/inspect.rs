@@ -355,7 +355,7 @@ fn sockets(
     };
     let listing = socket_pins.listing();
     let census = sockets::census(&socket_pins, cgroup, listing, !listing.global)?;
-    for e in &census.errors {
+    for e in &census.stats.errors {
         eprintln!(
             "warning: {:#}",
             anyhow::Error::from(std::io::Error::other(e.to_string()))
@@ -404,7 +404,7 @@ fn connections(
     filter: &crate::dataplane::sockets::view::Filter,
     agent: &str,
 ) -> anyhow::Result<crate::dataplane::sockets::view::ConnectionsView> {
-    use crate::dataplane::sockets::{self, view};
+    use crate::dataplane::sockets::view;
     let mut query = Vec::new();
     if let Some(s) = &filter.service {
         query.push(format!("service={s}"));
@@ -429,15 +429,15 @@ fn connections(
     let Some(socket_pins) = pins.current_sockets() else {
         anyhow::bail!("no socket maps pinned under {}", pins.root.display());
     };
-    let census = sockets::census(&socket_pins, cgroup, socket_pins.listing(), true)?;
-    Ok(view::summarize(
-        &census,
+    Ok(view::connections(
+        &socket_pins,
+        cgroup,
+        socket_pins.listing(),
         snap,
         &view::MapsOnly::new(snap),
         &view::cgroup_paths(cgroup),
         filter,
-        sockets::monotonic_now(),
-    ))
+    )?)
 }
 
 fn connections_text(v: &crate::dataplane::sockets::view::ConnectionsView) -> String {
@@ -475,17 +475,12 @@ fn connections_text(v: &crate::dataplane::sockets::view::ConnectionsView) -> Str
                     (None, Some(uid)) => format!("pod uid {uid}"),
                     (None, None) => format!("cgroup {}", c.cgroup.as_deref().unwrap_or("?")),
                 };
-                let oldest = c
-                    .sockets
-                    .iter()
-                    .filter_map(|s| s.age_s)
-                    .fold(None, |m: Option<f64>, a| Some(m.map_or(a, |m| m.max(a))));
                 let _ = writeln!(
                     out,
                     "      {who}: {} socket{}{}",
-                    c.sockets.len(),
-                    if c.sockets.len() == 1 { "" } else { "s" },
-                    oldest
+                    c.total,
+                    if c.total == 1 { "" } else { "s" },
+                    c.oldest_s
                         .map(|a| format!(", oldest {a:.0}s"))
                         .unwrap_or_default()
                 );

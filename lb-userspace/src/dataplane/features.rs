@@ -36,14 +36,18 @@ pub enum Feature {
     SockDiagStorage,
     /// `sock_diag` `SOCK_DESTROY`: terminating connected UDP sockets whose backend left.
     SocketDestroy,
+    /// `cgroup/sock_release`: a closing socket's record comes off its pod's count (the per-pod
+    /// bound, kept exact in the kernel) and a TCP connection frees its `CONNECTIONS` slot.
+    SocketRelease,
 }
 
 impl Feature {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::SocketsIterator,
         Self::UdpIterator,
         Self::SockDiagStorage,
         Self::SocketDestroy,
+        Self::SocketRelease,
     ];
 
     /// The name in flags, `/status`, metrics and logs.
@@ -53,6 +57,7 @@ impl Feature {
             Self::UdpIterator => "udp-iterator",
             Self::SockDiagStorage => "sock-diag-storage",
             Self::SocketDestroy => "socket-destroy",
+            Self::SocketRelease => "socket-release",
         }
     }
 
@@ -67,6 +72,9 @@ impl Feature {
             Self::SocketDestroy => {
                 "sock_diag SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY), CAP_NET_ADMIN"
             }
+            Self::SocketRelease => {
+                "cgroup/sock_release program with bpf_sk_storage_get and bpf_get_socket_cookie (5.11+)"
+            }
         }
     }
 
@@ -79,6 +87,9 @@ impl Feature {
                 "lists translated TCP sockets, one network namespace at a time"
             }
             Self::SocketDestroy => "terminates connected UDP sockets whose backend left",
+            Self::SocketRelease => {
+                "counts each pod's socket records exactly, in the kernel (the per-pod bound), and gives TCP connections a preallocated record"
+            }
         }
     }
 }
@@ -164,11 +175,12 @@ pub struct Features {
 /// How translated sockets are listed, given what the kernel allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Listing {
-    /// Every record in one walk (`SocketsIterator`).
+    /// Every record in one walk (`SocketsIterator`): the way to count them.
     pub global: bool,
-    /// TCP records, per network namespace (`SockDiagStorage`), when there is no global walk.
+    /// TCP records, per network namespace (`SockDiagStorage`): the way to see them with the
+    /// kernel's view, one namespace's sockets in memory at a time.
     pub tcp_per_namespace: bool,
-    /// UDP records, per network namespace (`UdpIterator`), when there is no global walk.
+    /// UDP records, per network namespace (`UdpIterator`), likewise.
     pub udp_per_namespace: bool,
 }
 
@@ -203,11 +215,10 @@ impl Features {
     }
 
     pub fn listing(&self) -> Listing {
-        let global = self.enabled(Feature::SocketsIterator);
         Listing {
-            global,
-            tcp_per_namespace: !global && self.enabled(Feature::SockDiagStorage),
-            udp_per_namespace: !global && self.enabled(Feature::UdpIterator),
+            global: self.enabled(Feature::SocketsIterator),
+            tcp_per_namespace: self.enabled(Feature::SockDiagStorage),
+            udp_per_namespace: self.enabled(Feature::UdpIterator),
         }
     }
 
@@ -216,10 +227,16 @@ impl Features {
         self.listing().udp() && self.enabled(Feature::SocketDestroy)
     }
 
-    /// The per-client bound on socket records needs live counts of both protocols.
+    /// The per-pod bound on socket records: the release program keeps each pod's count exact,
+    /// in the kernel, with or without an agent.
     pub fn socket_bound(&self) -> bool {
-        let l = self.listing();
-        l.tcp() && l.udp()
+        self.enabled(Feature::SocketRelease)
+    }
+
+    /// TCP connections take a preallocated `CONNECTIONS` slot (freed by the release program)
+    /// instead of an allocation in socket storage.
+    pub fn connection_slots(&self) -> bool {
+        self.enabled(Feature::SocketRelease)
     }
 
     /// Each guarantee lost with the parts that are off, in words for logs, `/status` and the
@@ -244,7 +261,7 @@ impl Features {
         }
         if !self.socket_bound() {
             lost.push(
-                "no per-pod bound on socket records (--max-sockets-per-pod): counting them needs both listings",
+                "no per-pod bound on socket records (--max-sockets-per-pod): counting them needs the release program",
             );
         }
         lost
@@ -257,6 +274,11 @@ impl Features {
         if !listing.global && (listing.tcp() || listing.udp()) {
             out.push(
                 "translated sockets are found one pod network namespace at a time (sock_diag for TCP, the UDP iterator for UDP) instead of in one walk",
+            );
+        }
+        if !self.connection_slots() {
+            out.push(
+                "TCP connections keep their record in socket storage, allocated at each connect, instead of a preallocated slot",
             );
         }
         out
@@ -327,6 +349,15 @@ mod tests {
         let f = with(&[Feature::SocketDestroy]);
         assert_eq!(f.losses().len(), 1);
         assert!(!f.udp_termination() && f.socket_bound());
+    }
+
+    #[test]
+    fn release_off_loses_the_bound_and_the_slots_only() {
+        let f = with(&[Feature::SocketRelease]);
+        assert_eq!(f.losses().len(), 1, "{:?}", f.losses());
+        assert!(f.losses()[0].contains("no per-pod bound"));
+        assert!(!f.socket_bound() && !f.connection_slots() && f.udp_termination());
+        assert_eq!(f.fallbacks().len(), 1);
     }
 
     #[test]

@@ -29,13 +29,14 @@ use aya::{
     maps::{Array, MapData},
     programs::{CgroupAttachMode, Program, links::FdLink, links::PinnedLink},
 };
-use lb_common::{DatapathConfig, MapDescriptor, MapId, MapKind, program};
+use lb_common::{CONFIG_CONNECTION_SLOTS, DatapathConfig, MapDescriptor, MapId, MapKind, program};
 use sha2::{Digest as _, Sha256};
 
 use super::{
     bpf::BpfServiceMaps,
     features::{Feature, Features},
     maps::{Capacities, MapReadError},
+    pods::{self, PodCgroups},
     probe,
     sockets::SocketPins,
     sysfs,
@@ -392,12 +393,61 @@ pub fn map_path(generation: &Path, map: MapId) -> PathBuf {
     }
 }
 
-/// A digest of the per-socket maps' layout: records survive every migration that keeps it.
+/// A digest of the socket records' layout (`SOCKETS`): records survive every migration that
+/// keeps it. The other per-socket maps beside it (the counts, the connection slots) are
+/// replaced where their own layout changed, without moving the records.
 pub fn socket_layout_digest() -> String {
     digest(
-        lb_common::MAPS.iter().filter(|d| d.per_socket),
+        lb_common::MAPS.iter().filter(|d| d.id == MapId::Sockets),
         &Capacities::default(),
     )
+}
+
+/// Takes over a record folder of another name (an older agent named it by other maps' layouts
+/// too) whose `SOCKETS` map has this layout: the records of live sockets stay. Returns whether
+/// one was taken over.
+fn adopt_record_folder(pins: &PinFolder, sockets_dir: &Path) -> bool {
+    if sockets_dir.exists() {
+        return false;
+    }
+    let wanted = MapId::Sockets.descriptor();
+    for dir in pins.socket_dirs() {
+        let compatible = MapData::from_pin(dir.join(wanted.name))
+            .ok()
+            .and_then(|m| m.info().ok())
+            .is_some_and(|i| {
+                i.key_size() == wanted.key_size && i.value_size() == wanted.value_size
+            });
+        if compatible && fs::rename(&dir, sockets_dir).is_ok() {
+            tracing::info!(from = %dir.display(), to = %sockets_dir.display(), "took over the socket records of an older agent");
+            return true;
+        }
+    }
+    false
+}
+
+/// Removes the pins of the per-socket maps beside the records whose layout is not this agent's
+/// (they are made again, empty); the records themselves are never touched here.
+fn replace_changed_socket_maps(sockets_dir: &Path) {
+    for d in lb_common::MAPS
+        .iter()
+        .filter(|d| d.per_socket && d.id != MapId::Sockets)
+    {
+        let path = sockets_dir.join(d.name);
+        let Ok(info) = MapData::from_pin(&path).and_then(|m| m.info()) else {
+            continue;
+        };
+        if info.key_size() != d.key_size
+            || info.value_size() != d.value_size
+            || (sized(d) && info.max_entries() != d.default_capacity)
+        {
+            let _ = fs::remove_file(&path);
+            tracing::info!(
+                map = d.name,
+                "replaced a per-socket map whose layout changed (made again, empty)"
+            );
+        }
+    }
 }
 
 fn digest<'a>(maps: impl Iterator<Item = &'a MapDescriptor>, capacities: &Capacities) -> String {
@@ -481,6 +531,9 @@ pub struct Dataplane {
     pub adopted: bool,
     /// What the kernel said about each optional part.
     pub features: Features,
+    /// The settings the programs read, written once the programs are attached (the bound and
+    /// the slots need the release program attached first).
+    config: DatapathConfig,
     cgroup: PathBuf,
     _lock: PinLock,
 }
@@ -501,13 +554,15 @@ impl Dataplane {
         }
         let maps_dir = pins.generation(&layout_digest(&config.capacities));
         let sockets_dir = pins.sockets(&socket_layout_digest());
+        adopt_record_folder(&pins, &sockets_dir);
+        replace_changed_socket_maps(&sockets_dir);
         let adopted = maps_dir.join(MapId::Frontends4.name()).exists();
         let created: Vec<PathBuf> = [&maps_dir, &sockets_dir]
             .into_iter()
             .filter(|d| !d.exists())
             .cloned()
             .collect();
-        let loaded = load_into(config, &maps_dir, &sockets_dir, &pins);
+        let loaded = load_into(config, &maps_dir, &sockets_dir, &pins, adopted);
         let (ebpf, features) = match loaded {
             Ok(done) => done,
             Err(e) => {
@@ -517,6 +572,24 @@ impl Dataplane {
                 return Err(e);
             }
         };
+        let pods = pods::detect(&config.cgroup).unwrap_or_else(|e| {
+            tracing::warn!(cgroup = %config.cgroup.display(), error = %e, "could not tell where pods are in the cgroup tree; each cgroup counts its own socket records");
+            PodCgroups::default()
+        });
+        let release = features.enabled(Feature::SocketRelease);
+        let settings = DatapathConfig {
+            max_sockets_per_pod: config
+                .max_sockets_per_pod
+                .filter(|_| release)
+                .unwrap_or(u64::MAX),
+            tiers: pods.tiers,
+            pod_level: pods.level,
+            flags: if release && config.record_tcp {
+                CONFIG_CONNECTION_SLOTS
+            } else {
+                0
+            },
+        };
         Ok(Self {
             ebpf,
             pins,
@@ -524,9 +597,40 @@ impl Dataplane {
             sockets: SocketPins::new(sockets_dir),
             adopted,
             features,
+            config: settings,
             cgroup: config.cgroup.clone(),
             _lock: lock,
         })
+    }
+
+    /// The programs attached, in attach order: the core, and the release program when the
+    /// kernel took it.
+    pub fn programs(&self) -> Vec<&'static str> {
+        let mut names = program::ALL.to_vec();
+        if self.features.enabled(Feature::SocketRelease) {
+            names.push(program::RELEASE);
+        }
+        names
+    }
+
+    /// The settings the programs read (written by `attach`).
+    pub fn config(&self) -> DatapathConfig {
+        self.config
+    }
+
+    /// Looks again where pods are (the kubelet makes its quality-of-service tiers when it starts, maybe after
+    /// the agent) and rewrites the settings when that changed. Call it only once attached.
+    pub fn refresh_pods(&mut self) -> Result<bool, LoadError> {
+        let Ok(pods) = pods::detect(&self.cgroup) else {
+            return Ok(false);
+        };
+        if (pods.level, pods.tiers) == (self.config.pod_level, self.config.tiers) {
+            return Ok(false);
+        }
+        self.config.pod_level = pods.level;
+        self.config.tiers = pods.tiers;
+        write_config(&mut self.ebpf, self.config)?;
+        Ok(true)
     }
 
     /// The service maps, writable (separate descriptors on the pinned maps).
@@ -566,7 +670,39 @@ impl Dataplane {
             pin_link(&self.pins, name, link)?;
             ids.push((name, id));
         }
-        remove_stale(&self.pins, &self.maps_dir, &self.sockets.dir);
+        if self.features.enabled(Feature::SocketRelease) {
+            let name = program::RELEASE;
+            let Some(Program::CgroupSock(prog)) = self.ebpf.program_mut(name) else {
+                return Err(LoadError::MissingProgram { program: name });
+            };
+            let fail = |what, source| LoadError::Program {
+                program: name,
+                what,
+                source,
+            };
+            let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
+            let link_id = prog
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(|e| fail("attaching", e))?;
+            let link = prog
+                .take_link(link_id)
+                .map_err(|e| fail("taking its link", e))?;
+            let link = FdLink::try_from(link).map_err(|source| LoadError::Link {
+                program: name,
+                source,
+            })?;
+            pin_link(&self.pins, name, link)?;
+            ids.push((name, id));
+        }
+        // Only now: a record counted or a slot taken before the release program was attached
+        // would never be given back.
+        write_config(&mut self.ebpf, self.config)?;
+        remove_stale(
+            &self.pins,
+            &self.programs(),
+            &self.maps_dir,
+            &self.sockets.dir,
+        );
         Ok(ids)
     }
 }
@@ -578,6 +714,7 @@ fn load_into(
     maps_dir: &Path,
     sockets_dir: &Path,
     pins: &PinFolder,
+    adopted: bool,
 ) -> Result<(Ebpf, Features), LoadError> {
     mkdir(maps_dir)?;
     mkdir(sockets_dir)?;
@@ -612,16 +749,11 @@ fn load_into(
         &config.disabled,
         Some(sockets_dir),
     );
-    let bound = config
-        .max_sockets_per_pod
-        .filter(|_| features.socket_bound())
-        .unwrap_or(u64::MAX);
-    write_config(
-        &mut ebpf,
-        DatapathConfig {
-            max_sockets_per_cgroup: bound,
-        },
-    )?;
+    if !adopted {
+        // A new generation: no bound and no slots until `attach` writes the settings (an
+        // all-zero entry would read as a bound of 0).
+        write_config(&mut ebpf, DatapathConfig::default())?;
+    }
     Ok((ebpf, features))
 }
 
@@ -709,11 +841,11 @@ fn pin_link(pins: &PinFolder, name: &'static str, link: FdLink) -> Result<(), Lo
 
 /// Links of programs this agent does not have (an older agent's), and map directories of other
 /// layouts, once this agent's programs are attached.
-fn remove_stale(pins: &PinFolder, keep: &Path, keep_sockets: &Path) {
+fn remove_stale(pins: &PinFolder, programs: &[&str], keep: &Path, keep_sockets: &Path) {
     if let Ok(entries) = fs::read_dir(pins.links()) {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !program::ALL.contains(&name.as_str()) {
+            if !programs.contains(&name.as_str()) {
                 detach_pin(&entry.path());
                 tracing::info!(link = %name, "removed an older agent's link");
             }
@@ -899,7 +1031,7 @@ pub struct ProgramView {
 /// The programs behind the pinned links.
 pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
     let mut ids = Vec::new();
-    for name in program::ALL {
+    for name in program::ALL.into_iter().chain([program::RELEASE]) {
         let Ok(link) = PinnedLink::from_pin(pins.link(name)) else {
             continue;
         };
@@ -920,7 +1052,12 @@ pub fn attached_programs(pins: &PinFolder) -> io::Result<Vec<ProgramView>> {
             });
         }
     }
-    out.sort_by_key(|p| program::ALL.iter().position(|n| *n == p.name));
+    out.sort_by_key(|p| {
+        program::ALL
+            .iter()
+            .position(|n| *n == p.name)
+            .unwrap_or(program::ALL.len())
+    });
     Ok(out)
 }
 
@@ -981,6 +1118,13 @@ mod tests {
                 d.preallocated,
                 "{}: allocation",
                 d.name
+            );
+            assert_eq!(
+                m.map_flags() & lb_common::MAP_F_MMAPABLE != 0,
+                d.id == lb_common::MapId::Connections,
+                "{}: mmapable (0x{:x})",
+                d.name,
+                m.map_flags()
             );
         }
     }

@@ -7,6 +7,7 @@ pub mod dump;
 pub mod features;
 pub mod loader;
 pub mod maps;
+pub mod pods;
 pub mod probe;
 pub mod sockets;
 pub mod sys;

@@ -138,6 +138,7 @@ pub fn probe_all(
                 Feature::UdpIterator => with_btf(&mut |btf| udp_iterator(ebpf, btf, pins)),
                 Feature::SockDiagStorage => sock_diag_storage(sockets_map),
                 Feature::SocketDestroy => socket_destroy(),
+                Feature::SocketRelease => socket_release(ebpf),
             };
             match result {
                 Ok(()) => Probe::enabled(feature),
@@ -231,6 +232,18 @@ fn pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), ProbeError> {
         source,
     })?;
     super::loader::restrict(path, 0o600);
+    Ok(())
+}
+
+/// Loads (verifies) the release program; the agent attaches it after its first sync.
+fn socket_release(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    let name = program::RELEASE;
+    let Some(Program::CgroupSock(prog)) = ebpf.program_mut(name) else {
+        return Err(ProbeError::Missing { program: name });
+    };
+    if prog.fd().is_err() {
+        prog.load().map_err(|e| ProbeError::from_program(name, e))?;
+    }
     Ok(())
 }
 

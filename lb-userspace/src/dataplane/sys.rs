@@ -243,3 +243,75 @@ pub fn prog_query(cgroup: BorrowedFd<'_>, attach_type: bpf_attach_type) -> io::R
     let count = unsafe { a.query.__bindgen_anon_2.prog_cnt } as usize;
     Ok(ids[..count.min(ids.len())].to_vec())
 }
+
+/// An array map created with `BPF_F_MMAPABLE`, mapped read-only: its entries are read in
+/// place, without a system call each. Unmapped when dropped.
+pub struct MappedArray<T> {
+    ptr: std::ptr::NonNull<T>,
+    len: usize,
+    bytes: usize,
+}
+
+// SAFETY: the mapping is read-only shared memory, read with volatile loads of `Copy` values;
+// moving or sharing the handle between threads is fine.
+unsafe impl<T: Send> Send for MappedArray<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for MappedArray<T> {}
+
+impl<T: Copy> MappedArray<T> {
+    /// Maps the `len` entries of the array behind `map` (its value size must be `T`'s, a
+    /// multiple of 8, as the kernel lays an mmapable array out).
+    pub fn map(map: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        assert!(
+            size_of::<T>().is_multiple_of(8),
+            "array values are 8-byte aligned"
+        );
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .ok_or_else(|| io::Error::other("array too large to map"))?;
+        // SAFETY: a fresh shared read-only mapping of the map's memory; the kernel checks the
+        // length against the map.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<T>())
+            .ok_or_else(|| io::Error::other("mmap returned null"))?;
+        Ok(Self { ptr, len, bytes })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Entry `i`, as it is now (programs may write it concurrently: a torn read is possible,
+    /// which callers check by the entry's own key field).
+    pub fn get(&self, i: usize) -> Option<T> {
+        (i < self.len).then(|| {
+            // SAFETY: `i` is inside the mapping; volatile because the kernel writes it.
+            unsafe { std::ptr::read_volatile(self.ptr.as_ptr().add(i)) }
+        })
+    }
+}
+
+impl<T> Drop for MappedArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.bytes);
+        }
+    }
+}

@@ -193,6 +193,7 @@ fn fixed_sizes(
     for map in [
         MapId::Affinity,
         MapId::SocketQuota,
+        MapId::Connections,
         MapId::AffinityEmpty,
         MapId::Config,
         MapId::Counters,
@@ -205,8 +206,8 @@ fn fixed_sizes(
             .set(i64::from(capacity));
         if map == MapId::Affinity {
             affinity = Some(capacity);
-        } else if map == MapId::SocketQuota {
-            // Client counts: set at each recount.
+        } else if map == MapId::SocketQuota || map == MapId::Connections {
+            // Pods with a count, slots held: set every 15 s.
             entries.get_or_create(&map_labels(map)).set(0);
         } else {
             // Arrays: every entry exists.
@@ -313,7 +314,7 @@ impl Metrics {
         let [map_entries, map_capacity] = [
             (
                 "map_entries",
-                "Entries in use in each map (AFFINITY: client tables, counted every 30 s; SOCKET_QUOTA: clients with socket records, at the last recount)",
+                "Entries in use in each map (AFFINITY: client tables, counted every 30 s; SOCKET_QUOTA: pods with socket records, CONNECTIONS: slots held, every 15 s)",
             ),
             ("map_capacity", "Capacity of each map, in entries"),
         ]
@@ -488,6 +489,31 @@ impl Metrics {
             .records
             .set(i64::try_from(recount.records).unwrap_or(i64::MAX));
         self.sockets.clients_at_bound.set(gauge(recount.at_bound));
+    }
+
+    /// The `CONNECTIONS` slots held now.
+    pub fn record_slots(&self, held: usize) {
+        self.map_entries
+            .get_or_create(&map_labels(MapId::Connections))
+            .set(gauge(held));
+    }
+
+    /// The kernel's per-pod counts (`SOCKET_QUOTA`), as read now.
+    pub fn record_counts<S: std::hash::BuildHasher>(
+        &self,
+        counts: &std::collections::HashMap<u64, i64, S>,
+        bound: u64,
+    ) {
+        self.map_entries
+            .get_or_create(&map_labels(MapId::SocketQuota))
+            .set(gauge(counts.len()));
+        let records: i64 = counts.values().map(|c| (*c).max(0)).sum();
+        self.sockets.records.set(records);
+        let at_bound = counts
+            .values()
+            .filter(|c| (**c).max(0).cast_unsigned() >= bound)
+            .count();
+        self.sockets.clients_at_bound.set(gauge(at_bound));
     }
 
     pub fn record_error(&self, kind: ErrorKind) {

@@ -1,5 +1,5 @@
-//! The translated sockets' metrics: records per client at each recount, live connections per
-//! Service, protocol and condition at each census.
+//! The translated sockets' metrics: socket records per pod as the kernel counts them, live
+//! connections per Service, protocol and condition at each census.
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
@@ -9,8 +9,8 @@ use prometheus_client::{
 
 use super::{Labels, register};
 
-/// The translated sockets: records per client at each recount, live connections at each
-/// census.
+/// The translated sockets: records per pod from the kernel's counts (every 15 s), live
+/// connections at each census.
 pub(super) struct SocketMetrics {
     pub(super) records: Gauge,
     pub(super) clients_at_bound: Gauge,
@@ -23,12 +23,13 @@ impl SocketMetrics {
         let [records, clients_at_bound] = [
             (
                 "socket_records",
-                "Socket records (translated sockets) held for all clients, at the last recount",
+                "Socket records in socket storage held by all pods (the kernel's per-pod counts, \
+                 read every 15 s; TCP connections in preallocated slots are not counted)",
             ),
             (
                 "socket_clients_at_bound",
-                "Client cgroups holding as many socket records as one may \
-                 (--max-sockets-per-pod), at the last recount",
+                "Pods holding as many socket records as one may (--max-sockets-per-pod): their \
+                 new service sockets get ENOBUFS (read every 15 s)",
             ),
         ]
         .map(|(name, help)| register(r, name, help, Gauge::default()));

@@ -29,7 +29,7 @@ use std::{
     time::Duration,
 };
 
-use lb_common::{SockRecord, SockState, SocketEntry};
+use lb_common::{ConnRecord, MapId, SockRecord, SockState, SocketEntry};
 
 pub use self::terminate::{TerminateError, Terminated, terminate_stale};
 use super::{features::Listing, sys};
@@ -109,11 +109,10 @@ impl SocketPins {
     /// How records can be read, from the pins present: the agent pins only the iterators the
     /// kernel accepted, and `sock_diag` storage is tried by asking.
     pub fn listing(&self) -> Listing {
-        let global = self.dir.join(ITER_PIN).exists();
         Listing {
-            global,
-            tcp_per_namespace: !global && self.dir.join(lb_common::MapId::Sockets.name()).exists(),
-            udp_per_namespace: !global && self.dir.join(UDP_ITER_PIN).exists(),
+            global: self.dir.join(ITER_PIN).exists(),
+            tcp_per_namespace: self.dir.join(lb_common::MapId::Sockets.name()).exists(),
+            udp_per_namespace: self.dir.join(UDP_ITER_PIN).exists(),
         }
     }
 
@@ -184,7 +183,9 @@ pub struct Namespace {
     pub inode: u64,
 }
 
-/// One network namespace per (device, inode) used by processes of `root`'s cgroup tree.
+/// One network namespace per (device, inode) used by processes of `root`'s cgroup tree. A
+/// cgroup removed while the tree is walked (a pod going away) is skipped; only `root` itself
+/// must be readable.
 pub fn namespaces(root: &Path) -> Result<Vec<Namespace>, ListError> {
     let mut netns: BTreeMap<(u64, u64), PathBuf> = BTreeMap::new();
     let mut stack = vec![root.to_path_buf()];
@@ -200,10 +201,16 @@ pub fn namespaces(root: &Path) -> Result<Vec<Namespace>, ListError> {
                 netns.entry((meta.dev(), meta.ino())).or_insert(path);
             }
         }
-        let entries = std::fs::read_dir(&dir).map_err(|source| ListError::Cgroup {
-            path: dir.clone(),
-            source,
-        })?;
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && dir != root => continue,
+            Err(source) => {
+                return Err(ListError::Cgroup {
+                    path: dir.clone(),
+                    source,
+                });
+            }
+        };
         for entry in entries.flatten() {
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
                 stack.push(entry.path());
@@ -257,50 +264,132 @@ fn enter(ns: &Namespace) -> Result<(), NamespaceError> {
     })
 }
 
-/// Where records come from during a namespace walk.
-pub(crate) enum Records {
-    /// Read once, in one walk, by cookie.
-    Global(HashMap<u64, SockState>),
-    /// Read in each namespace: TCP from `sock_diag` (with the `SOCKETS` map), UDP from the UDP
-    /// iterator; `None` where the kernel refused that way.
-    PerNamespace {
-        sockets_map: Option<OwnedFd>,
-        udp_iter: Option<OwnedFd>,
-    },
+/// The `CONNECTIONS` slots (TCP connections recorded without socket storage), mapped
+/// read-only.
+pub(crate) struct Slots(sys::MappedArray<ConnRecord>);
+
+impl Slots {
+    /// Maps the pinned `CONNECTIONS` array (absent: `None`, an agent older than the slots).
+    pub(crate) fn open(pins: &SocketPins) -> Result<Option<Self>, ListError> {
+        let path = pins.dir.join(MapId::Connections.name());
+        if !path.exists() {
+            return Ok(None);
+        }
+        let err = |source| ListError::Map {
+            path: path.clone(),
+            source,
+        };
+        // The kernel maps an array only through a descriptor opened for writing, though the
+        // mapping itself is read-only.
+        let fd = sys::obj_get(&path, false).map_err(err)?;
+        let len = MapId::Connections.default_capacity() as usize;
+        Ok(Some(Self(
+            sys::MappedArray::map(fd.as_fd(), len).map_err(err)?,
+        )))
+    }
+
+    /// The record of the connection with this cookie, if it holds its slot.
+    pub(crate) fn get(&self, cookie: u64) -> Option<SockState> {
+        let slot = self.0.get((cookie & u64::from(SLOT_MASK)) as usize)?;
+        (cookie != 0 && slot.cookie == cookie).then(|| state_of(&slot))
+    }
+
+    /// Every held slot: (cookie, record).
+    pub(crate) fn each(&self, mut f: impl FnMut(u64, SockState)) {
+        for i in 0..self.0.len() {
+            if let Some(slot) = self.0.get(i)
+                && slot.cookie != 0
+            {
+                f(slot.cookie, state_of(&slot));
+            }
+        }
+    }
+}
+
+const SLOT_MASK: u32 = lb_common::CONNECTION_SLOTS - 1;
+
+/// How many `CONNECTIONS` slots are held now (0 where there is no such map).
+pub fn held_slots(pins: &SocketPins) -> Result<usize, ListError> {
+    let mut held = 0;
+    if let Some(slots) = Slots::open(pins)? {
+        slots.each(|_, _| held += 1);
+    }
+    Ok(held)
+}
+
+/// A slot's record as a socket's state with one destination.
+fn state_of(slot: &ConnRecord) -> SockState {
+    let mut state = SockState {
+        cgroup_id: slot.cgroup_id,
+        created_ns: slot.created_ns,
+        ..SockState::default()
+    };
+    state.records[0] = SockRecord {
+        frontend: slot.frontend,
+        backend: slot.backend,
+        service_id: slot.service_id,
+        slot: slot.slot,
+    };
+    state
+}
+
+/// A socket with a record, or `None` when the kernel restarted the dump (see `Records::here`).
+pub(crate) type Found<'a> = Option<(&'a sock_diag::DiagSocket, SockState)>;
+
+/// Where records come from during a namespace walk, given what the kernel allowed.
+pub(crate) struct Records {
+    /// Every storage record, read in one walk, by cookie: only where a protocol has no
+    /// per-namespace way (its memory grows with all the records).
+    global: Option<HashMap<u64, SockState>>,
+    /// `SOCKETS`, for `sock_diag`'s storage attribute (TCP, per namespace).
+    sockets_map: Option<OwnedFd>,
+    /// The UDP iterator (UDP records, per namespace).
+    udp_iter: Option<OwnedFd>,
+    slots: Option<Slots>,
 }
 
 impl Records {
-    /// Opens what `listing` allows.
+    /// Opens what `listing` allows: each protocol per namespace where it can be (memory bound
+    /// by one namespace's sockets), else from one global walk.
     pub(crate) fn open(pins: &SocketPins, listing: Listing) -> Result<Self, ListError> {
-        if listing.global {
+        let sockets_map = if listing.tcp_per_namespace {
+            Some(pins.sockets_map()?)
+        } else {
+            None
+        };
+        let udp_iter = if listing.udp_per_namespace {
+            Some(pins.udp_iter()?)
+        } else {
+            None
+        };
+        let global = if listing.global && (sockets_map.is_none() || udp_iter.is_none()) {
             let mut map = HashMap::new();
             pins.for_each_global(|e| {
                 map.insert(e.cookie, e.state);
             })?;
-            return Ok(Self::Global(map));
-        }
-        Ok(Self::PerNamespace {
-            sockets_map: if listing.tcp_per_namespace {
-                Some(pins.sockets_map()?)
-            } else {
-                None
-            },
-            udp_iter: if listing.udp_per_namespace {
-                Some(pins.udp_iter()?)
-            } else {
-                None
-            },
+            Some(map)
+        } else {
+            None
+        };
+        Ok(Self {
+            global,
+            sockets_map,
+            udp_iter,
+            slots: Slots::open(pins)?,
         })
     }
 
-    /// Inside a namespace: its sockets of `protocol` in the `states` mask, each with its record
-    /// (sockets without one, not translated by socklb, are left out).
+    /// Inside a namespace: its sockets of `protocol` in the `states` mask that have a record
+    /// (sockets socklb did not translate are left out), each handed to `each` as the dump
+    /// reads it; `None` when the kernel restarted the dump (forget this namespace's sockets of
+    /// this protocol so far).
     pub(crate) fn here(
         &self,
         ns: &Namespace,
         protocol: Protocol,
         states: u32,
-    ) -> Result<Vec<(sock_diag::DiagSocket, SockState)>, NamespaceError> {
+        each: &mut dyn FnMut(Found<'_>),
+    ) -> Result<(), NamespaceError> {
         let dump_err = |source| NamespaceError::Dump {
             path: ns.path.clone(),
             source,
@@ -309,51 +398,56 @@ impl Records {
             Protocol::Tcp => sock_diag::IPPROTO_TCP,
             Protocol::Udp => sock_diag::IPPROTO_UDP,
         };
-        let storage_maps: Vec<_> = match (self, protocol) {
-            (
-                Self::PerNamespace {
-                    sockets_map: Some(map),
-                    ..
-                },
-                Protocol::Tcp,
-            ) => vec![map.as_fd()],
+        let storage_maps: Vec<_> = match (&self.sockets_map, protocol) {
+            (Some(map), Protocol::Tcp) => vec![map.as_fd()],
             _ => Vec::new(),
         };
-        let mut sockets = Vec::new();
-        for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
-            sockets
-                .extend(sock_diag::dump(number, family, states, &storage_maps).map_err(dump_err)?);
-        }
-        let udp_records = match (self, protocol) {
-            (
-                Self::PerNamespace {
-                    udp_iter: Some(link),
-                    ..
-                },
-                Protocol::Udp,
-            ) => Some(
-                udp_records(link).map_err(|source| NamespaceError::UdpIterator {
-                    path: ns.path.clone(),
-                    source,
-                })?,
-            ),
+        let udp_records = match (&self.udp_iter, protocol) {
+            (Some(link), Protocol::Udp) => {
+                Some(
+                    udp_records(link).map_err(|source| NamespaceError::UdpIterator {
+                        path: ns.path.clone(),
+                        source,
+                    })?,
+                )
+            }
             _ => None,
         };
-        Ok(sockets
-            .into_iter()
-            .filter_map(|socket| {
-                let state = match self {
-                    Self::Global(map) => map.get(&socket.cookie).copied(),
-                    Self::PerNamespace { .. } => match protocol {
-                        Protocol::Tcp => socket.storages.first().and_then(|s| state_from(&s.value)),
-                        Protocol::Udp => udp_records
-                            .as_ref()
-                            .and_then(|m| m.get(&socket.cookie).copied()),
-                    },
-                }?;
-                Some((socket, state))
+        let record = |socket: &sock_diag::DiagSocket| -> Option<SockState> {
+            let found = match protocol {
+                Protocol::Tcp => socket
+                    .storages
+                    .first()
+                    .and_then(|s| state_from(&s.value))
+                    .or_else(|| self.slots.as_ref().and_then(|s| s.get(socket.cookie))),
+                Protocol::Udp => udp_records
+                    .as_ref()
+                    .and_then(|m| m.get(&socket.cookie).copied()),
+            };
+            found.or_else(|| {
+                self.global
+                    .as_ref()
+                    .and_then(|m| m.get(&socket.cookie).copied())
             })
-            .collect())
+        };
+        for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+            sock_diag::dump_each(
+                number,
+                family,
+                states,
+                &storage_maps,
+                &mut |event| match event {
+                    sock_diag::Dumped::Socket(socket) => {
+                        if let Some(state) = record(socket) {
+                            each(Some((socket, state)));
+                        }
+                    }
+                    sock_diag::Dumped::Restart => each(None),
+                },
+            )
+            .map_err(dump_err)?;
+        }
+        Ok(())
     }
 }
 
@@ -396,15 +490,13 @@ pub struct LiveSocket {
     pub protocol: Protocol,
     pub state: SockState,
     /// `None` when the socket was not found in any pod network namespace (a UDP socket
-    /// terminated while its owner keeps the descriptor, say): it has a record, but carries no
-    /// traffic.
+    /// terminated while its owner keeps the descriptor, say), or no kernel view was asked for.
     pub kernel: Option<KernelView>,
 }
 
-/// Every translated socket, and how the listing went.
+/// How a listing went (its sockets went to the caller one by one).
 #[derive(Debug, Default)]
-pub struct Census {
-    pub sockets: Vec<LiveSocket>,
+pub struct CensusStats {
     /// Namespaces walked (0 when records came from one walk and no kernel view was asked for).
     pub namespaces: usize,
     /// Namespaces that could not be read (the census went on without them).
@@ -413,76 +505,118 @@ pub struct Census {
     pub listing: Option<Listing>,
 }
 
-/// Lists every translated socket. With `kernel_view`, each namespace of `cgroup`'s tree is
-/// walked for the kernel's view; without it and with a global iterator, only the records are
-/// read (the cheap path for counts).
+/// Every translated socket, and how the listing went.
+#[derive(Debug, Default)]
+pub struct Census {
+    pub sockets: Vec<LiveSocket>,
+    pub stats: CensusStats,
+}
+
+/// Lists every translated socket into memory (`census_each` streams them instead).
 pub fn census(
     pins: &SocketPins,
     cgroup: &Path,
     listing: Listing,
     kernel_view: bool,
 ) -> Result<Census, ListError> {
-    let records = Records::open(pins, listing)?;
-    if let (Records::Global(map), false) = (&records, kernel_view) {
-        return Ok(Census {
-            sockets: map
-                .iter()
-                .filter_map(|(cookie, state)| {
-                    Some(LiveSocket {
-                        cookie: *cookie,
-                        protocol: protocol_of(state)?,
-                        state: *state,
-                        kernel: None,
-                    })
-                })
-                .collect(),
-            namespaces: 0,
-            errors: Vec::new(),
-            listing: Some(listing),
-        });
-    }
-    let namespaces = namespaces(cgroup)?;
-    let walked = in_each_namespace(&namespaces, |ns| {
-        let mut here = Vec::new();
-        for protocol in [Protocol::Tcp, Protocol::Udp] {
-            for (socket, state) in records.here(ns, protocol, sock_diag::ALL_STATES)? {
-                here.push(LiveSocket {
-                    cookie: socket.cookie,
+    let mut sockets = Vec::new();
+    let stats = census_each(pins, cgroup, listing, kernel_view, |s| sockets.push(s))?;
+    Ok(Census { sockets, stats })
+}
+
+/// Hands every translated socket to `each` as it is found; the listing's memory does not grow
+/// with the sockets (but for one namespace's UDP records, bounded by the per-pod bound). With
+/// `kernel_view`, each namespace of `cgroup`'s tree is walked for the kernel's view; without it
+/// and with a global iterator, only the records are read (the cheap path for counts).
+pub fn census_each(
+    pins: &SocketPins,
+    cgroup: &Path,
+    listing: Listing,
+    kernel_view: bool,
+    mut each: impl FnMut(LiveSocket),
+) -> Result<CensusStats, ListError> {
+    let mut stats = CensusStats {
+        listing: Some(listing),
+        ..CensusStats::default()
+    };
+    if listing.global && !kernel_view {
+        pins.for_each_global(|e| {
+            if let Some(protocol) = protocol_of(&e.state) {
+                each(LiveSocket {
+                    cookie: e.cookie,
                     protocol,
-                    state,
-                    kernel: Some(KernelView {
-                        state: socket.state,
-                        local: socket.src(),
-                        peer: socket.dst(),
-                        netns: ns.inode,
-                    }),
+                    state: e.state,
+                    kernel: None,
                 });
             }
+        })?;
+        if let Some(slots) = Slots::open(pins)? {
+            slots.each(|cookie, state| {
+                each(LiveSocket {
+                    cookie,
+                    protocol: Protocol::Tcp,
+                    state,
+                    kernel: None,
+                });
+            });
         }
-        Ok(here)
-    })?;
-    let mut census = Census {
-        listing: Some(listing),
-        ..Census::default()
-    };
+        return Ok(stats);
+    }
+    let records = Records::open(pins, listing)?;
+    let namespaces = namespaces(cgroup)?;
+    // The walk runs on a thread of its own (it enters each namespace); what it finds comes
+    // back through a short queue, so neither side holds more than a few sockets.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<LiveSocket>(1024);
+    let mut seen: BTreeSet<u64> = BTreeSet::new();
+    let global_left = records.global.is_some();
+    let walked = std::thread::scope(|scope| {
+        let walker = scope.spawn(|| {
+            let tx = tx;
+            in_each_namespace(&namespaces, |ns| {
+                for protocol in [Protocol::Tcp, Protocol::Udp] {
+                    // An interrupted dump may show a socket twice: a view is a snapshot anyway.
+                    records.here(ns, protocol, sock_diag::ALL_STATES, &mut |found| {
+                        let Some((socket, record)) = found else {
+                            return;
+                        };
+                        let _ = tx.send(LiveSocket {
+                            cookie: socket.cookie,
+                            protocol,
+                            state: record,
+                            kernel: Some(KernelView {
+                                state: socket.state,
+                                local: socket.src(),
+                                peer: socket.dst(),
+                                netns: ns.inode,
+                            }),
+                        });
+                    })?;
+                }
+                Ok(())
+            })
+        });
+        for socket in rx {
+            if global_left {
+                seen.insert(socket.cookie);
+            }
+            each(socket);
+        }
+        walker.join().map_err(|_| ListError::Panicked)
+    })??;
     for (_, result) in walked {
         match result {
-            Ok(sockets) => {
-                census.namespaces += 1;
-                census.sockets.extend(sockets);
-            }
+            Ok(()) => stats.namespaces += 1,
             Err(e) if e.is_gone() => {}
-            Err(e) => census.errors.push(e),
+            Err(e) => stats.errors.push(e),
         }
     }
-    if let Records::Global(map) = &records {
+    if let Some(map) = &records.global {
         // Records no namespace showed: sockets that carry no traffic (see `LiveSocket::kernel`).
-        let seen: BTreeSet<u64> = census.sockets.iter().map(|s| s.cookie).collect();
         for (cookie, state) in map {
             if !seen.contains(cookie)
                 && let Some(protocol) = protocol_of(state)
             {
-                census.sockets.push(LiveSocket {
+                each(LiveSocket {
                     cookie: *cookie,
                     protocol,
                     state: *state,
@@ -491,7 +625,7 @@ pub fn census(
             }
         }
     }
-    Ok(census)
+    Ok(stats)
 }
 
 /// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads: a record's age is now minus its

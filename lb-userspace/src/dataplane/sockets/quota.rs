@@ -1,41 +1,54 @@
-//! The per-client bound on socket records. A socket's record lives in the socket's own storage,
-//! but the kernel charges that memory to the map's owner, the agent: a pod with a million
-//! sockets would grow the agent by hundreds of MiB. So the programs count each client cgroup's
-//! records in `SOCKET_QUOTA` as they create them, and refuse a new one (ENOBUFS, counted as
-//! `record_quota`) once the client holds `--max-sockets-per-pod`.
+//! The per-pod bound on socket records. A socket's record in socket storage is kernel memory
+//! charged to the map's owner, the agent: a pod with a million sockets would grow the agent by
+//! hundreds of MiB. So the programs count each pod's records in `SOCKET_QUOTA` as they create
+//! them and refuse a new one (ENOBUFS, counted as `record_quota`) once the pod holds
+//! `--max-sockets-per-pod`; the release program takes a record off when its socket closes. The
+//! count is what the pod holds, in the kernel, with or without an agent, at any rate of
+//! short-lived sockets. (TCP connections in `CONNECTIONS` slots cost no allocation and are not
+//! counted.)
 //!
-//! Nothing runs when a socket closes (that would cost every close on the node), so the counts
-//! only grow in the kernel; the agent recounts them from the live sockets: each client's count
-//! becomes its live records plus what it created while the listing ran. A client past its bound
-//! gets new service sockets again once it has closed enough of them and the next recount ran.
-use std::{collections::HashMap, path::Path};
+//! The agent recounts from the live records only as a safety net: once after it attached its
+//! programs (counts an older agent kept without the release program are corrected), and every
+//! few minutes (a count the LRU forgot and started again). The recount streams the records: its
+//! memory does not grow with the sockets, on either listing path.
+use std::{collections::HashMap, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lb_common::MapId;
 
-use super::{ListError, SocketPins, census};
-
-use crate::dataplane::features::Listing;
+use super::{
+    ListError, NamespaceError, SocketPins, for_each_entry, in_each_namespace, namespaces,
+    sock_diag, state_from,
+};
+use crate::dataplane::{features::Listing, sys};
 
 /// What one recount found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recount {
-    /// Client cgroups with a count before the recount.
+    /// Pods with a count before the recount.
     pub clients: usize,
-    /// Client cgroups with a count after it (those without live records are forgotten).
+    /// Pods with a count after it (those without live records are forgotten).
     pub clients_after: usize,
-    /// Live records, over all clients.
+    /// Live records, over all pods.
     pub records: u64,
-    /// The largest count a client held after the recount.
+    /// The largest count a pod held after the recount.
     pub largest: u64,
-    /// Clients at or past the bound after the recount.
+    /// Pods at or past the bound after the recount.
     pub at_bound: usize,
+    /// Counts the recount changed (0 when the kernel's counts were exact).
+    pub corrected: usize,
+    /// Namespaces that could not be read (their records are not in this recount).
+    pub namespace_errors: usize,
 }
 
-/// The counts as the kernel holds them, by client cgroup.
-pub fn counts(pins: &SocketPins) -> Result<HashMap<u64, u64>, ListError> {
+/// The counts as the kernel holds them, by pod (signed: see `SOCKET_QUOTA`).
+pub fn counts(pins: &SocketPins) -> Result<HashMap<u64, i64>, ListError> {
     let map = open(pins)?;
-    Ok(map.iter().flatten().collect())
+    Ok(map
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, v.cast_signed()))
+        .collect())
 }
 
 fn open(pins: &SocketPins) -> Result<BpfHashMap<MapData, u64, u64>, ListError> {
@@ -50,8 +63,88 @@ fn open(pins: &SocketPins) -> Result<BpfHashMap<MapData, u64, u64>, ListError> {
         .map_err(|e| err(std::io::Error::other(e)))
 }
 
-/// Sets every client's count to its live records (plus what it created during the listing),
-/// and forgets clients with none. `bound` only feeds the report.
+/// The live records in socket storage, by pod, streamed: in one walk where the kernel allows
+/// it, else one namespace of `cgroup`'s tree at a time (TCP through `sock_diag`'s storage
+/// attribute, UDP through the UDP iterator).
+fn live_records(
+    pins: &SocketPins,
+    listing: Listing,
+    cgroup: &Path,
+) -> Result<(HashMap<u64, u64>, usize), ListError> {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    if listing.global {
+        pins.for_each_global(|e| *live.entry(e.state.cgroup_id).or_default() += 1)?;
+        return Ok((live, 0));
+    }
+    let sockets = if listing.tcp_per_namespace {
+        Some(pins.sockets_map()?)
+    } else {
+        None
+    };
+    let udp = if listing.udp_per_namespace {
+        Some(pins.udp_iter()?)
+    } else {
+        None
+    };
+    let walked = in_each_namespace(&namespaces(cgroup)?, |ns| {
+        let mut here: HashMap<u64, u64> = HashMap::new();
+        if let Some(map) = &sockets {
+            for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+                let mut this: HashMap<u64, u64> = HashMap::new();
+                sock_diag::dump_each(
+                    sock_diag::IPPROTO_TCP,
+                    family,
+                    sock_diag::ALL_STATES,
+                    &[map.as_fd()],
+                    &mut |event| match event {
+                        sock_diag::Dumped::Socket(socket) => {
+                            if let Some(state) =
+                                socket.storages.first().and_then(|s| state_from(&s.value))
+                            {
+                                *this.entry(state.cgroup_id).or_default() += 1;
+                            }
+                        }
+                        sock_diag::Dumped::Restart => this.clear(),
+                    },
+                )
+                .map_err(|source| NamespaceError::Dump {
+                    path: ns.path.clone(),
+                    source,
+                })?;
+                for (pod, n) in this {
+                    *here.entry(pod).or_default() += n;
+                }
+            }
+        }
+        if let Some(link) = &udp {
+            let iter_err = |source| NamespaceError::UdpIterator {
+                path: ns.path.clone(),
+                source,
+            };
+            let file = sys::iter_create(link.as_fd()).map_err(iter_err)?;
+            for_each_entry(file, |e| *here.entry(e.state.cgroup_id).or_default() += 1)
+                .map_err(iter_err)?;
+        }
+        Ok(here)
+    })?;
+    let mut errors = 0;
+    for (_, result) in walked {
+        match result {
+            Ok(here) => {
+                for (pod, n) in here {
+                    *live.entry(pod).or_default() += n;
+                }
+            }
+            Err(e) if e.is_gone() => {}
+            Err(_) => errors += 1,
+        }
+    }
+    Ok((live, errors))
+}
+
+/// Sets every pod's count to its live records (plus what changed while the listing ran) where
+/// they differ, and forgets pods with none. `bound` only feeds the report. Where a namespace
+/// could not be read, its pods' counts are left as the kernel keeps them.
 pub fn recount(
     pins: &SocketPins,
     listing: Listing,
@@ -59,36 +152,53 @@ pub fn recount(
     bound: u64,
 ) -> Result<Recount, ListError> {
     let mut map = open(pins)?;
-    let before: HashMap<u64, u64> = map.iter().flatten().collect();
-    // Counted as the records stream by: the recount's memory does not grow with the sockets.
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    if listing.global {
-        pins.for_each_global(|e| *live.entry(e.state.cgroup_id).or_default() += 1)?;
-    } else {
-        for socket in &census(pins, cgroup, listing, true)?.sockets {
-            *live.entry(socket.state.cgroup_id).or_default() += 1;
-        }
-    }
+    let before: HashMap<u64, i64> = map
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, v.cast_signed()))
+        .collect();
+    let (live, namespace_errors) = live_records(pins, listing, cgroup)?;
     let mut report = Recount {
         clients: before.len(),
+        namespace_errors,
         ..Recount::default()
     };
-    let now: HashMap<u64, u64> = map.iter().flatten().collect();
-    for (client, held_now) in &now {
-        let during = held_now.saturating_sub(before.get(client).copied().unwrap_or(0));
-        let count = live.get(client).copied().unwrap_or(0) + during;
-        report.records += live.get(client).copied().unwrap_or(0);
-        report.largest = report.largest.max(count);
-        if count >= bound {
+    let now: HashMap<u64, i64> = map
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k, v.cast_signed()))
+        .collect();
+    let mut pods: Vec<u64> = now.keys().chain(live.keys()).copied().collect();
+    pods.sort_unstable();
+    pods.dedup();
+    for pod in pods {
+        let held_now = now.get(&pod).copied().unwrap_or(0);
+        let during = held_now - before.get(&pod).copied().unwrap_or(0);
+        let alive = live.get(&pod).copied().unwrap_or(0);
+        report.records += alive;
+        let count = if namespace_errors > 0 && alive == 0 {
+            // Perhaps in a namespace that could not be read: leave it.
+            held_now
+        } else {
+            (i64::try_from(alive).unwrap_or(i64::MAX) + during).max(0)
+        };
+        let count_u = count.cast_unsigned();
+        report.largest = report.largest.max(count_u);
+        if count_u >= bound {
             report.at_bound += 1;
         }
         // A write racing the programs' atomic adds loses the adds of that moment: the count
-        // is low by as many, until the next recount.
+        // is off by as many, until the next recount.
+        if count == held_now && now.contains_key(&pod) {
+            report.clients_after += usize::from(count != 0);
+            continue;
+        }
+        report.corrected += 1;
         if count == 0 {
-            let _ = map.remove(client);
+            let _ = map.remove(&pod);
         } else {
             report.clients_after += 1;
-            let _ = map.insert(client, count, 0);
+            let _ = map.insert(pod, count_u, 0);
         }
     }
     Ok(report)

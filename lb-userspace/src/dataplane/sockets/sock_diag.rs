@@ -661,13 +661,67 @@ fn dump_with(
     states: u32,
     storage_maps: &[BorrowedFd<'_>],
 ) -> Result<Vec<DiagSocket>, SockDiagError> {
+    let mut sockets = Vec::new();
+    dump_each_with(
+        transport,
+        protocol,
+        family,
+        states,
+        storage_maps,
+        &mut |event| match event {
+            Dumped::Socket(socket) => sockets.push(socket.clone()),
+            Dumped::Restart => sockets.clear(),
+        },
+    )?;
+    Ok(sockets)
+}
+
+/// What a streaming dump hands over.
+pub enum Dumped<'a> {
+    Socket(&'a DiagSocket),
+    /// The kernel interrupted the dump (its tables changed): it starts again, so forget what
+    /// came so far.
+    Restart,
+}
+
+/// Like [`dump`], but hands each socket to `each` as it is read instead of collecting them:
+/// the memory does not grow with the sockets. When the kernel interrupts the dump it starts
+/// again, after handing over `Dumped::Restart`: what came before is to be forgotten.
+pub fn dump_each(
+    protocol: u8,
+    family: u8,
+    states: u32,
+    storage_maps: &[BorrowedFd<'_>],
+    each: &mut dyn FnMut(Dumped<'_>),
+) -> Result<(), SockDiagError> {
+    dump_each_with(
+        &mut Netlink::open()?,
+        protocol,
+        family,
+        states,
+        storage_maps,
+        each,
+    )
+}
+
+fn dump_each_with(
+    transport: &mut impl Transport,
+    protocol: u8,
+    family: u8,
+    states: u32,
+    storage_maps: &[BorrowedFd<'_>],
+    each: &mut dyn FnMut(Dumped<'_>),
+) -> Result<(), SockDiagError> {
     let request = InetDiagReqV2 {
         family,
         protocol,
         states,
         ..InetDiagReqV2::default()
     };
-    for _ in 0..DUMP_ATTEMPTS {
+    for attempt in 0..DUMP_ATTEMPTS {
+        if attempt > 0 {
+            each(Dumped::Restart);
+        }
         let seq = next_seq();
         let flags = NLM_F_REQUEST | NLM_F_DUMP;
         transport.send(&encode_request(
@@ -677,7 +731,6 @@ fn dump_with(
             &request,
             storage_maps,
         )?)?;
-        let mut sockets = Vec::new();
         let end = read_replies(transport, seq, "dump", |header, payload| {
             if header.nlmsg_type != SOCK_DIAG_BY_FAMILY {
                 return Err(SockDiagError::UnexpectedMessage {
@@ -685,12 +738,12 @@ fn dump_with(
                     kind: header.nlmsg_type,
                 });
             }
-            sockets.push(parse_socket(payload, protocol)?);
+            each(Dumped::Socket(&parse_socket(payload, protocol)?));
             Ok(())
         })?;
         match end {
             End::Done { interrupted: true } => {}
-            End::Done { interrupted: false } | End::Ack => return Ok(sockets),
+            End::Done { interrupted: false } | End::Ack => return Ok(()),
         }
     }
     Err(SockDiagError::DumpInterrupted {

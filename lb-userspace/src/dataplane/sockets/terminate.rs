@@ -51,27 +51,37 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
     serving: &HashMap<FrontendKey, Arc<[SocketAddr]>, S>,
 ) -> Result<Terminated, TerminateError> {
     let mut done = Terminated::default();
-    let source = Records::open(pins, listing)?;
-    if let Records::Global(map) = &source
-        && !map
-            .values()
-            .any(|s| records(s).any(|r| is_stale(r, serving)))
-    {
-        return Ok(done);
+    if listing.global {
+        // One walk over the records first: nothing stale, no namespace to visit.
+        let mut any = false;
+        pins.for_each_global(|e| any |= records(&e.state).any(|r| is_stale(r, serving)))?;
+        if !any {
+            return Ok(done);
+        }
     }
+    let source = Records::open(pins, listing)?;
     let walked = in_each_namespace(&namespaces(cgroup)?, |ns| {
-        let mut destroyed = 0;
-        let mut errors = Vec::new();
-        for (socket, state) in source.here(ns, Protocol::Udp, CONNECTED)? {
+        // Found during the dump, destroyed after it (a destroy during a dump would make the
+        // kernel interrupt it).
+        let mut stale_sockets = Vec::new();
+        source.here(ns, Protocol::Udp, CONNECTED, &mut |found| {
+            let Some((socket, state)) = found else {
+                stale_sockets.clear();
+                return;
+            };
             // Only the record of the backend the socket is connected to matters: a socket that
             // reconnected elsewhere keeps its other records.
             let dst = socket.dst();
-            let stale = records(&state)
-                .any(|r| backend_addr(&r.backend) == Some(dst) && is_stale(r, serving));
-            if !stale {
-                continue;
+            if records(&state)
+                .any(|r| backend_addr(&r.backend) == Some(dst) && is_stale(r, serving))
+            {
+                stale_sockets.push(socket.clone());
             }
-            match sock_diag::destroy(&socket) {
+        })?;
+        let mut destroyed = 0;
+        let mut errors = Vec::new();
+        for socket in &stale_sockets {
+            match sock_diag::destroy(socket) {
                 Ok(true) => destroyed += 1,
                 Ok(false) => {}
                 Err(e) => errors.push(e),

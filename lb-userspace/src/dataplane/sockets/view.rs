@@ -13,7 +13,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{Census, LiveSocket, records, sock_diag};
+use super::{CensusStats, LiveSocket, records, sock_diag};
 use crate::{
     dataplane::{
         abi::{backend_addr, service_addr},
@@ -116,7 +116,8 @@ impl BackendConnections {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClientConnections {
-    /// The cgroup v2 id of the client's container.
+    /// The cgroup v2 id of the client: its pod's cgroup (or its container's: a TCP connection
+    /// in a `CONNECTIONS` slot names the process's own cgroup).
     pub cgroup_id: u64,
     /// Its path below the cgroup root, when found.
     pub cgroup: Option<String>,
@@ -124,8 +125,16 @@ pub struct ClientConnections {
     pub pod_uid: Option<String>,
     /// `namespace/name`, where the caller knows the pod (by its address).
     pub pod: Option<String>,
+    /// The client's connections to this backend.
+    pub total: usize,
+    /// The age of its oldest one, in seconds.
+    pub oldest_s: Option<f64>,
+    /// The oldest few of them (at most `SAMPLE`), each with its details.
     pub sockets: Vec<SocketSummary>,
 }
+
+/// Sockets listed one by one per client and backend; the others are only counted.
+pub const SAMPLE: usize = 16;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SocketSummary {
@@ -248,40 +257,97 @@ pub fn pod_uid(path: &Path) -> Option<String> {
     })
 }
 
-/// Groups the census's live connections (TCP sockets in any state, connected UDP sockets)
-/// by service port, backend and client. `now` is `CLOCK_MONOTONIC` (see `monotonic_now`).
+/// The census's live connections (TCP sockets in any state, connected UDP sockets), counted
+/// as they stream by, by the address dialled, backend and client: its size grows with those,
+/// not with the sockets.
+#[derive(Debug, Default)]
+pub struct Tally {
+    connections: BTreeMap<(Option<ServiceAddr>, SocketAddr, u64), Client>,
+    now: Duration,
+}
+
+/// One client's connections to one backend through one address.
+#[derive(Debug, Default)]
+struct Client {
+    tcp: BTreeMap<&'static str, usize>,
+    udp: usize,
+    /// The oldest `SAMPLE`, by age.
+    sample: Vec<SocketSummary>,
+}
+
+impl Tally {
+    /// `now` is `CLOCK_MONOTONIC` (see `monotonic_now`).
+    pub fn new(now: Duration) -> Self {
+        Self {
+            connections: BTreeMap::new(),
+            now,
+        }
+    }
+
+    /// Counts one socket (unconnected UDP sockets and sockets without a kernel view are no
+    /// connection).
+    pub fn add(&mut self, socket: &LiveSocket) {
+        let Some((backend, frontend, state, summary)) = connection(socket, self.now) else {
+            return;
+        };
+        let client = self
+            .connections
+            .entry((frontend, backend, socket.state.cgroup_id))
+            .or_default();
+        match socket.protocol {
+            Protocol::Tcp => *client.tcp.entry(state).or_default() += 1,
+            Protocol::Udp => client.udp += 1,
+        }
+        // Keep the oldest: a sample of sockets still open long after the others.
+        let age = |s: &SocketSummary| s.age_s.unwrap_or(0.0);
+        if client.sample.len() < SAMPLE {
+            client.sample.push(summary);
+        } else if let Some(youngest) = client
+            .sample
+            .iter_mut()
+            .min_by(|a, b| age(a).total_cmp(&age(b)))
+            && age(youngest) < age(&summary)
+        {
+            *youngest = summary;
+        }
+    }
+}
+
+/// Groups the counted connections by service port, backend and client.
 pub fn summarize<S: std::hash::BuildHasher>(
-    census: &Census,
+    tally: Tally,
+    stats: &CensusStats,
     snapshot: &MapSnapshot,
     cluster: &dyn Cluster,
     cgroups: &HashMap<u64, PathBuf, S>,
     filter: &Filter,
-    now: Duration,
 ) -> ConnectionsView {
-    let mut backends: BTreeMap<BackendKey, (Vec<ServiceAddr>, ByClient)> = BTreeMap::new();
-    for socket in &census.sockets {
-        let Some((key, frontend, summary)) = connection(socket, snapshot, now) else {
-            continue;
-        };
+    let mut backends: BTreeMap<BackendKey, (Vec<ServiceAddr>, BTreeMap<u64, Client>)> =
+        BTreeMap::new();
+    for ((frontend, backend, cgroup_id), client) in tally.connections {
+        let service = frontend
+            .and_then(|f| snapshot.reach(&f))
+            .and_then(|r| snapshot.service_port(r.service_id));
         if filter
             .service
             .as_ref()
-            .is_some_and(|s| key.0.as_ref().is_none_or(|k| &k.service != s))
-            || filter.backend.is_some_and(|b| b != key.1)
+            .is_some_and(|s| service.as_ref().is_none_or(|k| &k.service != s))
+            || filter.backend.is_some_and(|b| b != backend)
         {
             continue;
         }
-        let entry = backends.entry(key).or_default();
+        let entry = backends.entry((service, backend)).or_default();
         if let Some(f) = frontend
             && !entry.0.contains(&f)
         {
             entry.0.push(f);
         }
-        entry
-            .1
-            .entry(socket.state.cgroup_id)
-            .or_default()
-            .push(summary);
+        let merged = entry.1.entry(cgroup_id).or_default();
+        for (state, n) in client.tcp {
+            *merged.tcp.entry(state).or_default() += n;
+        }
+        merged.udp += client.udp;
+        merged.sample.extend(client.sample);
     }
     let mut services: BTreeMap<Option<ServicePortKey>, ServiceConnections> = BTreeMap::new();
     for ((service, backend), (frontends, clients)) in backends {
@@ -290,20 +356,27 @@ pub fn summarize<S: std::hash::BuildHasher>(
         let mut udp = 0;
         let clients = clients
             .into_iter()
-            .map(|(cgroup_id, mut sockets)| {
-                sockets.sort_by_key(|s| s.cookie);
-                for s in &sockets {
-                    match s.protocol {
-                        Protocol::Tcp => *tcp.entry(s.state.clone()).or_default() += 1,
-                        Protocol::Udp => udp += 1,
-                    }
+            .map(|(cgroup_id, client)| {
+                for (state, n) in &client.tcp {
+                    *tcp.entry((*state).to_string()).or_default() += n;
                 }
+                udp += client.udp;
+                let mut sockets = client.sample;
+                sockets.sort_by(|a, b| {
+                    b.age_s
+                        .unwrap_or(0.0)
+                        .total_cmp(&a.age_s.unwrap_or(0.0))
+                        .then(a.cookie.cmp(&b.cookie))
+                });
+                sockets.truncate(SAMPLE);
                 let path = cgroups.get(&cgroup_id);
                 ClientConnections {
                     cgroup_id,
                     cgroup: path.map(|p| format!("/{}", p.display())),
                     pod_uid: path.and_then(|p| pod_uid(p)),
                     pod: sockets.first().and_then(|s| cluster.pod_at(s.local.ip())),
+                    total: client.tcp.values().sum::<usize>() + client.udp,
+                    oldest_s: sockets.first().and_then(|s| s.age_s),
                     sockets,
                 }
             })
@@ -330,16 +403,31 @@ pub fn summarize<S: std::hash::BuildHasher>(
     }
     ConnectionsView {
         services: services.into_values().collect(),
-        namespaces: census.namespaces,
-        errors: census.errors.iter().map(ToString::to_string).collect(),
-        missing: missing(census),
+        namespaces: stats.namespaces,
+        errors: stats.errors.iter().map(ToString::to_string).collect(),
+        missing: missing(stats),
         conditions_from_objects: cluster.has_objects(),
     }
 }
 
+/// Lists and groups in one go: the census streams into a tally.
+pub fn connections<S: std::hash::BuildHasher>(
+    pins: &super::SocketPins,
+    cgroup: &Path,
+    listing: super::Listing,
+    snapshot: &MapSnapshot,
+    cluster: &dyn Cluster,
+    cgroups: &HashMap<u64, PathBuf, S>,
+    filter: &Filter,
+) -> Result<ConnectionsView, super::ListError> {
+    let mut tally = Tally::new(super::monotonic_now());
+    let stats = super::census_each(pins, cgroup, listing, true, |s| tally.add(&s))?;
+    Ok(summarize(tally, &stats, snapshot, cluster, cgroups, filter))
+}
+
 /// What the listing could not see, in words.
-fn missing(census: &Census) -> Vec<String> {
-    let Some(listing) = census.listing else {
+fn missing(stats: &CensusStats) -> Vec<String> {
+    let Some(listing) = stats.listing else {
         return Vec::new();
     };
     let mut out = Vec::new();
@@ -360,39 +448,34 @@ fn missing(census: &Census) -> Vec<String> {
 
 /// A backend of a backend set (`None`: the set is gone from the maps).
 type BackendKey = (Option<ServicePortKey>, SocketAddr);
-/// Sockets by client cgroup id.
-type ByClient = BTreeMap<u64, Vec<SocketSummary>>;
 
-/// One socket as a connection: its service port and backend, the address it dialled and its
+/// One socket as a connection: its backend, the address it dialled, its state's name and its
 /// summary. `None` for sockets that are no connection (unconnected UDP, no kernel view).
 fn connection(
     socket: &LiveSocket,
-    snapshot: &MapSnapshot,
     now: Duration,
-) -> Option<(BackendKey, Option<ServiceAddr>, SocketSummary)> {
+) -> Option<(SocketAddr, Option<ServiceAddr>, &'static str, SocketSummary)> {
     let kernel = socket.kernel.as_ref()?;
     let state = match socket.protocol {
-        Protocol::Tcp => tcp_state_name(kernel.state).to_string(),
-        Protocol::Udp if kernel.state == sock_diag::TCP_ESTABLISHED => "connected".to_string(),
+        Protocol::Tcp => tcp_state_name(kernel.state),
+        Protocol::Udp if kernel.state == sock_diag::TCP_ESTABLISHED => "connected",
         Protocol::Udp => return None,
     };
     let record = records(&socket.state).find(|r| backend_addr(&r.backend) == Some(kernel.peer))?;
     let frontend = service_addr(&record.frontend);
-    let service = frontend
-        .and_then(|f| snapshot.reach(&f))
-        .and_then(|r| snapshot.service_port(r.service_id));
     let created = Duration::from_nanos(socket.state.created_ns);
     let age_s = (socket.state.created_ns != 0)
         .then(|| now.checked_sub(created))
         .flatten()
         .map(|age| age.as_secs_f64());
     Some((
-        (service, kernel.peer),
+        kernel.peer,
         frontend,
+        state,
         SocketSummary {
             cookie: socket.cookie,
             protocol: socket.protocol,
-            state,
+            state: state.to_string(),
             local: kernel.local,
             frontend,
             age_s,
