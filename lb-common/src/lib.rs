@@ -424,11 +424,14 @@ pub const FRONTEND_FLAG_AFFINITY: u16 = 1;
 /// is on this node (endpoints exist elsewhere): refused, but counted apart.
 pub const FRONTEND_FLAG_NO_LOCAL: u16 = 2;
 
-/// Layout of the `PORTS` array: the programs' two prefilters, one array lookup each (the
-/// verifier inlines it).
+/// Layout of the `PORTS` array: the programs' prefilters, one array lookup each (the verifier
+/// inlines it).
+/// - The frontend port bitmap, per protocol: one bit per port some frontend uses. A connect or
+///   sendmsg to a port no service uses is decided by this one lookup, in a region small enough
+///   to stay in the cache (the same word for every connect to that port, whatever the address).
 /// - The frontend filter, per protocol: one bit per hash of (address, port). A connect or
-///   sendmsg whose bit is clear goes to no service, so a miss costs this lookup only, also on
-///   the ports services use (443, 53, 80 to addresses outside the cluster). A set bit may be
+///   sendmsg whose bit is clear goes to no service, so a miss on a port services use (443, 53,
+///   80 to addresses outside the cluster) costs this second lookup only. A set bit may be
 ///   another service address's: that false positive costs the frontend hash lookup.
 /// - The backend bitmap, per protocol: one bit per port some backend uses (getpeername and
 ///   recvmsg only look for a socket's record behind those).
@@ -446,10 +449,12 @@ pub mod ports {
     pub const FRONTEND: u32 = 0;
     /// First word of the backend port bitmap (TCP, then UDP).
     pub const BACKEND: u32 = 2 * FILTER_WORDS;
-    /// Words of the backend port bitmap per protocol (65,536 ports).
+    /// Words of a port bitmap per protocol (65,536 ports).
     pub const BACKEND_WORDS: u32 = 1024;
+    /// First word of the frontend port bitmap (TCP, then UDP).
+    pub const FRONTEND_PORTS: u32 = BACKEND + 2 * BACKEND_WORDS;
     /// Words in the `PORTS` array.
-    pub const WORDS: u32 = BACKEND + 2 * BACKEND_WORDS;
+    pub const WORDS: u32 = FRONTEND_PORTS + 2 * BACKEND_WORDS;
 
     /// The frontend filter's bit for a service address (address words and port in network
     /// byte order, IPv4 in `addr[0]` and the rest zero): a well-mixed 32-bit hash of both,
@@ -483,6 +488,12 @@ pub mod ports {
     #[inline(always)]
     pub const fn backend_word(udp: bool, port: u16) -> u32 {
         BACKEND + if udp { BACKEND_WORDS } else { 0 } + (port as u32 >> 6)
+    }
+
+    /// The word holding a frontend port's bit (host byte order).
+    #[inline(always)]
+    pub const fn frontend_port_word(udp: bool, port: u16) -> u32 {
+        FRONTEND_PORTS + if udp { BACKEND_WORDS } else { 0 } + (port as u32 >> 6)
     }
 
     /// The bit of a filter index or port within its word.

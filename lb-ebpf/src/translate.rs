@@ -460,9 +460,14 @@ fn read_flag(flag: &u8) -> bool {
     unsafe { core::ptr::read_volatile(flag) != 0 }
 }
 
-/// Whether the frontend filter has `dest`'s bit: false means no service has this address.
+/// Whether some frontend uses `dest`'s port and the frontend filter has `dest`'s bit: false
+/// means no service has this address.
 #[inline(always)]
 fn maybe_frontend(udp: bool, dest: &SockAddr) -> bool {
+    let port = u16::from_be(dest.port_be);
+    if !word_has(ports::frontend_port_word(udp, port), u32::from(port)) {
+        return false;
+    }
     let index = ports::frontend_bit(&dest.addr, dest.port_be);
     word_has(ports::frontend_word(udp, index), index)
 }

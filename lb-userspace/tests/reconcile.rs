@@ -362,7 +362,11 @@ fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
         .iter()
         .map(|w| match w {
             MapWrite::PutBackends { .. } => "backends",
-            MapWrite::PutPorts { word, .. } if *word < ports::BACKEND => "frontend port",
+            MapWrite::PutPorts { word, .. }
+                if *word < ports::BACKEND || *word >= ports::FRONTEND_PORTS =>
+            {
+                "frontend port"
+            }
             MapWrite::PutPorts { .. } => "backend port",
             MapWrite::PutMeta(..) => "meta",
             MapWrite::PutFrontend(..) => "frontend",
@@ -375,6 +379,7 @@ fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
             "backends",
             "frontend port",
             "backend port",
+            "frontend port",
             "meta",
             "frontend"
         ]
@@ -395,8 +400,8 @@ fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
         .collect();
     assert_eq!(
         kinds,
-        ["delete frontend", "delete meta", "put ports"],
-        "removal: the frontend first, then its metadata, then the filter bit"
+        ["delete frontend", "delete meta", "put ports", "put ports"],
+        "removal: the frontend first, then its metadata, then the filter and port bits"
     );
     assert!(!r.snapshot().filter_bit(&frontend_key(vip("10.96.0.1"))));
     assert!(

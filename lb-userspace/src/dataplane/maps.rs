@@ -226,14 +226,19 @@ impl MapSnapshot {
         self.meta.get(&service_id).and_then(service_port_key)
     }
 
-    /// Whether the frontend filter has the bit of this service address (see
-    /// `lb_common::ports`).
+    /// Whether the prefilters pass this service address: its port's bit in the frontend port
+    /// bitmap and its bit in the frontend filter (see `lb_common::ports`).
     pub fn filter_bit(&self, key: &FrontendKey) -> bool {
         let udp = key.protocol == lb_common::PROTOCOL_UDP;
+        let port = u16::from_be(key.port_be);
         let index = ports::frontend_bit(&key.addr, key.port_be);
-        self.ports
-            .get(&ports::frontend_word(udp, index))
-            .is_some_and(|w| w & ports::bit(index) != 0)
+        let has = |word: u32, bit: u32| {
+            self.ports
+                .get(&word)
+                .is_some_and(|w| w & ports::bit(bit) != 0)
+        };
+        has(ports::frontend_port_word(udp, port), u32::from(port))
+            && has(ports::frontend_word(udp, index), index)
     }
 
     /// Whether the backend port bitmap has this port (host byte order).

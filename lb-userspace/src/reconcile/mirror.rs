@@ -15,6 +15,16 @@ pub struct Mirror {
     frontends_of: HashMap<u32, VecSet<FrontendKey>>,
     /// How many frontends set each (UDP?, frontend filter bit): the filter must hold these.
     filter_users: HashMap<(bool, u32), u32>,
+    /// How many frontends use each (UDP?, port): the frontend port bitmap must hold these.
+    port_users: HashMap<(bool, u16), u32>,
+}
+
+/// The (UDP?, port in host order) of a frontend key: its bit in the frontend port bitmap.
+pub fn port_of(key: &FrontendKey) -> (bool, u16) {
+    (
+        key.protocol == lb_common::PROTOCOL_UDP,
+        u16::from_be(key.port_be),
+    )
 }
 
 /// The (UDP?, frontend filter bit) of a frontend key (see `lb_common::ports`).
@@ -35,6 +45,7 @@ impl Mirror {
                 .or_default()
                 .insert(*k);
             *mirror.filter_users.entry(filter_of(k)).or_default() += 1;
+            *mirror.port_users.entry(port_of(k)).or_default() += 1;
         }
         mirror.snap = snap;
         mirror
@@ -47,6 +58,7 @@ impl Mirror {
                     self.drop_frontend(old.service_id, k);
                 } else {
                     *self.filter_users.entry(filter_of(k)).or_default() += 1;
+                    *self.port_users.entry(port_of(k)).or_default() += 1;
                 }
                 self.frontends_of
                     .entry(f.service_id)
@@ -56,13 +68,8 @@ impl Mirror {
             MapWrite::DeleteFrontend(k) => {
                 if let Some(old) = self.snap.frontends.get(k) {
                     self.drop_frontend(old.service_id, k);
-                    let bit = filter_of(k);
-                    if let Some(n) = self.filter_users.get_mut(&bit) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.filter_users.remove(&bit);
-                        }
-                    }
+                    release(&mut self.filter_users, &filter_of(k));
+                    release(&mut self.port_users, &port_of(k));
                 }
             }
             _ => {}
@@ -94,6 +101,21 @@ impl Mirror {
     /// Whether some frontend in the maps sets this (UDP?, frontend filter bit).
     pub fn filter_in_use(&self, udp: bool, bit: u32) -> bool {
         self.filter_users.contains_key(&(udp, bit))
+    }
+
+    /// Whether some frontend in the maps uses this (UDP?, port).
+    pub fn port_in_use(&self, udp: bool, port: u16) -> bool {
+        self.port_users.contains_key(&(udp, port))
+    }
+}
+
+/// One user fewer of `key`; forgotten at none.
+fn release<K: std::hash::Hash + Eq>(users: &mut HashMap<K, u32>, key: &K) {
+    if let Some(n) = users.get_mut(key) {
+        *n -= 1;
+        if *n == 0 {
+            users.remove(key);
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use std::{
 use lb_common::{
     FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, MapId, ports,
 };
-pub use mirror::{Mirror, filter_of};
+pub use mirror::{Mirror, filter_of, port_of};
 pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 
 use crate::{
@@ -367,15 +367,15 @@ impl<M: ServiceMaps> Reconciler<M> {
                     self.record_failure(key, narrowed, report);
                 }
                 // Frontend ports this set stopped using, now that its frontends are gone.
-                self.release_ports(&plan.released_filter, report);
+                self.release_ports(&plan.released, report);
             }
             Err(e) => {
                 let undone = self.rollback(undo);
-                let claimed: Vec<(bool, u32)> = plan
+                let claimed: Vec<FrontendKey> = plan
                     .writes
                     .iter()
                     .filter_map(|w| match w {
-                        MapWrite::PutFrontend(k, _) => Some(filter_of(k)),
+                        MapWrite::PutFrontend(k, _) => Some(*k),
                         _ => None,
                     })
                     .collect();
@@ -454,7 +454,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             &mut writes,
         )?;
 
-        // 2. Prefilters: the frontend filter bits of new frontends, and the backends' ports (set
+        // 2. Prefilters: the port and filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
         let wanted: BTreeSet<FrontendKey> = want
             .frontends
@@ -467,6 +467,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             let (_, index) = filter_of(k);
             let w = ports::frontend_word(udp, index);
             *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(index);
+            let (_, port) = port_of(k);
+            let w = ports::frontend_port_word(udp, port);
+            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(u32::from(port));
         }
         for b in &layout {
             let w = ports::backend_word(udp, b.port());
@@ -522,10 +525,10 @@ impl<M: ServiceMaps> Reconciler<M> {
             layout,
             new_range,
             narrowed,
-            released_filter: current
+            released: current
                 .iter()
                 .filter(|k| !wanted.contains(k))
-                .map(filter_of)
+                .copied()
                 .collect(),
         })
     }
@@ -581,15 +584,22 @@ impl<M: ServiceMaps> Reconciler<M> {
         self.mirror.snap.ports.get(&word).copied().unwrap_or(0)
     }
 
-    /// Clears these frontend filter bits where no frontend sets them any more (after the
-    /// frontends are gone).
-    fn release_ports(&mut self, released: &[(bool, u32)], report: &mut SyncReport) {
+    /// Clears the filter and port bits of these frontends where no frontend sets them any
+    /// more (after the frontends are gone).
+    fn release_ports(&mut self, released: &[FrontendKey], report: &mut SyncReport) {
         let mut words: BTreeMap<u32, u64> = BTreeMap::new();
-        for &(udp, index) in released {
+        for key in released {
+            let (udp, index) = filter_of(key);
             if !self.mirror.filter_in_use(udp, index) {
                 let w = ports::frontend_word(udp, index);
                 let current = self.word(w);
                 *words.entry(w).or_insert(current) &= !ports::bit(index);
+            }
+            let (udp, port) = port_of(key);
+            if !self.mirror.port_in_use(udp, port) {
+                let w = ports::frontend_port_word(udp, port);
+                let current = self.word(w);
+                *words.entry(w).or_insert(current) &= !ports::bit(u32::from(port));
             }
         }
         let writes: Vec<MapWrite> = words
@@ -600,19 +610,32 @@ impl<M: ServiceMaps> Reconciler<M> {
         self.write_ports(&writes, report);
     }
 
-    /// Clears every frontend filter bit no frontend sets (after a full sync, and for bits an
-    /// earlier agent left).
+    /// Clears every frontend filter and frontend port bit no frontend sets (after a full
+    /// sync, and for bits an earlier agent left).
     fn sweep_ports(&mut self, report: &mut SyncReport) {
         let mut writes = Vec::new();
-        for (&word, &bits) in &self.mirror.snap.ports {
-            if word >= ports::BACKEND {
+        let mirror = &self.mirror;
+        for (&word, &bits) in &mirror.snap.ports {
+            let in_use = |bit: u32| -> bool {
+                if word < ports::BACKEND {
+                    let udp = word >= ports::FILTER_WORDS;
+                    let first = (word - if udp { ports::FILTER_WORDS } else { 0 }) << 6;
+                    mirror.filter_in_use(udp, first + bit)
+                } else {
+                    let udp = word >= ports::FRONTEND_PORTS + ports::BACKEND_WORDS;
+                    let first =
+                        (word - ports::FRONTEND_PORTS - if udp { ports::BACKEND_WORDS } else { 0 })
+                            << 6;
+                    u16::try_from(first + bit).is_ok_and(|port| mirror.port_in_use(udp, port))
+                }
+            };
+            if (ports::BACKEND..ports::FRONTEND_PORTS).contains(&word) {
+                // The backend port bitmap is set only.
                 continue;
             }
-            let udp = word >= ports::FILTER_WORDS;
-            let first = (word - if udp { ports::FILTER_WORDS } else { 0 }) << 6;
             let mut keep = 0u64;
             for bit in 0..64u32 {
-                if bits & (1 << bit) != 0 && self.mirror.filter_in_use(udp, first + bit) {
+                if bits & (1 << bit) != 0 && in_use(bit) {
                     keep |= 1 << bit;
                 }
             }
@@ -749,6 +772,7 @@ struct Plan {
     new_range: bool,
     /// No room: the set was narrowed in place (written, then reported as failed).
     narrowed: Option<MapWriteError>,
-    /// Filter bits of the frontends the plan deletes: they go once no frontend sets them.
-    released_filter: Vec<(bool, u32)>,
+    /// The frontends the plan deletes: their filter and port bits go once no frontend sets
+    /// them.
+    released: Vec<FrontendKey>,
 }

@@ -21,6 +21,8 @@ use socklb_tests::{
 
 struct Settings {
     quick: bool,
+    /// `--only kernel`: the programs' kernel cost only (a quick look while changing them).
+    kernel_only: bool,
     /// Other services installed for the data path.
     services: usize,
     /// Passes of every ratio measured against a floor.
@@ -44,6 +46,7 @@ impl Settings {
             // The check run of `cargo xtask test` (a debug build): every benchmark runs and the
             // report is written; its figures mean nothing, so it stays small.
             Self {
+                kernel_only: false,
                 quick,
                 services: 300,
                 passes: 3,
@@ -62,6 +65,7 @@ impl Settings {
             }
         } else if quick {
             Self {
+                kernel_only: false,
                 quick,
                 services: 1000,
                 passes: 5,
@@ -80,6 +84,7 @@ impl Settings {
             }
         } else {
             Self {
+                kernel_only: false,
                 quick,
                 services: 10_000,
                 passes: 7,
@@ -115,7 +120,11 @@ fn main() -> ExitCode {
         eprintln!("socklb-bench needs a privileged machine: {reason}");
         return ExitCode::FAILURE;
     }
-    match run(&Settings::new(quick), &out, criterion.as_deref()) {
+    let mut settings = Settings::new(quick);
+    settings.kernel_only = args
+        .windows(2)
+        .any(|w| w[0] == "--only" && w[1] == "kernel");
+    match run(&settings, &out, criterion.as_deref()) {
         Ok(report) => {
             println!("\n{}", report.summary());
             println!("report: {}", out.join("report.md").display());
@@ -182,7 +191,9 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         ..Report::default()
     };
     let sandbox = data_path(s, &mut report)?;
-    control_plane(s, &sandbox, &mut report)?;
+    if !s.kernel_only {
+        control_plane(s, &sandbox, &mut report)?;
+    }
     drop(sandbox);
     report.write(out)?;
     Ok(report)
@@ -221,6 +232,9 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
         false,
     )?;
     print_costs(&report.kernel);
+    if s.kernel_only {
+        return without_tcp_records(s, world, &pins, report);
+    }
     report.close = Some(kernel::close_cost(
         &mut world,
         &pins,
@@ -285,11 +299,22 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
         s.passes,
     )?);
 
+    without_tcp_records(s, world, &pins, report)
+}
+
+/// The hit's kernel cost again with `--tcp-peer-name backend` (no TCP record at all); hands
+/// back the sandbox.
+fn without_tcp_records(
+    s: &Settings,
+    mut world: World,
+    pins: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<socklb_tests::Sandbox> {
     eprintln!("kernel cost: the agent again with --tcp-peer-name backend");
     world.restart_agent(&["--tcp-peer-name", "backend"])?;
     report.kernel_no_tcp_record = kernel::program_costs(
         &mut world,
-        &pins,
+        pins,
         s.passes,
         s.kernel_calls,
         "no record (--tcp-peer-name backend)",
