@@ -60,6 +60,13 @@ pub struct Engine<M: ServiceMaps> {
     /// Claims each backend set lost to another, as last computed.
     conflicts: BTreeMap<ServicePortKey, Vec<Conflict>>,
     pending_since: Option<Instant>,
+    /// Changes that arrived after the first full sync and are not written yet, by Service,
+    /// each since its first unwritten change (kube-proxy's `QueuedUpdate`): a pass that writes
+    /// a Service's backend sets clears it, one whose write fails keeps it (kube-proxy counts a
+    /// failed sync as not updated).
+    unapplied: HashMap<ObjectKey, Instant>,
+    /// A change of this node's identity (every Service to translate again) not yet written.
+    unapplied_node: Option<Instant>,
     /// Latest rejection per subject.
     rejected: BTreeMap<Subject, String>,
     rejected_total: u64,
@@ -125,6 +132,8 @@ impl<M: ServiceMaps> Engine<M> {
             keys_by_service: HashMap::new(),
             conflicts: BTreeMap::new(),
             pending_since: None,
+            unapplied: HashMap::new(),
+            unapplied_node: None,
             rejected: BTreeMap::new(),
             rejected_total: 0,
             unhealthy: BTreeSet::new(),
@@ -194,6 +203,31 @@ impl<M: ServiceMaps> Engine<M> {
         self.has_work().then_some(self.pending_since).flatten()
     }
 
+    /// Since when the oldest change that arrived after the first full sync has waited to be
+    /// written, if one waits: kube-proxy's `oldestPendingQueued` (`proxy_health.go`). Nothing
+    /// before the first full sync counts, nor an unreachable API server (it sends no change),
+    /// nor the retries of a backend set that failed without a change; a change whose write
+    /// fails keeps waiting until a retry writes it.
+    pub fn unapplied_since(&self) -> Option<Instant> {
+        self.unapplied
+            .values()
+            .copied()
+            .chain(self.unapplied_node)
+            .min()
+    }
+
+    /// Marks Services to translate again after a change; after the first full sync the change
+    /// also waits to be written (`unapplied_since`).
+    fn changed(&mut self, services: impl IntoIterator<Item = ObjectKey>) {
+        let now = Instant::now();
+        for key in services {
+            if self.synced {
+                self.unapplied.entry(key.clone()).or_insert(now);
+            }
+            self.dirty.insert(key);
+        }
+    }
+
     pub fn handle(&mut self, event: SourceEvent) {
         self.pending_since.get_or_insert_with(Instant::now);
         match event {
@@ -235,31 +269,33 @@ impl<M: ServiceMaps> Engine<M> {
                     ),
                 };
                 self.listed.insert(kind);
-                self.dirty.extend(affected);
+                self.changed(affected);
             }
             SourceEvent::Applied(object) => {
                 self.rejected.remove(&Subject::Object(object.object_ref()));
                 match object {
                     Object::Service(s) => {
                         let key = self.store.upsert_service(*s);
-                        self.dirty.insert(key);
+                        self.changed([key]);
                     }
                     Object::EndpointSlice(s) => {
                         self.note_trigger(&s);
                         let affected = self.store.upsert_slice(*s);
-                        self.dirty.extend(affected);
+                        self.changed(affected);
                     }
                 }
             }
             SourceEvent::Deleted(Kind::EndpointSlice, key) => {
                 self.rejected
                     .remove(&Subject::Object(ObjectRef::slice(key.clone())));
-                self.dirty.extend(self.store.remove_slice(&key));
+                let affected = self.store.remove_slice(&key);
+                self.changed(affected);
             }
             SourceEvent::Deleted(_, key) => {
                 self.rejected
                     .remove(&Subject::Object(ObjectRef::service(key.clone())));
-                self.dirty.extend(self.store.remove_service(&key));
+                let affected = self.store.remove_service(&key);
+                self.changed(affected);
             }
             SourceEvent::Node(node) => {
                 self.node_object = Some(node);
@@ -328,6 +364,15 @@ impl<M: ServiceMaps> Engine<M> {
         latencies
     }
 
+    /// The Services with a backend set whose last write failed.
+    fn failing_services(&self) -> BTreeSet<ObjectKey> {
+        self.reconciler
+            .failed()
+            .keys()
+            .map(|k| k.service.clone())
+            .collect()
+    }
+
     /// Who this node is from the flags, its Node object and its interfaces' addresses; a change
     /// rewrites everything.
     fn resolve_node(&mut self) {
@@ -341,6 +386,9 @@ impl<M: ServiceMaps> Engine<M> {
             );
             self.node = info;
             self.full_sync_needed = true;
+            if self.synced {
+                self.unapplied_node.get_or_insert_with(Instant::now);
+            }
         }
     }
 
@@ -424,11 +472,18 @@ impl<M: ServiceMaps> Engine<M> {
             self.full_sync_needed = false;
             self.synced = true;
             self.track_failures(None);
+            self.unapplied_node = None;
+            let failing = self.failing_services();
+            self.unapplied.retain(|svc, _| failing.contains(svc));
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
             pass.report = self.sync_services(&dirty);
             self.track_failures(Some(&dirty));
+            let failing = self.failing_services();
+            for svc in dirty.iter().filter(|s| !failing.contains(*s)) {
+                self.unapplied.remove(svc);
+            }
             pass.programming_latencies = self.programmed(dirty);
         }
         for (key, list) in &self.conflicts {
@@ -590,4 +645,146 @@ fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::Engine;
+    use crate::{
+        dataplane::maps::InMemoryMaps,
+        model::{ManifestObject, parse_manifests},
+        reconcile::Reconciler,
+        source::{Object, SourceEvent},
+        translate::NodeFlags,
+        vocab::Kind,
+    };
+
+    fn objects(yaml: &str) -> Vec<Object> {
+        let parsed = parse_manifests("t.yaml", yaml.as_bytes());
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed
+            .objects
+            .into_iter()
+            .filter_map(|o| match o {
+                ManifestObject::Service(s) => Some(Object::Service(s)),
+                ManifestObject::EndpointSlice(s) => Some(Object::EndpointSlice(s)),
+                ManifestObject::Node(_) => None,
+            })
+            .collect()
+    }
+
+    fn web(endpoints: &str) -> Vec<Object> {
+        objects(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: d}}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{{name: http, port: 80}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: d, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 80}}]\nendpoints: [{endpoints}]\n"
+        ))
+    }
+
+    fn listed(engine: &mut Engine<InMemoryMaps>, objects: Vec<Object>) {
+        let (services, slices): (Vec<Object>, Vec<Object>) = objects
+            .into_iter()
+            .partition(|o| matches!(o, Object::Service(_)));
+        for (kind, objects) in [(Kind::Service, services), (Kind::EndpointSlice, slices)] {
+            engine.handle(SourceEvent::Listed {
+                kind,
+                objects,
+                keep: Vec::new(),
+            });
+        }
+    }
+
+    fn slice_of(objects: Vec<Object>) -> Object {
+        objects
+            .into_iter()
+            .find(|o| matches!(o, Object::EndpointSlice(_)))
+            .expect("a slice")
+    }
+
+    /// kube-proxy's health rule (`proxy_health.go`): only a change queued after the first sync
+    /// and not yet written counts; a sync that fails leaves it queued; nothing else (an
+    /// unhealthy source, the initial lists, retries without a change) does.
+    #[test]
+    fn only_changes_after_the_first_sync_wait_and_a_failed_write_keeps_them_waiting() {
+        let mut engine = Engine::new(
+            Reconciler::new(InMemoryMaps::new()).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        listed(&mut engine, web("{addresses: [10.244.0.1]}"));
+        assert_eq!(engine.unapplied_since(), None, "the initial lists never wait");
+        assert!(engine.reconcile().is_some_and(|p| p.full));
+        assert_eq!(engine.unapplied_since(), None);
+
+        // The API server goes away: the source says so, and nothing waits.
+        engine.handle(SourceEvent::Health {
+            kind: Kind::Service,
+            ok: false,
+        });
+        assert!(!engine.is_healthy());
+        assert_eq!(engine.unapplied_since(), None);
+        engine.handle(SourceEvent::Health {
+            kind: Kind::Service,
+            ok: true,
+        });
+
+        // A change waits until a pass writes it.
+        let before = Instant::now();
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.2]}",
+        ))));
+        let since = engine.unapplied_since().expect("a change waits");
+        assert!(since >= before);
+        // A second change does not move the clock (the oldest counts).
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.3]}",
+        ))));
+        assert_eq!(engine.unapplied_since(), Some(since));
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), None, "written");
+
+        // Every write fails: the change keeps waiting, through the retries, from its arrival.
+        engine
+            .reconciler_mut()
+            .maps_mut()
+            .fail_when(|_, _, _| true);
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.4]}",
+        ))));
+        let since = engine.unapplied_since().expect("a change waits");
+        let pass = engine.reconcile().expect("a pass");
+        assert!(!pass.report.failed.is_empty(), "{pass:?}");
+        assert_eq!(engine.unapplied_since(), Some(since), "a failed write");
+        std::thread::sleep(super::RETRY_MIN * 3);
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), Some(since), "a failed retry");
+
+        // Writes work again: the retry writes it and nothing waits.
+        engine.reconciler_mut().maps_mut().stop_failing();
+        std::thread::sleep(super::RETRY_MAX.min(super::RETRY_MIN * 6));
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert!(engine.reconciler().failed().is_empty());
+        assert_eq!(engine.unapplied_since(), None);
+    }
+
+    /// A backend set that fails from the first sync on, with no change since, does not count
+    /// (kube-proxy's initial sync is not a queued update); its retries do not either.
+    #[test]
+    fn a_set_failing_since_the_first_sync_without_a_change_does_not_wait() {
+        let mut maps = InMemoryMaps::new();
+        maps.fail_when(|_, _, _| true);
+        let mut engine = Engine::new(
+            Reconciler::new(maps).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        listed(&mut engine, web("{addresses: [10.244.0.1]}"));
+        let pass = engine.reconcile().expect("the first sync");
+        assert!(!pass.report.failed.is_empty());
+        assert_eq!(engine.unapplied_since(), None);
+        std::thread::sleep(super::RETRY_MIN * 3);
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), None);
+    }
 }

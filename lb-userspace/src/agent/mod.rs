@@ -88,8 +88,12 @@ pub struct AgentConfig {
     pub health_check_node_ports: bool,
     /// How often failed backend sets are retried.
     pub retry_interval: Duration,
-    /// /livez fails when changes stay unwritten, or the source stays unhealthy, this long.
+    /// The agent's own /livez fails when a change stays unwritten this long (an unreachable
+    /// API server sends no change: it never fails /livez).
     pub stuck_after: Duration,
+    /// kube-proxy's /healthz and /livez, and `serviceProxyHealthy` on the health-check ports,
+    /// turn 503 when a change stays unwritten this long (kube-proxy's `2 × syncPeriod`).
+    pub healthz_stale_after: Duration,
     /// Take the topology rules' Kubernetes version from the API server (no
     /// `--kubernetes-version` given).
     pub ask_api_version: bool,
@@ -137,9 +141,10 @@ pub struct Shared {
     /// The UDP backend sets' serving endpoints for the pass asked for while one ran.
     udp_serving:
         Mutex<Option<std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>>>,
-    /// When the loop last ran, and since when changes wait to be written (liveness).
+    /// Since when changes wait to be written (liveness, and kube-proxy's health).
     pub progress: Mutex<Progress>,
     pub stuck_after: Duration,
+    pub healthz_stale_after: Duration,
     pub metrics: Metrics,
     pub status: Mutex<Status>,
     /// What kube-proxy's /healthz says about the node.
@@ -153,10 +158,11 @@ struct Pass2 {
     again: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Progress {
-    pub pending_since: Option<Instant>,
-    pub unhealthy_since: Option<Instant>,
+    /// The oldest change that arrived after the first full sync and is not written yet
+    /// (`Engine::unapplied_since`).
+    pub unapplied_since: Option<Instant>,
 }
 
 impl Shared {
@@ -171,34 +177,40 @@ impl Shared {
             features: dataplane.features.clone(),
             udp_pass: Mutex::new(Pass2::default()),
             udp_serving: Mutex::new(None),
-            progress: Mutex::new(Progress {
-                pending_since: None,
-                unhealthy_since: None,
-            }),
+            progress: Mutex::new(Progress::default()),
             stuck_after: config.stuck_after,
+            healthz_stale_after: config.healthz_stale_after,
             metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
             status: Mutex::new(Status::default()),
             node_health: probes::NodeHealth::default(),
         })
     }
 
-    /// Why the agent is not live, if it is not.
+    /// Why the agent is not live, if it is not: a change has waited longer than
+    /// `--stuck-after-s` to be written. A failing watch (an unreachable API server) is not a
+    /// reason: it queues nothing, and restarting the agent would not bring the API back.
     pub fn stuck(&self) -> Option<String> {
+        let waited = self.unapplied_for()?;
+        (waited >= self.stuck_after).then(|| {
+            format!(
+                "a change has waited {:.0}s to be written",
+                waited.as_secs_f64()
+            )
+        })
+    }
+
+    /// kube-proxy's proxy health (`ProxyHealthServer.Health`): healthy unless a change has
+    /// waited to be written for `--healthz-stale-after-s` or longer. It answers kube-proxy's
+    /// /healthz and /livez and `serviceProxyHealthy` on every health-check port.
+    pub fn proxy_healthy(&self) -> bool {
+        self.unapplied_for()
+            .is_none_or(|waited| waited < self.healthz_stale_after)
+    }
+
+    /// How long the oldest unwritten change has waited, if one waits.
+    fn unapplied_for(&self) -> Option<Duration> {
         let p = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-        let limit = self.stuck_after;
-        if let Some(t) = p.pending_since.filter(|t| t.elapsed() > limit) {
-            return Some(format!(
-                "changes have waited {:.0}s to be written",
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        if let Some(t) = p.unhealthy_since.filter(|t| t.elapsed() > limit) {
-            return Some(format!(
-                "the source has been failing for {:.0}s",
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        None
+        p.unapplied_since.map(|t| t.elapsed())
     }
 }
 
@@ -299,7 +311,10 @@ pub async fn run(
                 terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
-            shared.node_health.written();
+            if engine.unapplied_since().is_none() {
+                // kube-proxy's `Updated`: nothing queued is left unwritten.
+                shared.node_health.written();
+            }
             if let Some(servers) = &mut health_checks {
                 sync_health_checks(servers, &engine, &config);
             }
@@ -660,7 +675,8 @@ fn log_features(features: &Features) {
     }
 }
 
-/// Readiness and liveness from the engine's state.
+/// Readiness and liveness from the engine's state. Readiness also goes while the watches keep
+/// failing (no Service routes to the agent, and a rollout waits); liveness does not.
 fn record_progress(
     engine: &Engine<BpfServiceMaps>,
     shared: &Shared,
@@ -682,8 +698,7 @@ fn record_progress(
         .progress
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Progress {
-        pending_since: engine.pending_since(),
-        unhealthy_since: *unhealthy_since,
+        unapplied_since: engine.unapplied_since(),
     };
 }
 

@@ -102,10 +102,12 @@ pub(super) async fn serve_kube_proxy_healthz(
 }
 
 fn proxy_health(shared: &Shared, with_node: bool) -> Response {
-    let healthy = shared.stuck().is_none();
+    let healthy = shared.proxy_healthy();
     let now = jiff::Timestamp::now();
-    // As kube-proxy: a healthy proxy reports now as its last update.
-    let last = if healthy {
+    let eligible = shared.node_health.eligible.load(Ordering::Relaxed);
+    let ok = healthy && (!with_node || eligible);
+    // As kube-proxy: a 200 reports now as its last update, a 503 the real one.
+    let last = if ok {
         now
     } else {
         *shared
@@ -114,14 +116,12 @@ fn proxy_health(shared: &Shared, with_node: bool) -> Response {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     };
-    let eligible = shared.node_health.eligible.load(Ordering::Relaxed);
     let body = ProxyHealth {
         last_updated: last.to_string(),
         current_time: now.to_string(),
         node_eligible: with_node.then_some(eligible),
         healthy,
     };
-    let ok = healthy && (!with_node || eligible);
     json(
         if ok {
             StatusCode::OK
@@ -377,7 +377,7 @@ async fn answer(State(state): State<Arc<PortState>>) -> Response {
         // Closing: the port is no longer wanted.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
-    let healthy = state.shared.stuck().is_none();
+    let healthy = state.shared.proxy_healthy();
     let status = if check.local_endpoints > 0 && healthy {
         StatusCode::OK
     } else {

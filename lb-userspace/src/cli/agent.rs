@@ -93,9 +93,17 @@ pub struct AgentArgs {
     /// (each failing set backs off on its own, from 0.5 s to 60 s).
     #[arg(long, default_value_t = 1000, env = "SOCKLB_RETRY_MS")]
     pub retry_ms: u64,
-    /// /livez fails when changes stay unwritten, or the source keeps failing, this long (seconds).
+    /// The agent's own /livez (the kubelet's liveness probe) fails when a change that arrived
+    /// after the first full sync stays unwritten this long (seconds). An unreachable API server
+    /// sends no change: it never fails /livez (only /readyz).
     #[arg(long, default_value_t = 120, env = "SOCKLB_STUCK_AFTER_S")]
     pub stuck_after_s: u64,
+    /// kube-proxy's /healthz and /livez, and the health-check ports' `serviceProxyHealthy`,
+    /// turn 503 when a change that arrived after the first full sync stays unwritten this long
+    /// (seconds): kube-proxy's 2 × syncPeriod (30 s). An unreachable API server sends no
+    /// change: it never turns them 503.
+    #[arg(long, default_value_t = 60, env = "SOCKLB_HEALTHZ_STALE_AFTER_S")]
+    pub healthz_stale_after_s: u64,
     /// Capacity of FRONTENDS4 and FRONTENDS6 (service addresses of each family).
     #[arg(long, default_value_t = MapId::Frontends4.default_capacity(), env = "SOCKLB_MAX_FRONTENDS")]
     pub max_frontends: u32,
@@ -179,6 +187,7 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         health_check_node_ports: args.health_check_node_ports,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
+        healthz_stale_after: Duration::from_secs(args.healthz_stale_after_s.max(1)),
         ask_api_version: args.node.kubernetes_version.is_none() && args.manifests.is_none(),
     };
     crate::agent::limit_arenas();
