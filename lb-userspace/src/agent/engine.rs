@@ -41,8 +41,10 @@ pub struct Engine<M: ServiceMaps> {
     store: Store,
     flags: NodeFlags,
     node: NodeInfo,
-    /// This Node, as last seen.
+    /// This Node, as last seen (also after its deletion: its zone and addresses stay).
     node_object: Option<NodeObject>,
+    /// The Node was deleted, or a complete listing did not have it.
+    node_deleted: bool,
     /// The addresses on this node's interfaces, as last seen.
     bound: Vec<std::net::IpAddr>,
     /// Nothing is written before they are known (the agent's case; tests that never send them
@@ -119,6 +121,7 @@ impl<M: ServiceMaps> Engine<M> {
             store: Store::new(),
             node: NodeInfo::resolve(&flags, None, &[]),
             node_object: None,
+            node_deleted: false,
             bound: Vec::new(),
             bound_needed: false,
             refused: BTreeMap::new(),
@@ -156,6 +159,12 @@ impl<M: ServiceMaps> Engine<M> {
     /// This node's Node object, once seen.
     pub fn node_object(&self) -> Option<&crate::model::NodeObject> {
         self.node_object.as_ref()
+    }
+
+    /// This node's Node object was deleted (or was missing from a complete listing), and has
+    /// not come back since.
+    pub fn node_deleted(&self) -> bool {
+        self.node_deleted
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -298,8 +307,29 @@ impl<M: ServiceMaps> Engine<M> {
                 self.changed(affected);
             }
             SourceEvent::Node(node) => {
+                if self.node_deleted {
+                    tracing::info!(node = %node.name, "this node's Node object is back");
+                    self.node_deleted = false;
+                }
                 self.node_object = Some(node);
                 self.resolve_node();
+            }
+            SourceEvent::NodeDeleted => {
+                if !self.node_deleted {
+                    let node = self.flags.name.as_deref().unwrap_or_default();
+                    if self.node_object.is_some() {
+                        tracing::warn!(
+                            node,
+                            "this node's Node object was deleted: kube-proxy's /healthz answers 503 (load balancers drain the node); the last zone and addresses stay in effect"
+                        );
+                    } else {
+                        tracing::warn!(
+                            node,
+                            "no Node object of this name: kube-proxy's /healthz answers 503 until it appears"
+                        );
+                    }
+                }
+                self.node_deleted = true;
             }
             SourceEvent::LocalAddresses(mut addrs) => {
                 addrs.sort_unstable();

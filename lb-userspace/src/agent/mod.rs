@@ -86,6 +86,10 @@ pub struct AgentConfig {
     pub kube_proxy_healthz: Option<SocketAddr>,
     /// Serve healthCheckNodePorts (`--health-check-node-ports`).
     pub health_check_node_ports: bool,
+    /// `--external-traffic carried`: another component on this node carries Service traffic
+    /// arriving from outside it (NodePorts, load-balancer IPs on the wire), which socklb does
+    /// not translate. Without it the load-balancer probes say this node has nothing to offer.
+    pub external_traffic: bool,
     /// How often failed backend sets are retried.
     pub retry_interval: Duration,
     /// The agent's own /livez fails when a change stays unwritten this long (an unreachable
@@ -182,7 +186,7 @@ impl Shared {
             healthz_stale_after: config.healthz_stale_after,
             metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
             status: Mutex::new(Status::default()),
-            node_health: probes::NodeHealth::default(),
+            node_health: probes::NodeHealth::new(config.external_traffic),
         })
     }
 
@@ -321,7 +325,7 @@ pub async fn run(
         }
         shared
             .node_health
-            .follow(engine.node_object(), engine.node().kube_version);
+            .follow(engine.node_object(), engine.node_deleted());
         if engine.is_synced() && !attached {
             let ids = dataplane.attach().context("attaching the programs")?;
             attached = true;

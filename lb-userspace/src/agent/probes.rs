@@ -28,35 +28,40 @@ use super::{Shared, http};
 use crate::{
     model::NodeObject,
     status::HealthCheckPort,
-    translate::{HealthCheck, HealthChecks, KubeVersion, NodeInfo, health_check_body},
+    translate::{HealthCheck, HealthChecks, NodeInfo, health_check_body},
     vocab::ObjectKey,
 };
 
 /// Whether load balancers should send this node traffic, and when the agent last wrote.
 #[derive(Debug)]
 pub struct NodeHealth {
-    /// The Node is not leaving (being deleted, or tainted by the cluster autoscaler).
+    /// kube-proxy's `nodeEligible`: the Node has been seen, is not leaving (being deleted, or
+    /// tainted by the cluster autoscaler) and was not deleted; and something on this node
+    /// carries the traffic load balancers send it (`--external-traffic carried`).
     pub eligible: std::sync::atomic::AtomicBool,
     /// When changes were last written (kube-proxy's `lastUpdated`).
     pub last_updated: Mutex<jiff::Timestamp>,
-}
-
-impl Default for NodeHealth {
-    fn default() -> Self {
-        Self {
-            eligible: true.into(),
-            last_updated: Mutex::new(jiff::Timestamp::now()),
-        }
-    }
+    /// `--external-traffic carried`: another component on this node carries Service traffic
+    /// arriving from outside it, which socklb does not translate.
+    pub external_traffic: bool,
 }
 
 impl NodeHealth {
-    /// Follows the Node object. Before it is known, kube-proxy up to 1.33 counts the node
-    /// eligible ("while it's starting up"); from 1.34 not (its node manager has not seen it).
-    pub fn follow(&self, node: Option<&NodeObject>, version: KubeVersion) {
-        let eligible = node.map_or(version.minor < 34, |n| !n.leaving);
+    pub fn new(external_traffic: bool) -> Self {
+        Self {
+            eligible: false.into(),
+            last_updated: Mutex::new(jiff::Timestamp::now()),
+            external_traffic,
+        }
+    }
+
+    /// Follows the Node object. Before it is seen the node is not eligible (kube-proxy 1.34+:
+    /// its node manager has no Node; up to 1.33 it said eligible while starting up); once it is
+    /// deleted, not either (kube-proxy 1.37+ exits and, restarted, has no Node).
+    pub fn follow(&self, node: Option<&NodeObject>, deleted: bool) {
+        let eligible = self.external_traffic && !deleted && node.is_some_and(|n| !n.leaving);
         if self.eligible.swap(eligible, Ordering::Relaxed) != eligible {
-            tracing::debug!(
+            tracing::info!(
                 eligible,
                 "node eligibility for load-balancer traffic changed (kube-proxy /healthz)"
             );
@@ -373,10 +378,15 @@ async fn answer(State(state): State<Arc<PortState>>) -> Response {
         .unwrap_or_else(PoisonError::into_inner)
         .get(&state.port)
         .cloned();
-    let Some(check) = check else {
+    let Some(mut check) = check else {
         // Closing: the port is no longer wanted.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
+    // Nothing on this node carries the load balancer's traffic to the endpoints: none of them
+    // is reachable through this node (`--external-traffic none`).
+    if !state.shared.node_health.external_traffic {
+        check.local_endpoints = 0;
+    }
     let healthy = state.shared.proxy_healthy();
     let status = if check.local_endpoints > 0 && healthy {
         StatusCode::OK

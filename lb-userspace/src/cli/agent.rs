@@ -38,6 +38,19 @@ pub enum PeerName {
     Backend,
 }
 
+/// Who carries Service traffic that arrives from outside the node (NodePorts, load-balancer
+/// IPs and externalIPs on the wire): socklb translates sockets on the node only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExternalTraffic {
+    /// Nothing on this node: the load-balancer probes (health-check ports, kube-proxy's
+    /// /healthz) tell load balancers that target nodes to send this node nothing.
+    #[default]
+    None,
+    /// Another component on this node (the CNI's eBPF service handling, say): the probes
+    /// answer as kube-proxy's would.
+    Carried,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct AgentArgs {
     /// Read Services and EndpointSlices from this folder of YAML manifests (watched for
@@ -70,13 +83,21 @@ pub struct AgentArgs {
     pub metrics_listen: String,
     /// Serve the healthCheckNodePort of every LoadBalancer Service with
     /// externalTrafficPolicy Local, as kube-proxy does (200 while this node has a ready
-    /// endpoint of it, else 503). Only instead of kube-proxy: next to it, the ports are its.
+    /// endpoint of it and carries its traffic, see --external-traffic, else 503). Only instead
+    /// of kube-proxy: next to it, the ports are its.
     #[arg(long, env = "SOCKLB_HEALTH_CHECK_NODE_PORTS")]
     pub health_check_node_ports: bool,
     /// Serve kube-proxy's /healthz and /livez on this address ("off", the default; kube-proxy's
     /// is 0.0.0.0:10256). Only instead of kube-proxy, whose port it is.
     #[arg(long, default_value = "off", env = "SOCKLB_KUBE_PROXY_HEALTHZ")]
     pub kube_proxy_healthz: String,
+    /// Who carries Service traffic arriving from outside this node (NodePorts, load-balancer
+    /// IPs on the wire), which socklb does not translate. With "none" the health-check ports
+    /// answer localEndpoints 0 (503) and kube-proxy's /healthz nodeEligible false (503), so
+    /// load balancers that target nodes send this node nothing; "carried": another component
+    /// on this node does (the CNI's service handling), and they answer as kube-proxy's.
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_EXTERNAL_TRAFFIC")]
+    pub external_traffic: ExternalTraffic,
     /// Log format (json for log collectors).
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -185,6 +206,7 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
         kube_proxy_healthz: listen(&args.kube_proxy_healthz, "kube-proxy-healthz")?,
         health_check_node_ports: args.health_check_node_ports,
+        external_traffic: args.external_traffic == ExternalTraffic::Carried,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
         healthz_stale_after: Duration::from_secs(args.healthz_stale_after_s.max(1)),
