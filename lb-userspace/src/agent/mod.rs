@@ -125,12 +125,49 @@ impl Listeners {
         Ok(Self {
             health: bind(config.health_listen, "health")?,
             metrics: bind(config.metrics_listen, "metrics")?,
-            kube_proxy_healthz: bind(config.kube_proxy_healthz, "kube-proxy healthz").context(
-                "kube-proxy serves this port while it runs: next to kube-proxy, leave \
-                 --kube-proxy-healthz off",
-            )?,
+            kube_proxy_healthz: config
+                .kube_proxy_healthz
+                .map(|a| {
+                    let l = listen_like_go(a)
+                        .with_context(|| format!("binding the kube-proxy healthz address {a}"))?;
+                    l.set_nonblocking(true)?;
+                    anyhow::Ok(l)
+                })
+                .transpose()
+                .context(
+                    "kube-proxy serves this port while it runs: next to kube-proxy, leave \
+                     --kube-proxy-healthz off",
+                )?,
         })
     }
+}
+
+/// A listener as Go's `net.Listen("tcp", addr)` makes it, which kube-proxy's health server
+/// uses: the unspecified address (`0.0.0.0` or `::`) becomes one IPv6 socket with
+/// `IPV6_V6ONLY` off, answering IPv4 and IPv6 whatever `net.ipv6.bindv6only` says (an IPv4
+/// socket where the kernel has no IPv6); any other address listens on itself only.
+fn listen_like_go(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
+    if !addr.ip().is_unspecified() {
+        return std::net::TcpListener::bind(addr);
+    }
+    let any_v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+    let fd = match rustix::net::socket_with(
+        AddressFamily::INET6,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::AFNOSUPPORT) => return std::net::TcpListener::bind(any_v4),
+        Err(e) => return Err(e.into()),
+    };
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    sockopt::set_ipv6_v6only(&fd, false)?;
+    let any_v6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), addr.port());
+    rustix::net::bind(&fd, &any_v6)?;
+    rustix::net::listen(&fd, 128)?;
+    Ok(std::net::TcpListener::from(fd))
 }
 
 /// State shared with the HTTP server.
@@ -446,6 +483,8 @@ async fn start_source(
                 None
             };
             if let Some(r) = route.as_mut() {
+                // The agent answers on kube-proxy's port itself: that says nothing of kube-proxy.
+                r.kube_proxy_replaced = config.kube_proxy_healthz.is_some();
                 let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
                 tokio::task::block_in_place(|| r.check_start(host.as_deref()));
             }

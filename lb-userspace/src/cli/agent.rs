@@ -87,8 +87,9 @@ pub struct AgentArgs {
     /// of kube-proxy: next to it, the ports are its.
     #[arg(long, env = "SOCKLB_HEALTH_CHECK_NODE_PORTS")]
     pub health_check_node_ports: bool,
-    /// Serve kube-proxy's /healthz and /livez on this address ("off", the default; kube-proxy's
-    /// is 0.0.0.0:10256). Only instead of kube-proxy, whose port it is.
+    /// Serve kube-proxy's /healthz and /livez on this address: IP:PORT, or an IP alone for port
+    /// 10256 ("off", the default; kube-proxy's is 0.0.0.0:10256, which, as kube-proxy's, answers
+    /// IPv4 and IPv6). Only instead of kube-proxy, whose port it is.
     #[arg(long, default_value = "off", env = "SOCKLB_KUBE_PROXY_HEALTHZ")]
     pub kube_proxy_healthz: String,
     /// Who carries Service traffic arriving from outside this node (NodePorts, load-balancer
@@ -173,6 +174,22 @@ fn listen(value: &str, flag: &str) -> anyhow::Result<Option<SocketAddr>> {
     }
 }
 
+/// kube-proxy's port for /healthz and /livez (`ports.ProxyHealthzPort`).
+const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
+
+/// `--kube-proxy-healthz`: `IP:PORT` or, as kube-proxy's `--healthz-bind-address`
+/// (`IPPortVar`), an IP alone for port 10256 (`[v6]` or a bare IPv6 address too).
+fn kube_proxy_healthz(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if let Ok(ip) = value
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+    {
+        return Ok(Some(SocketAddr::new(ip, KUBE_PROXY_HEALTHZ_PORT)));
+    }
+    listen(value, "kube-proxy-healthz").context("not an IP or IP:PORT")
+}
+
 pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format, &args.log_level);
     let cgroup = match &args.cgroup {
@@ -204,7 +221,7 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         node: args.node.flags()?,
         health_listen: listen(&args.health_listen, "health-listen")?,
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
-        kube_proxy_healthz: listen(&args.kube_proxy_healthz, "kube-proxy-healthz")?,
+        kube_proxy_healthz: kube_proxy_healthz(&args.kube_proxy_healthz)?,
         health_check_node_ports: args.health_check_node_ports,
         external_traffic: args.external_traffic == ExternalTraffic::Carried,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
@@ -230,6 +247,21 @@ mod tests {
     use lb_common::MapId;
 
     use crate::cli::{Cli, Command};
+
+    /// kube-proxy's `--healthz-bind-address` forms: `IP:PORT`, or an IP alone for 10256.
+    #[test]
+    fn the_kube_proxy_healthz_address_takes_kube_proxys_forms() {
+        let parse = |v: &str| super::kube_proxy_healthz(v).expect(v).map(|a| a.to_string());
+        assert_eq!(parse("off"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("0.0.0.0:10256").as_deref(), Some("0.0.0.0:10256"));
+        assert_eq!(parse("0.0.0.0").as_deref(), Some("0.0.0.0:10256"));
+        assert_eq!(parse("::").as_deref(), Some("[::]:10256"));
+        assert_eq!(parse("[::]").as_deref(), Some("[::]:10256"));
+        assert_eq!(parse("[fd00::1]:8080").as_deref(), Some("[fd00::1]:8080"));
+        assert!(super::kube_proxy_healthz("10.0.0.0/8").is_err());
+        assert!(super::kube_proxy_healthz("node-a:10256").is_err());
+    }
 
     /// The flag the map table names for a map sizes that map: `socklb agent --<flag> 7` gives
     /// every map with that flag 7 entries and leaves the others at their default.
