@@ -333,7 +333,7 @@ pub async fn run(
                 engine.retry_failed();
                 // Ports that could not listen are tried again.
                 if let Some(servers) = health_checks.as_mut().filter(|s| s.failing() > 0) {
-                    sync_health_checks(servers, &engine, &config);
+                    sync_health_checks(servers, &engine);
                 }
             }
             _ = census_tick.tick() => refresher.start(),
@@ -357,7 +357,7 @@ pub async fn run(
                 shared.node_health.written();
             }
             if let Some(servers) = &mut health_checks {
-                sync_health_checks(servers, &engine, &config);
+                sync_health_checks(servers, &engine);
             }
         }
         shared
@@ -746,18 +746,10 @@ fn record_progress(
 }
 
 /// Opens and closes the healthCheckNodePorts as the Services say.
-fn sync_health_checks(
-    servers: &mut probes::HealthCheckServers,
-    engine: &Engine<BpfServiceMaps>,
-    config: &AgentConfig,
-) {
-    let matches_all = matches!(
-        &config.node.nodeport_addresses,
-        crate::translate::NodePortAddresses::Cidrs(c) if c.iter().any(crate::model::Cidr::is_everything)
-    );
+fn sync_health_checks(servers: &mut probes::HealthCheckServers, engine: &Engine<BpfServiceMaps>) {
     servers.sync(
         crate::translate::health_checks(engine.store(), engine.node()),
-        &probes::listen_addresses(engine.node(), matches_all),
+        &probes::listen_addresses(engine.node()),
     );
 }
 

@@ -28,8 +28,8 @@ use super::{Shared, http};
 use crate::{
     model::NodeObject,
     status::HealthCheckPort,
-    translate::{HealthCheck, HealthChecks, NodeInfo, health_check_body},
-    vocab::ObjectKey,
+    translate::{HealthCheck, HealthChecks, NodeInfo, health_check_body, of_family},
+    vocab::{Family, ObjectKey},
 };
 
 /// Whether load balancers should send this node traffic, and when the agent last wrote.
@@ -169,6 +169,9 @@ pub(super) struct HealthCheckServers {
 
 struct Server {
     service: ObjectKey,
+    /// Where it was asked to listen.
+    on: Vec<ListenOn>,
+    /// Where it listens.
     addresses: Vec<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -202,7 +205,7 @@ impl HealthCheckServers {
 
     /// Opens, keeps or closes each port as `checks` says, on `listen` addresses (see
     /// `listen_addresses`), and updates what each answers.
-    pub(super) fn sync(&mut self, checks: HealthChecks, listen: &[IpAddr]) {
+    pub(super) fn sync(&mut self, checks: HealthChecks, listen: &[ListenOn]) {
         for (port, service) in &checks.contested {
             if !self.contested.contains(&(*port, service.clone())) {
                 tracing::warn!(
@@ -218,11 +221,7 @@ impl HealthCheckServers {
             let keep = wanted
                 .get(port)
                 .is_some_and(|c| c.service == server.service)
-                && server
-                    .addresses
-                    .iter()
-                    .map(SocketAddr::ip)
-                    .eq(listen.iter().copied());
+                && server.on == listen;
             if !keep {
                 tracing::info!(port, service = %server.service, "health-check port closed");
             }
@@ -262,7 +261,7 @@ impl HealthCheckServers {
         }
     }
 
-    fn start(&self, port: u16, service: &ObjectKey, listen: &[IpAddr]) -> anyhow::Result<Server> {
+    fn start(&self, port: u16, service: &ObjectKey, listen: &[ListenOn]) -> anyhow::Result<Server> {
         let state = Arc::new(PortState {
             port,
             table: self.table.clone(),
@@ -272,14 +271,15 @@ impl HealthCheckServers {
         // All or nothing, as kube-proxy: a port half open would answer for some addresses.
         let listeners = listen
             .iter()
-            .map(|ip| bind(*ip, port))
+            .map(|on| bind(*on, port))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut server = Server {
             service: service.clone(),
+            on: listen.to_vec(),
             addresses: Vec::new(),
             tasks: Vec::new(),
         };
-        for l in listeners {
+        for l in listeners.into_iter().flatten() {
             server.addresses.push(l.local_addr()?);
             server.tasks.push(tokio::spawn(http::serve(
                 l,
@@ -325,29 +325,51 @@ impl HealthCheckServers {
     }
 }
 
-/// Where health-check ports listen, as kube-proxy: every address when `--nodeport-addresses`
-/// matches all of them or no NodePort address is known (one dual-stack socket), else each
-/// NodePort address.
-pub(super) fn listen_addresses(node: &NodeInfo, matches_all: bool) -> Vec<IpAddr> {
-    if matches_all || node.addresses.is_empty() {
-        vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
-    } else {
-        node.addresses.clone()
-    }
+/// One listening socket of a health-check port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ListenOn {
+    /// One address (`IP_FREEBIND`: a NodePort address need not be on an interface yet).
+    Ip(IpAddr),
+    /// Every address of one family: `0.0.0.0`, or `[::]` with `IPV6_V6ONLY`.
+    AnyOf(Family),
+    /// Every address of both families: `[::]` with `IPV6_V6ONLY` off (`0.0.0.0` where the
+    /// kernel has no IPv6).
+    Any,
 }
 
-/// A listener on `ip:port`. A NodePort address need not be on an interface yet (the Node's
-/// primary address behind a NAT never is): `IP_FREEBIND`. The IPv6 wildcard takes IPv4 too;
-/// where IPv6 is off, the IPv4 wildcard stands in.
-fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+/// Where health-check ports listen, per family as kube-proxy's (`newServiceHealthServer` of
+/// each family's proxier): a family whose NodePorts match all of its addresses on its wildcard
+/// (both: one dual-stack socket), otherwise on each NodePort address of the family; a family
+/// with neither listens nowhere.
+pub(super) fn listen_addresses(node: &NodeInfo) -> Vec<ListenOn> {
+    let all = |f| node.node_ports_match_all.contains(&f);
+    if all(Family::IPv4) && all(Family::IPv6) {
+        return vec![ListenOn::Any];
+    }
+    let mut out = Vec::new();
+    for family in [Family::IPv4, Family::IPv6] {
+        if all(family) {
+            out.push(ListenOn::AnyOf(family));
+        } else {
+            out.extend(of_family(&node.addresses, family).map(ListenOn::Ip));
+        }
+    }
+    out
+}
+
+/// A listener for `on` and `port`; `None` for an IPv6 wildcard where the kernel has no IPv6.
+fn bind(on: ListenOn, port: u16) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     use anyhow::Context as _;
-    let attempt = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
+    let attempt = |ip: IpAddr, v6only: bool| -> std::io::Result<tokio::net::TcpListener> {
         let socket = if ip.is_ipv4() {
             tokio::net::TcpSocket::new_v4()?
         } else {
             tokio::net::TcpSocket::new_v6()?
         };
         socket.set_reuseaddr(true)?;
+        if ip.is_ipv6() {
+            rustix::net::sockopt::set_ipv6_v6only(&socket, v6only)?;
+        }
         if !ip.is_unspecified() {
             if ip.is_ipv4() {
                 rustix::net::sockopt::set_ip_freebind(&socket, true)?;
@@ -358,16 +380,24 @@ fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
         socket.bind(SocketAddr::new(ip, port))?;
         socket.listen(64)
     };
-    match attempt(ip) {
-        Err(e)
-            if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-                && e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
-        {
-            attempt(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-        }
-        other => other,
-    }
-    .with_context(|| format!("listening on {}", SocketAddr::new(ip, port)))
+    let no_ipv6 = |e: &std::io::Error| e.raw_os_error() == Some(libc::EAFNOSUPPORT);
+    let (any4, any6) = (
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    );
+    let (shown, result) = match on {
+        ListenOn::Ip(ip) => (ip, attempt(ip, true).map(Some)),
+        ListenOn::AnyOf(Family::IPv4) => (any4, attempt(any4, false).map(Some)),
+        ListenOn::AnyOf(Family::IPv6) => match attempt(any6, true) {
+            Err(e) if no_ipv6(&e) => (any6, Ok(None)),
+            other => (any6, other.map(Some)),
+        },
+        ListenOn::Any => match attempt(any6, false) {
+            Err(e) if no_ipv6(&e) => (any4, attempt(any4, false).map(Some)),
+            other => (any6, other.map(Some)),
+        },
+    };
+    result.with_context(|| format!("listening on {}", SocketAddr::new(shown, port)))
 }
 
 /// One health-check port's answer, whatever the path or method.
