@@ -422,6 +422,13 @@ impl<M: ServiceMaps> Engine<M> {
         }
     }
 
+    /// Follows another Kubernetes version's topology rules (the API server's changed): every
+    /// Service is translated again.
+    pub fn set_kube_version(&mut self, version: crate::translate::KubeVersion) {
+        self.flags.kube_version = version;
+        self.resolve_node();
+    }
+
     /// Marks the Services of the failed backend sets whose retry is due for another attempt.
     pub fn retry_failed(&mut self) {
         let now = Instant::now();

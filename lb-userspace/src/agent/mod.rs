@@ -288,7 +288,18 @@ pub async fn run(
             "adopted pinned state; it stays in effect until the first complete sync"
         );
     }
-    let mut engine = Engine::new(reconciler, node_flags(&config).await);
+    let flags = node_flags(&config).await;
+    let (version_tx, mut version_rx) = mpsc::channel(4);
+    let version_asked = Arc::new(tokio::sync::Notify::new());
+    if config.ask_api_version {
+        tokio::spawn(follow_api_version(
+            config.clone(),
+            flags.kube_version,
+            version_asked.clone(),
+            version_tx,
+        ));
+    }
+    let mut engine = Engine::new(reconciler, flags);
     let (mut refresher, mut inbox, handle) = connections::Refresher::new(
         dataplane.sockets.clone(),
         dataplane.features.listing(),
@@ -315,6 +326,7 @@ pub async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
     let mut unhealthy_since: Option<Instant> = None;
+    let mut source_healthy = true;
     let mut health_checks = config
         .health_check_node_ports
         .then(|| probes::HealthCheckServers::new(shared.clone()));
@@ -336,6 +348,7 @@ pub async fn run(
                     sync_health_checks(servers, &engine);
                 }
             }
+            Some(version) = version_rx.recv() => engine.set_kube_version(version),
             _ = census_tick.tick() => refresher.start(),
             Some(()) = inbox.asked.recv() => refresher.start(),
             Some(counted) = inbox.done.recv() => {
@@ -373,6 +386,11 @@ pub async fn run(
             );
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
+        if engine.is_healthy() && !source_healthy {
+            // The watches work again: after a control-plane upgrade the version may be newer.
+            version_asked.notify_one();
+        }
+        source_healthy = engine.is_healthy();
         record_progress(&engine, &shared, attached, &mut unhealthy_since);
         record_state(&engine, &shared, health_checks.as_ref());
     }
@@ -408,15 +426,96 @@ async fn api_version(config: &AgentConfig) -> Option<crate::translate::KubeVersi
     };
     let asked = async {
         let client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref()).await?;
-        let (major, minor) = source::kube::server_version(&client).await?;
-        crate::translate::KubeVersion::parse(&format!("{major}.{minor}"))
-            .ok_or_else(|| anyhow::anyhow!("version {major}.{minor} not understood"))
+        ask_version(&client).await
     };
     match asked.await {
         Ok(v) => Some(v),
         Err(e) => {
             tracing::warn!(error = %e, "could not ask the API server its version; following the newest topology rules (set --kubernetes-version)");
             None
+        }
+    }
+}
+
+async fn ask_version(client: &kube::Client) -> anyhow::Result<crate::translate::KubeVersion> {
+    let (major, minor) = source::kube::server_version(client).await?;
+    crate::translate::KubeVersion::parse(&format!("{major}.{minor}"))
+        .ok_or_else(|| anyhow::anyhow!("version {major}.{minor} not understood"))
+}
+
+/// How often the agent asks the API server its version again (also after every watch that
+/// failed works again: a control-plane upgrade restarts the API servers).
+const VERSION_EVERY: Duration = Duration::from_mins(10);
+
+/// Which version to follow once the API server says `told` while `known` is followed: only a
+/// newer one. During an upgrade of several API servers `/version` answers from whichever one
+/// serves the request, old or new; the rules must not flap between them. A downgrade is
+/// followed after a restart (or with `--kubernetes-version`).
+fn newer_version(
+    known: crate::translate::KubeVersion,
+    told: crate::translate::KubeVersion,
+) -> Option<crate::translate::KubeVersion> {
+    (told > known).then_some(told)
+}
+
+/// Asks the API server its version every `VERSION_EVERY` and when `asked`; sends each newer
+/// one (the loop re-translates everything with its rules).
+async fn follow_api_version(
+    config: AgentConfig,
+    mut known: crate::translate::KubeVersion,
+    asked: Arc<tokio::sync::Notify>,
+    tx: mpsc::Sender<crate::translate::KubeVersion>,
+) {
+    let SourceConfig::Kubernetes {
+        kubeconfig,
+        api_server,
+    } = &config.source
+    else {
+        return;
+    };
+    let mut client: Option<kube::Client> = None;
+    let mut older_said = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(VERSION_EVERY) => {}
+            () = asked.notified() => {}
+        }
+        if client.is_none() {
+            client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref())
+                .await
+                .inspect_err(|e| tracing::debug!(error = %e, "building a client to ask the API server's version"))
+                .ok();
+        }
+        let Some(c) = &client else { continue };
+        let told = match ask_version(c).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not ask the API server its version; asked again later");
+                continue;
+            }
+        };
+        match newer_version(known, told) {
+            Some(newer) => {
+                tracing::info!(
+                    was = %known,
+                    kubernetes = %newer,
+                    "the API server's version changed: following this version's kube-proxy topology rules (everything is translated again)"
+                );
+                known = newer;
+                older_said = None;
+                if tx.send(newer).await.is_err() {
+                    return;
+                }
+            }
+            None if told < known && older_said != Some(told) => {
+                tracing::info!(
+                    kubernetes = %known,
+                    api_server = %told,
+                    "an API server says an older version (mid-upgrade?): keeping the newer rules until the agent restarts"
+                );
+                older_said = Some(told);
+            }
+            None => {}
         }
     }
 }
@@ -873,5 +972,21 @@ fn spawn_ebpf_logger(dataplane: &mut Dataplane, level: u8) {
             });
         }
         Err(e) => tracing::warn!(error = %e, "eBPF log forwarding unavailable"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newer_version;
+    use crate::translate::KubeVersion;
+
+    /// A control-plane upgrade raises the rules; an API server of the old version answering in
+    /// the middle of it does not lower them again.
+    #[test]
+    fn only_a_newer_api_server_version_is_followed() {
+        let v = |minor| KubeVersion { minor };
+        assert_eq!(newer_version(v(33), v(34)), Some(v(34)));
+        assert_eq!(newer_version(v(34), v(34)), None);
+        assert_eq!(newer_version(v(34), v(33)), None);
     }
 }
