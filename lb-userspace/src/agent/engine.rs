@@ -748,7 +748,11 @@ mod tests {
             NodeFlags::default(),
         );
         listed(&mut engine, web("{addresses: [10.244.0.1]}"));
-        assert_eq!(engine.unapplied_since(), None, "the initial lists never wait");
+        assert_eq!(
+            engine.unapplied_since(),
+            None,
+            "the initial lists never wait"
+        );
         assert!(engine.reconcile().is_some_and(|p| p.full));
         assert_eq!(engine.unapplied_since(), None);
 
@@ -780,10 +784,7 @@ mod tests {
         assert_eq!(engine.unapplied_since(), None, "written");
 
         // Every write fails: the change keeps waiting, through the retries, from its arrival.
-        engine
-            .reconciler_mut()
-            .maps_mut()
-            .fail_when(|_, _, _| true);
+        engine.reconciler_mut().maps_mut().fail_when(|_, _, _| true);
         engine.handle(SourceEvent::Applied(slice_of(web(
             "{addresses: [10.244.0.4]}",
         ))));

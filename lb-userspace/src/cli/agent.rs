@@ -251,7 +251,11 @@ mod tests {
     /// kube-proxy's `--healthz-bind-address` forms: `IP:PORT`, or an IP alone for 10256.
     #[test]
     fn the_kube_proxy_healthz_address_takes_kube_proxys_forms() {
-        let parse = |v: &str| super::kube_proxy_healthz(v).expect(v).map(|a| a.to_string());
+        let parse = |v: &str| {
+            super::kube_proxy_healthz(v)
+                .expect(v)
+                .map(|a| a.to_string())
+        };
         assert_eq!(parse("off"), None);
         assert_eq!(parse(""), None);
         assert_eq!(parse("0.0.0.0:10256").as_deref(), Some("0.0.0.0:10256"));

@@ -186,7 +186,12 @@ impl NodePortAddresses {
     /// `given` (`--node-address`) when it has some of that family, else what this flag picks.
     /// Never loopback; a family matching all of its addresses skips every special address
     /// (link-local, say), which is never a frontend.
-    pub fn resolve(&self, given: &[IpAddr], node: Option<&NodeObject>, bound: &[IpAddr]) -> NodePorts {
+    pub fn resolve(
+        &self,
+        given: &[IpAddr],
+        node: Option<&NodeObject>,
+        bound: &[IpAddr],
+    ) -> NodePorts {
         let mut out = NodePorts::default();
         for family in [Family::IPv4, Family::IPv6] {
             let usable = |ip: &IpAddr| !ip.is_loopback() && !ip.is_unspecified();
@@ -772,7 +777,12 @@ mod tests {
         let picked = NodePortAddresses::Primary.resolve(&[ip("192.0.2.7")], Some(&node), &[]);
         assert_eq!(picked.addresses, vec![ip("192.0.2.7"), ip("fd00::100")]);
         assert!(picked.match_all.is_empty());
-        let bound = [ip("192.0.2.100"), ip("198.51.100.1"), ip("fd00::100"), ip("fd00::7")];
+        let bound = [
+            ip("192.0.2.100"),
+            ip("198.51.100.1"),
+            ip("fd00::100"),
+            ip("fd00::7"),
+        ];
         let cidrs = NodePortAddresses::parse(&["::/0".into(), "198.51.100.0/24".into()]).unwrap();
         let picked = cidrs.resolve(&[], Some(&node), &bound);
         assert_eq!(
