@@ -3,13 +3,19 @@
 //!
 //! - `--health-check-node-ports`: every LoadBalancer Service with externalTrafficPolicy Local
 //!   gets its `healthCheckNodePort` (`pkg/proxy/healthcheck/service_health.go`): any path and
-//!   method, 200 while this node has a ready endpoint of the Service and the agent is healthy,
-//!   503 otherwise, with kube-proxy's body and headers. Without it a cloud load balancer marks
-//!   every node down. The rules and the body are `translate::health`'s.
-//! - `--kube-proxy-healthz ADDR` (kube-proxy's `0.0.0.0:10256`): `/healthz` and `/livez` as
-//!   `pkg/proxy/healthcheck/proxy_health.go` (1.33+ JSON). Cloud load balancers probe it for
-//!   externalTrafficPolicy Cluster Services; `/healthz` answers 503 while the Node is being
-//!   deleted or carries the `ToBeDeletedByClusterAutoscaler` taint, so drains stay graceful.
+//!   method, 200 while this node has a ready endpoint of the Service and the proxy is healthy
+//!   (`Shared::proxy_healthy`), 503 otherwise, with kube-proxy's body and headers. Without it
+//!   a cloud load balancer marks every node down. The rules and the body are
+//!   `translate::health`'s. It listens per family as kube-proxy's (`listen_addresses`).
+//! - `--kube-proxy-healthz ADDR` (kube-proxy's `0.0.0.0:10256`, one dual-stack socket as Go's):
+//!   `/healthz` and `/livez` as `pkg/proxy/healthcheck/proxy_health.go` (1.33+ JSON): both 503
+//!   once a change has waited `--healthz-stale-after-s` to be written (never for an unreachable
+//!   API server); `/healthz` also while the Node is not eligible (`NodeHealth`). Cloud load
+//!   balancers probe it for externalTrafficPolicy Cluster Services.
+//!
+//! socklb does not translate traffic arriving from outside the node. Unless another component
+//! carries it (`--external-traffic carried`), both tell load balancers that target nodes to
+//! send this node nothing: `localEndpoints` 0 on the health-check ports, `nodeEligible` false.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
