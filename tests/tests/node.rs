@@ -9,6 +9,7 @@
 //! the addresses it sees bound are the node namespace's. Where the test needs the API, the
 //! stand-in API server listens on the node namespace's loopback.
 use std::{
+    fmt::Write as _,
     net::SocketAddr,
     process::Command as Process,
     time::{Duration, Instant},
@@ -430,9 +431,7 @@ fn many_web_endpoints(n: u8) -> String {
     );
     for i in 1..=n {
         let node = if i == 1 { "node-a" } else { "node-b" };
-        y.push_str(&format!(
-            "  - {{addresses: [\"10.244.7.{i}\"], nodeName: {node}}}\n"
-        ));
+        let _ = writeln!(y, "  - {{addresses: [\"10.244.7.{i}\"], nodeName: {node}}}");
     }
     y
 }

@@ -41,10 +41,8 @@ pub struct Engine<M: ServiceMaps> {
     store: Store,
     flags: NodeFlags,
     node: NodeInfo,
-    /// This Node, as last seen (also after its deletion: its zone and addresses stay).
-    node_object: Option<NodeObject>,
-    /// The Node was deleted, or a complete listing did not have it.
-    node_deleted: bool,
+    /// This Node, as last seen, and whether it was deleted since.
+    this_node: SeenNode,
     /// The addresses on this node's interfaces, as last seen.
     bound: Vec<std::net::IpAddr>,
     /// Nothing is written before they are known (the agent's case; tests that never send them
@@ -80,6 +78,15 @@ pub struct Engine<M: ServiceMaps> {
     /// Backend sets whose last write failed: when each is tried again.
     failing: HashMap<ServicePortKey, Retry>,
     retries: u64,
+}
+
+/// This node's Node object as last seen (also after its deletion: its zone and addresses stay,
+/// as in kube-proxy until it exits), and whether it was deleted since (or was missing from a
+/// complete listing).
+#[derive(Debug, Default)]
+struct SeenNode {
+    last: Option<NodeObject>,
+    deleted: bool,
 }
 
 /// One failing backend set's retries: exponential delays with jitter, from `RETRY_MIN` to
@@ -120,8 +127,7 @@ impl<M: ServiceMaps> Engine<M> {
         Self {
             store: Store::new(),
             node: NodeInfo::resolve(&flags, None, &[]),
-            node_object: None,
-            node_deleted: false,
+            this_node: SeenNode::default(),
             bound: Vec::new(),
             bound_needed: false,
             refused: BTreeMap::new(),
@@ -158,13 +164,13 @@ impl<M: ServiceMaps> Engine<M> {
 
     /// This node's Node object, once seen.
     pub fn node_object(&self) -> Option<&crate::model::NodeObject> {
-        self.node_object.as_ref()
+        self.this_node.last.as_ref()
     }
 
     /// This node's Node object was deleted (or was missing from a complete listing), and has
     /// not come back since.
     pub fn node_deleted(&self) -> bool {
-        self.node_deleted
+        self.this_node.deleted
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -205,11 +211,6 @@ impl<M: ServiceMaps> Engine<M> {
     /// Addresses each backend set claims but another owns.
     pub fn conflicts(&self) -> &BTreeMap<ServicePortKey, Vec<Conflict>> {
         &self.conflicts
-    }
-
-    /// Changes not yet written (and since when).
-    pub fn pending_since(&self) -> Option<Instant> {
-        self.has_work().then_some(self.pending_since).flatten()
     }
 
     /// Since when the oldest change that arrived after the first full sync has waited to be
@@ -306,31 +307,8 @@ impl<M: ServiceMaps> Engine<M> {
                 let affected = self.store.remove_service(&key);
                 self.changed(affected);
             }
-            SourceEvent::Node(node) => {
-                if self.node_deleted {
-                    tracing::info!(node = %node.name, "this node's Node object is back");
-                    self.node_deleted = false;
-                }
-                self.node_object = Some(node);
-                self.resolve_node();
-            }
-            SourceEvent::NodeDeleted => {
-                if !self.node_deleted {
-                    let node = self.flags.name.as_deref().unwrap_or_default();
-                    if self.node_object.is_some() {
-                        tracing::warn!(
-                            node,
-                            "this node's Node object was deleted: kube-proxy's /healthz answers 503 (load balancers drain the node); the last zone and addresses stay in effect"
-                        );
-                    } else {
-                        tracing::warn!(
-                            node,
-                            "no Node object of this name: kube-proxy's /healthz answers 503 until it appears"
-                        );
-                    }
-                }
-                self.node_deleted = true;
-            }
+            SourceEvent::Node(node) => self.node_event(Some(node)),
+            SourceEvent::NodeDeleted => self.node_event(None),
             SourceEvent::LocalAddresses(mut addrs) => {
                 addrs.sort_unstable();
                 addrs.dedup();
@@ -360,6 +338,34 @@ impl<M: ServiceMaps> Engine<M> {
                 }
             }
         }
+    }
+
+    /// This node's Node object, or (`None`) its deletion: the last one seen stays in effect.
+    fn node_event(&mut self, node: Option<NodeObject>) {
+        let Some(node) = node else {
+            if !self.this_node.deleted {
+                let node = self.flags.name.as_deref().unwrap_or_default();
+                if self.this_node.last.is_some() {
+                    tracing::warn!(
+                        node,
+                        "this node's Node object was deleted: kube-proxy's /healthz answers 503 (load balancers drain the node); the last zone and addresses stay in effect"
+                    );
+                } else {
+                    tracing::warn!(
+                        node,
+                        "no Node object of this name: kube-proxy's /healthz answers 503 until it appears"
+                    );
+                }
+            }
+            self.this_node.deleted = true;
+            return;
+        };
+        if self.this_node.deleted {
+            tracing::info!(node = %node.name, "this node's Node object is back");
+            self.this_node.deleted = false;
+        }
+        self.this_node.last = Some(node);
+        self.resolve_node();
     }
 
     /// Remembers when a slice's change was triggered, if it is new and happened after start.
@@ -406,7 +412,7 @@ impl<M: ServiceMaps> Engine<M> {
     /// Who this node is from the flags, its Node object and its interfaces' addresses; a change
     /// rewrites everything.
     fn resolve_node(&mut self) {
-        let info = NodeInfo::resolve(&self.flags, self.node_object.as_ref(), &self.bound);
+        let info = NodeInfo::resolve(&self.flags, self.this_node.last.as_ref(), &self.bound);
         if info != self.node {
             tracing::info!(
                 zone = ?info.zone,

@@ -289,16 +289,7 @@ pub async fn run(
         );
     }
     let flags = node_flags(&config).await;
-    let (version_tx, mut version_rx) = mpsc::channel(4);
-    let version_asked = Arc::new(tokio::sync::Notify::new());
-    if config.ask_api_version {
-        tokio::spawn(follow_api_version(
-            config.clone(),
-            flags.kube_version,
-            version_asked.clone(),
-            version_tx,
-        ));
-    }
+    let (mut version_rx, version_asked) = spawn_version_follower(&config, flags.kube_version);
     let mut engine = Engine::new(reconciler, flags);
     let (mut refresher, mut inbox, handle) = connections::Refresher::new(
         dataplane.sockets.clone(),
@@ -326,7 +317,6 @@ pub async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
     let mut unhealthy_since: Option<Instant> = None;
-    let mut source_healthy = true;
     let mut health_checks = config
         .health_check_node_ports
         .then(|| probes::HealthCheckServers::new(shared.clone()));
@@ -365,17 +355,11 @@ pub async fn run(
                 terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
-            if engine.unapplied_since().is_none() {
-                // kube-proxy's `Updated`: nothing queued is left unwritten.
-                shared.node_health.written();
-            }
+            shared.node_health.written(&engine);
             if let Some(servers) = &mut health_checks {
                 sync_health_checks(servers, &engine);
             }
         }
-        shared
-            .node_health
-            .follow(engine.node_object(), engine.node_deleted());
         if engine.is_synced() && !attached {
             let ids = dataplane.attach().context("attaching the programs")?;
             attached = true;
@@ -386,12 +370,10 @@ pub async fn run(
             );
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
-        if engine.is_healthy() && !source_healthy {
+        if record_progress(&engine, &shared, attached, &mut unhealthy_since) {
             // The watches work again: after a control-plane upgrade the version may be newer.
             version_asked.notify_one();
         }
-        source_healthy = engine.is_healthy();
-        record_progress(&engine, &shared, attached, &mut unhealthy_since);
         record_state(&engine, &shared, health_checks.as_ref());
     }
     tracing::info!(
@@ -456,6 +438,23 @@ fn newer_version(
     told: crate::translate::KubeVersion,
 ) -> Option<crate::translate::KubeVersion> {
     (told > known).then_some(told)
+}
+
+/// With the API server's version to follow (no `--kubernetes-version`), starts
+/// `follow_api_version`: the newer versions it finds, and what asks it to look now.
+fn spawn_version_follower(
+    config: &AgentConfig,
+    known: crate::translate::KubeVersion,
+) -> (
+    mpsc::Receiver<crate::translate::KubeVersion>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    let asked = Arc::new(tokio::sync::Notify::new());
+    if config.ask_api_version {
+        tokio::spawn(follow_api_version(config.clone(), known, asked.clone(), tx));
+    }
+    (rx, asked)
 }
 
 /// Asks the API server its version every `VERSION_EVERY` and when `asked`; sends each newer
@@ -817,14 +816,19 @@ fn log_features(features: &Features) {
     }
 }
 
-/// Readiness and liveness from the engine's state. Readiness also goes while the watches keep
-/// failing (no Service routes to the agent, and a rollout waits); liveness does not.
+/// Readiness, liveness and the Node's eligibility from the engine's state. Readiness also goes
+/// while the watches keep failing (no Service routes to the agent, and a rollout waits);
+/// liveness does not. Returns whether the watches work again after failing.
 fn record_progress(
     engine: &Engine<BpfServiceMaps>,
     shared: &Shared,
     attached: bool,
     unhealthy_since: &mut Option<Instant>,
-) {
+) -> bool {
+    shared
+        .node_health
+        .follow(engine.node_object(), engine.node_deleted());
+    let was_failing = unhealthy_since.is_some();
     *unhealthy_since = if engine.is_healthy() {
         None
     } else {
@@ -842,6 +846,7 @@ fn record_progress(
         .unwrap_or_else(PoisonError::into_inner) = Progress {
         unapplied_since: engine.unapplied_since(),
     };
+    was_failing && unhealthy_since.is_none()
 }
 
 /// Opens and closes the healthCheckNodePorts as the Services say.

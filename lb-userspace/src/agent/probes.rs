@@ -74,11 +74,15 @@ impl NodeHealth {
         }
     }
 
-    pub fn written(&self) {
-        *self
-            .last_updated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = jiff::Timestamp::now();
+    /// After a pass: kube-proxy's `Updated` (its `lastUpdated`) once nothing queued is left
+    /// unwritten.
+    pub fn written<M: crate::dataplane::maps::ServiceMaps>(&self, engine: &super::Engine<M>) {
+        if engine.unapplied_since().is_none() {
+            *self
+                .last_updated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = jiff::Timestamp::now();
+        }
     }
 }
 

@@ -226,16 +226,15 @@ impl NodePortAddresses {
                     })
                 }
             };
-            match picked {
-                Some(picked) => out.addresses.extend(picked),
-                None => {
-                    out.match_all.push(family);
-                    out.addresses.extend(
-                        candidates
-                            .into_iter()
-                            .filter(|ip| SpecialAddress::of(*ip).is_none()),
-                    );
-                }
+            if let Some(picked) = picked {
+                out.addresses.extend(picked);
+            } else {
+                out.match_all.push(family);
+                out.addresses.extend(
+                    candidates
+                        .into_iter()
+                        .filter(|ip| SpecialAddress::of(*ip).is_none()),
+                );
             }
         }
         out.addresses.dedup();
