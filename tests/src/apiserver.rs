@@ -5,7 +5,9 @@
 //! re-list. Label selectors (`key`, `!key`, `key=value`, `key!=value`) filter lists and watches
 //! as the API server's watch cache does: an object that stops matching arrives as DELETED (with
 //! its last matching content), one that starts matching as ADDED. Tests change objects, drop
-//! watch connections and expire history through it.
+//! watch connections, expire history and change the version `/version` reports through it. It
+//! listens on loopback in the test's network namespace, or in another one (`start_in`), for an
+//! agent running in a node's namespace.
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
@@ -109,15 +111,50 @@ pub struct ApiServer {
     /// The accept loop while the server is up: it stops (and closes the listening socket)
     /// when its flag is set.
     accepting: Arc<Mutex<Option<Accepting>>>,
+    /// The network namespace it listens in (by name, under /run/netns); `None`: the test's.
+    netns: Option<String>,
+}
+
+/// A listener on `addr` in `netns` (the test's own namespace when `None`): bound on a thread
+/// that entered the namespace, so the socket is that namespace's.
+fn listen_in(netns: Option<&str>, addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let Some(netns) = netns else {
+        return Ok(TcpListener::bind(addr)?);
+    };
+    let file = std::fs::File::open(format!("/run/netns/{netns}"))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: setns(2) on a descriptor `file` keeps open; it moves only this thread,
+            // which ends right after the bind.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            Ok(TcpListener::bind(addr)?)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the listening thread panicked"))?
+    })
 }
 
 impl ApiServer {
     pub fn start() -> anyhow::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(None)
+    }
+
+    /// Listens on loopback in the network namespace `netns` (by name, under /run/netns), where
+    /// an agent in that namespace reaches it.
+    pub fn start_in(netns: &str) -> anyhow::Result<Self> {
+        Self::start_on(Some(netns.to_string()))
+    }
+
+    fn start_on(netns: Option<String>) -> anyhow::Result<Self> {
+        let listener = listen_in(netns.as_deref(), "127.0.0.1:0".parse()?)?;
         let server = Self {
             addr: listener.local_addr()?,
             state: Arc::new((Mutex::new(State::default()), Condvar::new())),
             accepting: Arc::default(),
+            netns,
         };
         server.accept_on(listener)?;
         Ok(server)
@@ -198,7 +235,7 @@ impl ApiServer {
             state.compacted = state.rv + 1;
             state.history.clear();
         }
-        let listener = TcpListener::bind(self.addr)?;
+        let listener = listen_in(self.netns.as_deref(), self.addr)?;
         self.accept_on(listener)
     }
 
@@ -271,12 +308,14 @@ impl ApiServer {
         self.state.1.notify_all();
     }
 
-    /// The Kubernetes minor version `/version` reports (34 unless set).
+    /// The Kubernetes minor version `/version` reports (34 unless set); it can change while
+    /// clients run (a control-plane upgrade).
     pub fn set_minor_version(&self, minor: u16) {
         self.lock().minor = minor.to_string();
     }
 
-    /// How many requests of a kind were served: "list services", "watch endpointslices", ...
+    /// How many requests of a kind were served: "list services", "watch endpointslices", ...,
+    /// "version"
     pub fn requests(&self, what: &str) -> usize {
         self.lock().requests.get(what).copied().unwrap_or(0)
     }
@@ -318,6 +357,7 @@ impl ApiServer {
                 .map(|(k, v)| (k.to_string(), percent_decode(v)))
                 .collect();
             if path == "/version" {
+                self.count("version".into());
                 let minor = self.lock().minor.clone();
                 let minor = if minor.is_empty() {
                     "34".to_string()

@@ -952,3 +952,95 @@ fn topology_rules_follow_the_api_servers_version() -> anyhow::Result<()> {
     on_sockets(&mut client, "10.96.2.3:80", Want::Backends(&strs(&a)))?;
     Ok(())
 }
+
+/// The control plane is upgraded while the agent runs (1.33 → 1.34): the API server goes away
+/// and comes back newer, and the agent, asking `/version` again once its watches work again,
+/// follows 1.34's rules without a restart: node hints (`PreferSameNode`,
+/// `PreferSameTrafficDistribution` on from 1.34) instead of zone hints (pkg/proxy/topology.go
+/// as each release has it). An API server that answers with the older version afterwards (one
+/// not yet upgraded, behind the same address) does not take the rules back.
+#[test]
+fn topology_rules_follow_an_api_server_upgraded_while_the_agent_runs() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    for b in at(&[A, B, C], 9376) {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
+    let api = ApiServer::start()?;
+    api.set_minor_version(33);
+    let hinted = |ip: &str, node: &str, zone: &str| {
+        format!(
+            "{{addresses: [\"{ip}\"], conditions: {{ready: true}}, nodeName: {node}, zone: {zone}, hints: {{forZones: [{{name: {zone}}}], forNodes: [{{name: {node}}}]}}}}"
+        )
+    };
+    for o in [
+        service(
+            "same-node",
+            &[],
+            &[
+                "clusterIP: 10.96.2.4",
+                "trafficDistribution: PreferSameNode",
+                "ports: [{name: http, protocol: TCP, port: 80, targetPort: 9376}]",
+            ],
+        ),
+        slice(
+            "same-node-1",
+            "same-node",
+            "[{name: http, protocol: TCP, port: 9376}]",
+            &[
+                hinted(A, "node-a", "zone-a"),
+                hinted(B, "node-b", "zone-b"),
+                hinted(C, "node-c", "zone-a"),
+            ],
+        ),
+    ] {
+        api.apply(&o)?;
+    }
+    let agent = start_agent(&sandbox, &api, &["--zone", "zone-a"])?;
+    let mut client = sandbox.client()?;
+    let (a, ac) = (at(&[A], 9376), at(&[A, C], 9376));
+    // 1.33: the zone hints (node hints are ignored).
+    sandbox.wait_candidates("10.96.2.4:80", &strs(&ac))?;
+    on_sockets(&mut client, "10.96.2.4:80", Want::Backends(&strs(&ac)))?;
+
+    // The upgrade: the API server restarts as 1.34.
+    let asked = api.requests("version");
+    api.stop();
+    api.set_minor_version(34);
+    std::thread::sleep(Duration::from_secs(2));
+    api.restart(true)?;
+    sandbox
+        .wait_candidates("10.96.2.4:80", &strs(&a))
+        .with_context(|| agent.log_text())?;
+    on_sockets(&mut client, "10.96.2.4:80", Want::Backends(&strs(&a)))?;
+    assert!(api.requests("version") > asked);
+    let log = agent.log_text();
+    assert!(
+        log.contains("the API server's version changed") && log.contains("kubernetes=1.34"),
+        "{log}"
+    );
+
+    // An API server of the old version answers again (mid-upgrade): the rules stay 1.34's.
+    let asked = api.requests("version");
+    api.stop();
+    api.set_minor_version(33);
+    std::thread::sleep(Duration::from_secs(2));
+    api.restart(true)?;
+    let start = Instant::now();
+    while api.requests("version") == asked {
+        ensure!(
+            start.elapsed() < Duration::from_secs(15),
+            "the version was not asked again: {}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    on_sockets(&mut client, "10.96.2.4:80", Want::Backends(&strs(&a)))?;
+    assert!(
+        agent.log_text().contains("keeping the newer rules"),
+        "{}",
+        agent.log_text()
+    );
+    Ok(())
+}

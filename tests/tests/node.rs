@@ -1,12 +1,15 @@
 //! What a real node has around socklb (issue 20): cloud load balancers probing the ports
-//! kube-proxy served (each healthCheckNodePort, and /healthz on 10256), and the node-local DNS
+//! kube-proxy served (each healthCheckNodePort, and /healthz on 10256) through API server
+//! outages, failed writes, Node deletions and both address families, and the node-local DNS
 //! cache holding the DNS ClusterIP on a dummy interface of the node.
 //!
 //! The agent runs in a "node" network namespace of its own, on the sandbox's bridge at
 //! `NODE_IP`, as it runs in the host's on a real node: the probes come from outside it (curl in
 //! the client pod's namespace, where a load balancer's probe would come from another host), and
-//! the addresses it sees bound are the node namespace's.
+//! the addresses it sees bound are the node namespace's. Where the test needs the API, the
+//! stand-in API server listens on the node namespace's loopback.
 use std::{
+    fmt::Write as _,
     net::SocketAddr,
     process::Command as Process,
     time::{Duration, Instant},
@@ -16,12 +19,15 @@ use anyhow::{Context as _, bail};
 use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
+    apiserver::{ApiServer, Resource},
     bins,
-    curl::{self, Outcome},
+    curl::{self, Answer, Outcome},
     system::ip,
 };
 
 const NODE_IP: &str = "10.244.250.1";
+/// The node's IPv6 address, where a test gives it one (the Node object never names it).
+const NODE_IP6: &str = "fd00:244::250:1";
 
 fn wait_until<T>(
     what: &str,
@@ -42,24 +48,45 @@ fn wait_until<T>(
 
 /// The node's namespace, with the agent in it (`args` added to its flags), once it is ready.
 fn node_with_agent(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(String, AgentProcess)> {
-    let node = sandbox.extra_client_pod("node", NODE_IP)?;
+    let node = node_namespace(sandbox)?;
+    let agent = agent_in(sandbox, &node, None, args)?;
+    Ok((node, agent))
+}
+
+/// The node's network namespace, on the bridge at `NODE_IP`.
+fn node_namespace(sandbox: &Sandbox) -> anyhow::Result<String> {
+    Ok(sandbox.extra_client_pod("node", NODE_IP)?.netns)
+}
+
+/// The agent in the node's namespace `node` as `node-a` (`args` added to its flags), reading
+/// `api` (listening in that namespace) or else the sandbox's manifests, once it is ready.
+fn agent_in(
+    sandbox: &Sandbox,
+    node: &str,
+    api: Option<&ApiServer>,
+    args: &[&str],
+) -> anyhow::Result<AgentProcess> {
     let mut all: Vec<String> = vec!["--node-name".into(), "node-a".into()];
     all.extend(args.iter().map(|a| (*a).to_string()));
-    let agent = sandbox.start_agent(&AgentOptions {
+    let options = AgentOptions {
         args: all,
-        netns: Some(node.netns.clone()),
+        netns: Some(node.to_string()),
         no_wait: true,
         ..AgentOptions::default()
-    })?;
+    };
+    let agent = match api {
+        Some(api) => sandbox.start_agent_watching(api, options)?,
+        None => sandbox.start_agent(&options)?,
+    };
     let ready = format!("http://{}/readyz", agent.health);
     wait_until("the agent's readiness", Duration::from_mins(1), || {
-        Ok(match curl::curl(&node.netns, "GET", &ready)? {
+        Ok(match curl::curl(node, "GET", &ready)? {
             Outcome::Answer(a) if a.status == 200 => Some(()),
             _ => None,
         })
     })
     .with_context(|| agent.log_text())?;
-    Ok((node.netns, agent))
+    Ok(agent)
 }
 
 fn node_object(taints: &str) -> String {
@@ -82,8 +109,12 @@ fn web_endpoints(local: &str) -> String {
 
 /// What kube-proxy answers on a healthCheckNodePort (`service_health.go`), byte for byte.
 fn kube_proxy_body(local_endpoints: usize) -> String {
+    kube_proxy_body_of(local_endpoints, true)
+}
+
+fn kube_proxy_body_of(local_endpoints: usize, proxy_healthy: bool) -> String {
     format!(
-        "{{\n\t\"service\": {{\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"web\"\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": true\n}}"
+        "{{\n\t\"service\": {{\n\t\t\"namespace\": \"shop\",\n\t\t\"name\": \"web\"\n\t}},\n\t\"localEndpoints\": {local_endpoints},\n\t\"serviceProxyHealthy\": {proxy_healthy}\n}}"
     )
 }
 
@@ -135,6 +166,8 @@ fn load_balancers_probes_get_kube_proxys_answers() -> anyhow::Result<()> {
             "--health-check-node-ports",
             "--kube-proxy-healthz",
             "0.0.0.0:10256",
+            "--external-traffic",
+            "carried",
         ],
     )?;
     let probe_from = &sandbox.client_ns;
@@ -253,6 +286,496 @@ fn a_taken_kube_proxy_healthz_port_stops_the_agent_with_the_reason() -> anyhow::
         socklb_tests::system::cgroup_program_ids(&sandbox.cgroup)?.is_empty(),
         "nothing attached"
     );
+    Ok(())
+}
+
+/// What a load balancer and the kubelet see on a node: the health-check port 32100, kube-proxy's
+/// `/healthz` and `/livez` on 10256 (probed from the client pod's namespace, off the node), and
+/// the agent's own `/livez` and `/readyz` (its liveness and readiness probes, on the node).
+struct Probes<'a> {
+    from: &'a str,
+    node: &'a str,
+    agent: &'a AgentProcess,
+}
+
+impl Probes<'_> {
+    fn health_check(&self) -> anyhow::Result<Answer> {
+        curl::get(self.from, &format!("http://{NODE_IP}:32100/"))
+    }
+
+    fn kube_proxy(&self, path: &str) -> anyhow::Result<(Answer, serde_json::Value)> {
+        let a = curl::get(self.from, &format!("http://{NODE_IP}:10256{path}"))?;
+        let v = serde_json::from_str(&a.body).with_context(|| format!("{path}: {}", a.body))?;
+        Ok((a, v))
+    }
+
+    fn agent(&self, path: &str) -> anyhow::Result<Answer> {
+        curl::get(self.node, &format!("http://{}{path}", self.agent.health))
+    }
+
+    /// The four probes a load balancer and the kubelet depend on, as (what, status).
+    fn statuses(&self) -> anyhow::Result<Vec<(&'static str, u16)>> {
+        Ok(vec![
+            ("healthCheckNodePort", self.health_check()?.status),
+            ("kube-proxy /healthz", self.kube_proxy("/healthz")?.0.status),
+            ("kube-proxy /livez", self.kube_proxy("/livez")?.0.status),
+            ("agent /livez", self.agent("/livez")?.status),
+        ])
+    }
+}
+
+/// The objects of the load-balancer tests through the API: this node, the LoadBalancer Service
+/// `shop/web` (externalTrafficPolicy Local, healthCheckNodePort 32100) and its endpoints, one
+/// of them ready on this node.
+fn api_with_web(node_ns: &str) -> anyhow::Result<ApiServer> {
+    let api = ApiServer::start_in(node_ns)?;
+    api.apply(&node_object(""))?;
+    api.apply(&load_balancer("Local"))?;
+    api.apply(&web_endpoints("{ready: true}"))?;
+    Ok(api)
+}
+
+/// kube-proxy's rule (`proxy_health.go`): only an update queued and left unapplied for
+/// 2 × syncPeriod makes it unhealthy, and an API server outage queues nothing. So while the API
+/// server is away, here for 10 s, longer than the agent's `--healthz-stale-after-s` (3 s) and
+/// `--stuck-after-s` (4 s), the health-check port, kube-proxy's `/healthz` and `/livez` and the
+/// agent's own `/livez` stay 200: a control-plane upgrade neither drains every node from the
+/// load balancers nor restarts every agent (the old rule failed them all after `--stuck-after-s`
+/// of failing watches). Readiness, which restarts nothing, says the watches fail.
+#[test]
+fn an_api_server_outage_keeps_load_balancers_probes_and_the_agents_livez_at_200()
+-> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let node_ns = node_namespace(&sandbox)?;
+    let api = api_with_web(&node_ns)?;
+    let agent = agent_in(
+        &sandbox,
+        &node_ns,
+        Some(&api),
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0:10256",
+            "--external-traffic",
+            "carried",
+            "--healthz-stale-after-s",
+            "3",
+            "--stuck-after-s",
+            "4",
+        ],
+    )?;
+    let probes = Probes {
+        from: &sandbox.client_ns,
+        node: &node_ns,
+        agent: &agent,
+    };
+    let all_200 = |p: &Probes<'_>| -> anyhow::Result<bool> {
+        Ok(p.statuses()?.iter().all(|(_, s)| *s == 200))
+    };
+    wait_until("every probe at 200", Duration::from_secs(10), || {
+        Ok(all_200(&probes)?.then_some(()))
+    })
+    .with_context(|| agent.log_text())?;
+
+    api.stop();
+    let away = Instant::now();
+    let mut unready = false;
+    while away.elapsed() < Duration::from_secs(10) {
+        let statuses = probes.statuses()?;
+        assert!(
+            statuses.iter().all(|(_, s)| *s == 200),
+            "{:.1} s into the outage: {statuses:?}\n{}",
+            away.elapsed().as_secs_f64(),
+            agent.log_text()
+        );
+        unready |= probes.agent("/readyz")?.status == 503;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(unready, "/readyz says the watches fail");
+    let (_, healthz) = probes.kube_proxy("/healthz")?;
+    assert_eq!(
+        (&healthz["healthy"], &healthz["nodeEligible"]),
+        (&true.into(), &true.into()),
+        "{healthz}"
+    );
+    let hc = probes.health_check()?;
+    assert_eq!(hc.body, kube_proxy_body(1));
+
+    // The API server is back: ready again, and a change made then reaches the probes.
+    api.restart(true)?;
+    wait_until("ready again", Duration::from_secs(15), || {
+        Ok((probes.agent("/readyz")?.status == 200).then_some(()))
+    })?;
+    api.apply(&web_endpoints(
+        "{ready: false, serving: true, terminating: true}",
+    ))?;
+    wait_until(
+        "the change on the health-check port",
+        Duration::from_secs(10),
+        || {
+            let a = probes.health_check()?;
+            Ok((a.body == kube_proxy_body(0)).then_some(()))
+        },
+    )?;
+    println!(
+        "FIGURE API server away 10 s (stale after 3 s, stuck after 4 s): every load-balancer probe and the agent's /livez stayed 200"
+    );
+    Ok(())
+}
+
+/// An EndpointSlice of `n` ready endpoints, the first on this node.
+fn many_web_endpoints(n: u8) -> String {
+    let mut y = String::from(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n",
+    );
+    for i in 1..=n {
+        let node = if i == 1 { "node-a" } else { "node-b" };
+        let _ = writeln!(y, "  - {{addresses: [\"10.244.7.{i}\"], nodeName: {node}}}");
+    }
+    y
+}
+
+/// kube-proxy's other half of the rule: an update that cannot be applied (a sync that fails
+/// leaves it queued) turns `/healthz`, `/livez` and `serviceProxyHealthy` unhealthy once it has
+/// waited 2 × syncPeriod. Here the backend map holds 4 entries and the change needs 6: the write
+/// fails on every retry, the probes turn 503 after `--healthz-stale-after-s` (3 s), the agent's
+/// own `/livez` after `--stuck-after-s` (6 s), and all are 200 again once a change fits.
+#[test]
+fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -> anyhow::Result<()>
+{
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let node_ns = node_namespace(&sandbox)?;
+    let api = api_with_web(&node_ns)?;
+    let agent = agent_in(
+        &sandbox,
+        &node_ns,
+        Some(&api),
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0:10256",
+            "--external-traffic",
+            "carried",
+            "--healthz-stale-after-s",
+            "3",
+            "--stuck-after-s",
+            "6",
+            "--max-backends",
+            "4",
+        ],
+    )?;
+    let probes = Probes {
+        from: &sandbox.client_ns,
+        node: &node_ns,
+        agent: &agent,
+    };
+    wait_until("every probe at 200", Duration::from_secs(10), || {
+        Ok(probes
+            .statuses()?
+            .iter()
+            .all(|(_, s)| *s == 200)
+            .then_some(()))
+    })
+    .with_context(|| agent.log_text())?;
+
+    let changed = Instant::now();
+    api.apply(&many_web_endpoints(6))?;
+    let (healthz, body) = wait_until("kube-proxy's /healthz 503", Duration::from_secs(15), || {
+        let (a, v) = probes.kube_proxy("/healthz")?;
+        Ok((a.status == 503).then_some((a, v)))
+    })
+    .with_context(|| agent.log_text())?;
+    let after = changed.elapsed();
+    assert!(
+        after >= Duration::from_millis(2900),
+        "503 only once the change has waited the stale time: {after:?}"
+    );
+    assert_eq!(
+        (&body["healthy"], &body["nodeEligible"]),
+        (&false.into(), &true.into()),
+        "{}",
+        healthz.body
+    );
+    assert_ne!(
+        body["lastUpdated"], body["currentTime"],
+        "a 503 reports the last write, not now"
+    );
+    assert_eq!(probes.kube_proxy("/livez")?.0.status, 503);
+    let hc = probes.health_check()?;
+    assert_eq!((hc.status, hc.body), (503, kube_proxy_body_of(1, false)));
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    assert!(
+        status
+            .failed
+            .iter()
+            .any(|f| f.service_port.service.to_string() == "shop/web"),
+        "{:?}",
+        status.failed
+    );
+    let livez = wait_until("the agent's /livez 503", Duration::from_secs(15), || {
+        let a = probes.agent("/livez")?;
+        Ok((a.status == 503).then_some(a))
+    })?;
+    assert!(
+        changed.elapsed() >= Duration::from_millis(5900),
+        "the agent's /livez waits --stuck-after-s"
+    );
+    assert!(livez.body.contains("to be written"), "{}", livez.body);
+
+    // A change that fits: written, and every probe is 200 again.
+    api.apply(&many_web_endpoints(2))?;
+    wait_until("every probe at 200 again", Duration::from_secs(15), || {
+        Ok(probes
+            .statuses()?
+            .iter()
+            .all(|(_, s)| *s == 200)
+            .then_some(()))
+    })
+    .with_context(|| agent.log_text())?;
+    println!(
+        "FIGURE an unwritable change: kube-proxy's /healthz 503 {:.1} s after it (stale after 3 s)",
+        after.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// kube-proxy's `/healthz` follows its Node (`NodeEligible`): 503 before the Node is seen
+/// (1.34+), 200 once it is, 503 once it is deleted (1.37+ exits and, restarted, has no Node),
+/// 200 when it is back. `/livez` and the health-check port never look at the Node, and the
+/// agent keeps serving with the Node's last addresses.
+#[test]
+fn a_deleted_node_turns_kube_proxys_healthz_503() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let node_ns = node_namespace(&sandbox)?;
+    let api = ApiServer::start_in(&node_ns)?;
+    api.apply(&load_balancer("Local"))?;
+    api.apply(&web_endpoints("{ready: true}"))?;
+    let agent = agent_in(
+        &sandbox,
+        &node_ns,
+        Some(&api),
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0:10256",
+            "--external-traffic",
+            "carried",
+            "--node-address",
+            NODE_IP,
+        ],
+    )?;
+    let probes = Probes {
+        from: &sandbox.client_ns,
+        node: &node_ns,
+        agent: &agent,
+    };
+    let healthz = |status: u16, what: &str| -> anyhow::Result<serde_json::Value> {
+        wait_until(what, Duration::from_secs(10), || {
+            let (a, v) = probes.kube_proxy("/healthz")?;
+            Ok((a.status == status).then_some(v))
+        })
+        .with_context(|| agent.log_text())
+    };
+    // 1. No Node yet.
+    let v = healthz(503, "/healthz 503 before the Node is seen")?;
+    assert_eq!(
+        (&v["nodeEligible"], &v["healthy"]),
+        (&false.into(), &true.into())
+    );
+
+    // 2. The Node appears.
+    api.apply(&node_object(""))?;
+    healthz(200, "/healthz 200 once the Node is seen")?;
+
+    // 3. The Node is deleted: drained, the rest unchanged.
+    api.delete(Resource::Nodes, "", "node-a");
+    let v = healthz(503, "/healthz 503 once the Node is deleted")?;
+    assert_eq!(
+        (&v["nodeEligible"], &v["healthy"]),
+        (&false.into(), &true.into())
+    );
+    assert_eq!(probes.kube_proxy("/livez")?.0.status, 200);
+    let hc = probes.health_check()?;
+    assert_eq!((hc.status, hc.body), (200, kube_proxy_body(1)));
+    assert_eq!(probes.agent("/livez")?.status, 200);
+    assert!(
+        agent.log_text().contains("Node object was deleted"),
+        "{}",
+        agent.log_text()
+    );
+
+    // 4. It comes back.
+    api.apply(&node_object(""))?;
+    healthz(200, "/healthz 200 once the Node is back")?;
+    Ok(())
+}
+
+/// A dual-stack LoadBalancer Service `shop/web` (externalTrafficPolicy Local, NodePort 30100,
+/// healthCheckNodePort 32100) with one ready endpoint of each family on this node.
+fn dual_stack_web() -> String {
+    "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\nspec:\n  type: LoadBalancer\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n  clusterIPs: [10.96.7.1, \"fd00:96::7:1\"]\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32100\n  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30100}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-4, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints:\n  - {addresses: [\"10.244.7.1\"], nodeName: node-a}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-6, namespace: shop, labels: {kubernetes.io/service-name: web}}\naddressType: IPv6\nports: [{name: http, port: 8080}]\nendpoints:\n  - {addresses: [\"fd00:244::7:1\"], nodeName: node-a}\n".into()
+}
+
+/// Both families, as kube-proxy: `0.0.0.0:10256` is Go's dual-stack listener (one `[::]`
+/// socket with `IPV6_V6ONLY` off, whatever `net.ipv6.bindv6only` says: here 1), so probes over
+/// IPv4 and IPv6 get kube-proxy's answer. And `--nodeport-addresses primary` with a Node that
+/// names only an IPv4 address: IPv6 has no primary address, so, as kube-proxy's
+/// `NewNodePortAddresses`, every IPv6 address of the node serves NodePorts (a pod on this node
+/// reaches the Service through the node's IPv6 address) and the health-check port listens on
+/// IPv6's wildcard, and on the primary address for IPv4.
+#[test]
+fn kube_proxys_ports_answer_both_families_and_a_family_without_a_primary_address_serves_all_of_its_addresses()
+-> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend("10.244.7.1:8080".parse()?, false)?;
+    sandbox.add_backend(format!("[{}]:8080", "fd00:244::7:1").parse()?, false)?;
+    sandbox.write_manifest("node.yaml", &node_object(""))?;
+    sandbox.write_manifest("web.yaml", &dual_stack_web())?;
+    let node_ns = node_namespace(&sandbox)?;
+    ip(&[
+        "-n",
+        &node_ns,
+        "addr",
+        "add",
+        &format!("{NODE_IP6}/64"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])?;
+    sandbox.netns_sysctl(&node_ns, "net.ipv6.bindv6only=1")?;
+    let agent = agent_in(
+        &sandbox,
+        &node_ns,
+        None,
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0",
+            "--external-traffic",
+            "carried",
+        ],
+    )?;
+    let from = &sandbox.client_ns;
+    for host in [NODE_IP.to_string(), format!("[{NODE_IP6}]")] {
+        for path in ["/healthz", "/livez"] {
+            let url = format!("http://{host}:10256{path}");
+            let a = wait_until(&url, Duration::from_secs(10), || {
+                Ok(match curl::curl(from, "GET", &url)? {
+                    Outcome::Answer(a) => Some(a),
+                    Outcome::Failed { .. } => None,
+                })
+            })
+            .with_context(|| agent.log_text())?;
+            assert_eq!(a.status, 200, "{url}: {a:?}");
+            assert!(a.body.starts_with("{\"lastUpdated\":"), "{url}: {}", a.body);
+        }
+        let url = format!("http://{host}:32100/");
+        let a = wait_until(&url, Duration::from_secs(10), || {
+            Ok(match curl::curl(from, "GET", &url)? {
+                Outcome::Answer(a) => Some(a),
+                Outcome::Failed { .. } => None,
+            })
+        })
+        .with_context(|| agent.log_text())?;
+        assert_eq!(
+            (a.status, a.body.as_str()),
+            (200, kube_proxy_body(2).as_str()),
+            "{url}"
+        );
+    }
+    // The health-check port: the IPv4 primary address and IPv6's wildcard.
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    let port = status
+        .health_check_ports
+        .iter()
+        .find(|p| p.port == 32100)
+        .context("port 32100 in /status")?;
+    let listening: Vec<String> = port.listening.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        listening,
+        vec![format!("{NODE_IP}:32100"), "[::]:32100".to_string()]
+    );
+    // NodePorts: the primary IPv4 address, and every IPv6 address of the node.
+    let mut client = sandbox.client()?;
+    for (target, backend) in [
+        (format!("{NODE_IP}:30100"), "10.244.7.1:8080"),
+        (format!("[{NODE_IP6}]:30100"), "[fd00:244::7:1]:8080"),
+    ] {
+        sandbox.wait_candidates(&target, &[backend])?;
+        let reply = client.connect(target.parse()?, 5)?;
+        assert_eq!(
+            reply.backends.keys().collect::<Vec<_>>(),
+            vec![backend],
+            "{target}: {reply:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Replace mode where nothing on the node carries traffic arriving from outside it (the
+/// default, `--external-traffic none`): socklb translates sockets on the node only, so a load
+/// balancer that targets nodes would send its traffic into nothing. The health-check port says
+/// the node has no endpoint to offer (kube-proxy's body with `localEndpoints: 0`, weight 0,
+/// 503) and kube-proxy's `/healthz` that the node is not eligible (503); `/livez` and the
+/// agent's own probes are unaffected, and `/status` keeps the real count.
+#[test]
+fn without_a_carrier_of_external_traffic_load_balancers_are_told_to_send_nothing()
+-> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    sandbox.write_manifest("node.yaml", &node_object(""))?;
+    sandbox.write_manifest("web.yaml", &load_balancer("Local"))?;
+    sandbox.write_manifest("web-1.yaml", &web_endpoints("{ready: true}"))?;
+    let (node_ns, agent) = node_with_agent(
+        &sandbox,
+        &[
+            "--health-check-node-ports",
+            "--kube-proxy-healthz",
+            "0.0.0.0:10256",
+        ],
+    )?;
+    let probes = Probes {
+        from: &sandbox.client_ns,
+        node: &node_ns,
+        agent: &agent,
+    };
+    let hc = wait_until("the health-check port", Duration::from_secs(10), || {
+        Ok(
+            match curl::curl(probes.from, "GET", &format!("http://{NODE_IP}:32100/"))? {
+                Outcome::Answer(a) => Some(a),
+                Outcome::Failed { .. } => None,
+            },
+        )
+    })
+    .with_context(|| agent.log_text())?;
+    assert_eq!(
+        (hc.status, hc.body.as_str()),
+        (503, kube_proxy_body(0).as_str())
+    );
+    assert_eq!(hc.header("x-load-balancing-endpoint-weight"), Some("0"));
+    let (a, v) = probes.kube_proxy("/healthz")?;
+    assert_eq!(a.status, 503);
+    assert_eq!(
+        (&v["nodeEligible"], &v["healthy"]),
+        (&false.into(), &true.into())
+    );
+    assert_eq!(probes.kube_proxy("/livez")?.0.status, 200);
+    assert_eq!(probes.agent("/livez")?.status, 200);
+    assert_eq!(probes.agent("/readyz")?.status, 200);
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    let port = status
+        .health_check_ports
+        .iter()
+        .find(|p| p.port == 32100)
+        .context("port 32100 in /status")?;
+    assert_eq!(port.local_endpoints, 1);
     Ok(())
 }
 

@@ -28,6 +28,9 @@ pub(super) enum ClusterIp {
 #[derive(Debug)]
 pub(super) struct ApiRoute {
     pub server: SocketAddr,
+    /// The agent serves kube-proxy's health port itself (`--kube-proxy-healthz`): what answers
+    /// there is not kube-proxy.
+    pub kube_proxy_replaced: bool,
     warned: bool,
 }
 
@@ -40,6 +43,7 @@ impl ApiRoute {
         let port = port.unwrap_or(if scheme == Some("http") { 80 } else { 443 });
         Some(Self {
             server: SocketAddr::new(ip, port),
+            kube_proxy_replaced: false,
             warned: false,
         })
     }
@@ -71,7 +75,7 @@ impl ApiRoute {
             }
             ClusterIp::Frontend => "a Service's ClusterIP that socklb itself translates",
         };
-        if kube_proxy_answers() {
+        if !self.kube_proxy_replaced && kube_proxy_answers() {
             tracing::warn!(
                 server = %self.server,
                 "the agent reaches the API server through {what}: that works while kube-proxy \

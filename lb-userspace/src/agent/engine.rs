@@ -41,8 +41,8 @@ pub struct Engine<M: ServiceMaps> {
     store: Store,
     flags: NodeFlags,
     node: NodeInfo,
-    /// This Node, as last seen.
-    node_object: Option<NodeObject>,
+    /// This Node, as last seen, and whether it was deleted since.
+    this_node: SeenNode,
     /// The addresses on this node's interfaces, as last seen.
     bound: Vec<std::net::IpAddr>,
     /// Nothing is written before they are known (the agent's case; tests that never send them
@@ -60,6 +60,13 @@ pub struct Engine<M: ServiceMaps> {
     /// Claims each backend set lost to another, as last computed.
     conflicts: BTreeMap<ServicePortKey, Vec<Conflict>>,
     pending_since: Option<Instant>,
+    /// Changes that arrived after the first full sync and are not written yet, by Service,
+    /// each since its first unwritten change (kube-proxy's `QueuedUpdate`): a pass that writes
+    /// a Service's backend sets clears it, one whose write fails keeps it (kube-proxy counts a
+    /// failed sync as not updated).
+    unapplied: HashMap<ObjectKey, Instant>,
+    /// A change of this node's identity (every Service to translate again) not yet written.
+    unapplied_node: Option<Instant>,
     /// Latest rejection per subject.
     rejected: BTreeMap<Subject, String>,
     rejected_total: u64,
@@ -71,6 +78,15 @@ pub struct Engine<M: ServiceMaps> {
     /// Backend sets whose last write failed: when each is tried again.
     failing: HashMap<ServicePortKey, Retry>,
     retries: u64,
+}
+
+/// This node's Node object as last seen (also after its deletion: its zone and addresses stay,
+/// as in kube-proxy until it exits), and whether it was deleted since (or was missing from a
+/// complete listing).
+#[derive(Debug, Default)]
+struct SeenNode {
+    last: Option<NodeObject>,
+    deleted: bool,
 }
 
 /// One failing backend set's retries: exponential delays with jitter, from `RETRY_MIN` to
@@ -111,7 +127,7 @@ impl<M: ServiceMaps> Engine<M> {
         Self {
             store: Store::new(),
             node: NodeInfo::resolve(&flags, None, &[]),
-            node_object: None,
+            this_node: SeenNode::default(),
             bound: Vec::new(),
             bound_needed: false,
             refused: BTreeMap::new(),
@@ -125,6 +141,8 @@ impl<M: ServiceMaps> Engine<M> {
             keys_by_service: HashMap::new(),
             conflicts: BTreeMap::new(),
             pending_since: None,
+            unapplied: HashMap::new(),
+            unapplied_node: None,
             rejected: BTreeMap::new(),
             rejected_total: 0,
             unhealthy: BTreeSet::new(),
@@ -146,7 +164,13 @@ impl<M: ServiceMaps> Engine<M> {
 
     /// This node's Node object, once seen.
     pub fn node_object(&self) -> Option<&crate::model::NodeObject> {
-        self.node_object.as_ref()
+        self.this_node.last.as_ref()
+    }
+
+    /// This node's Node object was deleted (or was missing from a complete listing), and has
+    /// not come back since.
+    pub fn node_deleted(&self) -> bool {
+        self.this_node.deleted
     }
 
     pub fn node(&self) -> &NodeInfo {
@@ -189,9 +213,29 @@ impl<M: ServiceMaps> Engine<M> {
         &self.conflicts
     }
 
-    /// Changes not yet written (and since when).
-    pub fn pending_since(&self) -> Option<Instant> {
-        self.has_work().then_some(self.pending_since).flatten()
+    /// Since when the oldest change that arrived after the first full sync has waited to be
+    /// written, if one waits: kube-proxy's `oldestPendingQueued` (`proxy_health.go`). Nothing
+    /// before the first full sync counts, nor an unreachable API server (it sends no change),
+    /// nor the retries of a backend set that failed without a change; a change whose write
+    /// fails keeps waiting until a retry writes it.
+    pub fn unapplied_since(&self) -> Option<Instant> {
+        self.unapplied
+            .values()
+            .copied()
+            .chain(self.unapplied_node)
+            .min()
+    }
+
+    /// Marks Services to translate again after a change; after the first full sync the change
+    /// also waits to be written (`unapplied_since`).
+    fn changed(&mut self, services: impl IntoIterator<Item = ObjectKey>) {
+        let now = Instant::now();
+        for key in services {
+            if self.synced {
+                self.unapplied.entry(key.clone()).or_insert(now);
+            }
+            self.dirty.insert(key);
+        }
     }
 
     pub fn handle(&mut self, event: SourceEvent) {
@@ -235,36 +279,36 @@ impl<M: ServiceMaps> Engine<M> {
                     ),
                 };
                 self.listed.insert(kind);
-                self.dirty.extend(affected);
+                self.changed(affected);
             }
             SourceEvent::Applied(object) => {
                 self.rejected.remove(&Subject::Object(object.object_ref()));
                 match object {
                     Object::Service(s) => {
                         let key = self.store.upsert_service(*s);
-                        self.dirty.insert(key);
+                        self.changed([key]);
                     }
                     Object::EndpointSlice(s) => {
                         self.note_trigger(&s);
                         let affected = self.store.upsert_slice(*s);
-                        self.dirty.extend(affected);
+                        self.changed(affected);
                     }
                 }
             }
             SourceEvent::Deleted(Kind::EndpointSlice, key) => {
                 self.rejected
                     .remove(&Subject::Object(ObjectRef::slice(key.clone())));
-                self.dirty.extend(self.store.remove_slice(&key));
+                let affected = self.store.remove_slice(&key);
+                self.changed(affected);
             }
             SourceEvent::Deleted(_, key) => {
                 self.rejected
                     .remove(&Subject::Object(ObjectRef::service(key.clone())));
-                self.dirty.extend(self.store.remove_service(&key));
+                let affected = self.store.remove_service(&key);
+                self.changed(affected);
             }
-            SourceEvent::Node(node) => {
-                self.node_object = Some(node);
-                self.resolve_node();
-            }
+            SourceEvent::Node(node) => self.node_event(Some(node)),
+            SourceEvent::NodeDeleted => self.node_event(None),
             SourceEvent::LocalAddresses(mut addrs) => {
                 addrs.sort_unstable();
                 addrs.dedup();
@@ -294,6 +338,34 @@ impl<M: ServiceMaps> Engine<M> {
                 }
             }
         }
+    }
+
+    /// This node's Node object, or (`None`) its deletion: the last one seen stays in effect.
+    fn node_event(&mut self, node: Option<NodeObject>) {
+        let Some(node) = node else {
+            if !self.this_node.deleted {
+                let node = self.flags.name.as_deref().unwrap_or_default();
+                if self.this_node.last.is_some() {
+                    tracing::warn!(
+                        node,
+                        "this node's Node object was deleted: kube-proxy's /healthz answers 503 (load balancers drain the node); the last zone and addresses stay in effect"
+                    );
+                } else {
+                    tracing::warn!(
+                        node,
+                        "no Node object of this name: kube-proxy's /healthz answers 503 until it appears"
+                    );
+                }
+            }
+            self.this_node.deleted = true;
+            return;
+        };
+        if self.this_node.deleted {
+            tracing::info!(node = %node.name, "this node's Node object is back");
+            self.this_node.deleted = false;
+        }
+        self.this_node.last = Some(node);
+        self.resolve_node();
     }
 
     /// Remembers when a slice's change was triggered, if it is new and happened after start.
@@ -328,10 +400,19 @@ impl<M: ServiceMaps> Engine<M> {
         latencies
     }
 
+    /// The Services with a backend set whose last write failed.
+    fn failing_services(&self) -> BTreeSet<ObjectKey> {
+        self.reconciler
+            .failed()
+            .keys()
+            .map(|k| k.service.clone())
+            .collect()
+    }
+
     /// Who this node is from the flags, its Node object and its interfaces' addresses; a change
     /// rewrites everything.
     fn resolve_node(&mut self) {
-        let info = NodeInfo::resolve(&self.flags, self.node_object.as_ref(), &self.bound);
+        let info = NodeInfo::resolve(&self.flags, self.this_node.last.as_ref(), &self.bound);
         if info != self.node {
             tracing::info!(
                 zone = ?info.zone,
@@ -341,7 +422,17 @@ impl<M: ServiceMaps> Engine<M> {
             );
             self.node = info;
             self.full_sync_needed = true;
+            if self.synced {
+                self.unapplied_node.get_or_insert_with(Instant::now);
+            }
         }
+    }
+
+    /// Follows another Kubernetes version's topology rules (the API server's changed): every
+    /// Service is translated again.
+    pub fn set_kube_version(&mut self, version: crate::translate::KubeVersion) {
+        self.flags.kube_version = version;
+        self.resolve_node();
     }
 
     /// Marks the Services of the failed backend sets whose retry is due for another attempt.
@@ -424,11 +515,18 @@ impl<M: ServiceMaps> Engine<M> {
             self.full_sync_needed = false;
             self.synced = true;
             self.track_failures(None);
+            self.unapplied_node = None;
+            let failing = self.failing_services();
+            self.unapplied.retain(|svc, _| failing.contains(svc));
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
             pass.report = self.sync_services(&dirty);
             self.track_failures(Some(&dirty));
+            let failing = self.failing_services();
+            for svc in dirty.iter().filter(|s| !failing.contains(*s)) {
+                self.unapplied.remove(svc);
+            }
             pass.programming_latencies = self.programmed(dirty);
         }
         for (key, list) in &self.conflicts {
@@ -590,4 +688,147 @@ fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::Engine;
+    use crate::{
+        dataplane::maps::InMemoryMaps,
+        model::{ManifestObject, parse_manifests},
+        reconcile::Reconciler,
+        source::{Object, SourceEvent},
+        translate::NodeFlags,
+        vocab::Kind,
+    };
+
+    fn objects(yaml: &str) -> Vec<Object> {
+        let parsed = parse_manifests("t.yaml", yaml.as_bytes());
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        parsed
+            .objects
+            .into_iter()
+            .filter_map(|o| match o {
+                ManifestObject::Service(s) => Some(Object::Service(s)),
+                ManifestObject::EndpointSlice(s) => Some(Object::EndpointSlice(s)),
+                ManifestObject::Node(_) => None,
+            })
+            .collect()
+    }
+
+    fn web(endpoints: &str) -> Vec<Object> {
+        objects(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: d}}\nspec:\n  clusterIP: 10.96.0.1\n  ports: [{{name: http, port: 80}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web-1, namespace: d, labels: {{kubernetes.io/service-name: web}}}}\naddressType: IPv4\nports: [{{name: http, port: 80}}]\nendpoints: [{endpoints}]\n"
+        ))
+    }
+
+    fn listed(engine: &mut Engine<InMemoryMaps>, objects: Vec<Object>) {
+        let (services, slices): (Vec<Object>, Vec<Object>) = objects
+            .into_iter()
+            .partition(|o| matches!(o, Object::Service(_)));
+        for (kind, objects) in [(Kind::Service, services), (Kind::EndpointSlice, slices)] {
+            engine.handle(SourceEvent::Listed {
+                kind,
+                objects,
+                keep: Vec::new(),
+            });
+        }
+    }
+
+    fn slice_of(objects: Vec<Object>) -> Object {
+        objects
+            .into_iter()
+            .find(|o| matches!(o, Object::EndpointSlice(_)))
+            .expect("a slice")
+    }
+
+    /// kube-proxy's health rule (`proxy_health.go`): only a change queued after the first sync
+    /// and not yet written counts; a sync that fails leaves it queued; nothing else (an
+    /// unhealthy source, the initial lists, retries without a change) does.
+    #[test]
+    fn only_changes_after_the_first_sync_wait_and_a_failed_write_keeps_them_waiting() {
+        let mut engine = Engine::new(
+            Reconciler::new(InMemoryMaps::new()).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        listed(&mut engine, web("{addresses: [10.244.0.1]}"));
+        assert_eq!(
+            engine.unapplied_since(),
+            None,
+            "the initial lists never wait"
+        );
+        assert!(engine.reconcile().is_some_and(|p| p.full));
+        assert_eq!(engine.unapplied_since(), None);
+
+        // The API server goes away: the source says so, and nothing waits.
+        engine.handle(SourceEvent::Health {
+            kind: Kind::Service,
+            ok: false,
+        });
+        assert!(!engine.is_healthy());
+        assert_eq!(engine.unapplied_since(), None);
+        engine.handle(SourceEvent::Health {
+            kind: Kind::Service,
+            ok: true,
+        });
+
+        // A change waits until a pass writes it.
+        let before = Instant::now();
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.2]}",
+        ))));
+        let since = engine.unapplied_since().expect("a change waits");
+        assert!(since >= before);
+        // A second change does not move the clock (the oldest counts).
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.3]}",
+        ))));
+        assert_eq!(engine.unapplied_since(), Some(since));
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), None, "written");
+
+        // Every write fails: the change keeps waiting, through the retries, from its arrival.
+        engine.reconciler_mut().maps_mut().fail_when(|_, _, _| true);
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.4]}",
+        ))));
+        let since = engine.unapplied_since().expect("a change waits");
+        let pass = engine.reconcile().expect("a pass");
+        assert!(!pass.report.failed.is_empty(), "{pass:?}");
+        assert_eq!(engine.unapplied_since(), Some(since), "a failed write");
+        std::thread::sleep(super::RETRY_MIN * 3);
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), Some(since), "a failed retry");
+
+        // Writes work again: the retry writes it and nothing waits.
+        engine.reconciler_mut().maps_mut().stop_failing();
+        std::thread::sleep(super::RETRY_MAX.min(super::RETRY_MIN * 6));
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert!(engine.reconciler().failed().is_empty());
+        assert_eq!(engine.unapplied_since(), None);
+    }
+
+    /// A backend set that fails from the first sync on, with no change since, does not count
+    /// (kube-proxy's initial sync is not a queued update); its retries do not either.
+    #[test]
+    fn a_set_failing_since_the_first_sync_without_a_change_does_not_wait() {
+        let mut maps = InMemoryMaps::new();
+        maps.fail_when(|_, _, _| true);
+        let mut engine = Engine::new(
+            Reconciler::new(maps).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        listed(&mut engine, web("{addresses: [10.244.0.1]}"));
+        let pass = engine.reconcile().expect("the first sync");
+        assert!(!pass.report.failed.is_empty());
+        assert_eq!(engine.unapplied_since(), None);
+        std::thread::sleep(super::RETRY_MIN * 3);
+        engine.retry_failed();
+        assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), None);
+    }
 }

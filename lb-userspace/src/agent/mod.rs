@@ -87,10 +87,18 @@ pub struct AgentConfig {
     pub kube_proxy_healthz: Option<SocketAddr>,
     /// Serve healthCheckNodePorts (`--health-check-node-ports`).
     pub health_check_node_ports: bool,
+    /// `--external-traffic carried`: another component on this node carries Service traffic
+    /// arriving from outside it (NodePorts, load-balancer IPs on the wire), which socklb does
+    /// not translate. Without it the load-balancer probes say this node has nothing to offer.
+    pub external_traffic: bool,
     /// How often failed backend sets are retried.
     pub retry_interval: Duration,
-    /// /livez fails when changes stay unwritten, or the source stays unhealthy, this long.
+    /// The agent's own /livez fails when a change stays unwritten this long (an unreachable
+    /// API server sends no change: it never fails /livez).
     pub stuck_after: Duration,
+    /// kube-proxy's /healthz and /livez, and `serviceProxyHealthy` on the health-check ports,
+    /// turn 503 when a change stays unwritten this long (kube-proxy's `2 × syncPeriod`).
+    pub healthz_stale_after: Duration,
     /// Take the topology rules' Kubernetes version from the API server (no
     /// `--kubernetes-version` given).
     pub ask_api_version: bool,
@@ -118,12 +126,49 @@ impl Listeners {
         Ok(Self {
             health: bind(config.health_listen, "health")?,
             metrics: bind(config.metrics_listen, "metrics")?,
-            kube_proxy_healthz: bind(config.kube_proxy_healthz, "kube-proxy healthz").context(
-                "kube-proxy serves this port while it runs: next to kube-proxy, leave \
-                 --kube-proxy-healthz off",
-            )?,
+            kube_proxy_healthz: config
+                .kube_proxy_healthz
+                .map(|a| {
+                    let l = listen_like_go(a)
+                        .with_context(|| format!("binding the kube-proxy healthz address {a}"))?;
+                    l.set_nonblocking(true)?;
+                    anyhow::Ok(l)
+                })
+                .transpose()
+                .context(
+                    "kube-proxy serves this port while it runs: next to kube-proxy, leave \
+                     --kube-proxy-healthz off",
+                )?,
         })
     }
+}
+
+/// A listener as Go's `net.Listen("tcp", addr)` makes it, which kube-proxy's health server
+/// uses: the unspecified address (`0.0.0.0` or `::`) becomes one IPv6 socket with
+/// `IPV6_V6ONLY` off, answering IPv4 and IPv6 whatever `net.ipv6.bindv6only` says (an IPv4
+/// socket where the kernel has no IPv6); any other address listens on itself only.
+fn listen_like_go(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use rustix::net::{AddressFamily, SocketFlags, SocketType, sockopt};
+    if !addr.ip().is_unspecified() {
+        return std::net::TcpListener::bind(addr);
+    }
+    let any_v4 = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
+    let fd = match rustix::net::socket_with(
+        AddressFamily::INET6,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::AFNOSUPPORT) => return std::net::TcpListener::bind(any_v4),
+        Err(e) => return Err(e.into()),
+    };
+    sockopt::set_socket_reuseaddr(&fd, true)?;
+    sockopt::set_ipv6_v6only(&fd, false)?;
+    let any_v6 = SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), addr.port());
+    rustix::net::bind(&fd, &any_v6)?;
+    rustix::net::listen(&fd, 128)?;
+    Ok(std::net::TcpListener::from(fd))
 }
 
 /// State shared with the HTTP server.
@@ -138,9 +183,10 @@ pub struct Shared {
     /// The UDP backend sets' serving endpoints for the pass asked for while one ran.
     udp_serving:
         Mutex<Option<std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>>>,
-    /// When the loop last ran, and since when changes wait to be written (liveness).
+    /// Since when changes wait to be written (liveness, and kube-proxy's health).
     pub progress: Mutex<Progress>,
     pub stuck_after: Duration,
+    pub healthz_stale_after: Duration,
     pub metrics: Metrics,
     pub status: Mutex<Status>,
     /// What kube-proxy's /healthz says about the node.
@@ -154,10 +200,11 @@ struct Pass2 {
     again: bool,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Progress {
-    pub pending_since: Option<Instant>,
-    pub unhealthy_since: Option<Instant>,
+    /// The oldest change that arrived after the first full sync and is not written yet
+    /// (`Engine::unapplied_since`).
+    pub unapplied_since: Option<Instant>,
 }
 
 impl Shared {
@@ -172,34 +219,40 @@ impl Shared {
             features: dataplane.features.clone(),
             udp_pass: Mutex::new(Pass2::default()),
             udp_serving: Mutex::new(None),
-            progress: Mutex::new(Progress {
-                pending_since: None,
-                unhealthy_since: None,
-            }),
+            progress: Mutex::new(Progress::default()),
             stuck_after: config.stuck_after,
+            healthz_stale_after: config.healthz_stale_after,
             metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
             status: Mutex::new(Status::default()),
-            node_health: probes::NodeHealth::default(),
+            node_health: probes::NodeHealth::new(config.external_traffic),
         })
     }
 
-    /// Why the agent is not live, if it is not.
+    /// Why the agent is not live, if it is not: a change has waited longer than
+    /// `--stuck-after-s` to be written. A failing watch (an unreachable API server) is not a
+    /// reason: it queues nothing, and restarting the agent would not bring the API back.
     pub fn stuck(&self) -> Option<String> {
+        let waited = self.unapplied_for()?;
+        (waited >= self.stuck_after).then(|| {
+            format!(
+                "a change has waited {:.0}s to be written",
+                waited.as_secs_f64()
+            )
+        })
+    }
+
+    /// kube-proxy's proxy health (`ProxyHealthServer.Health`): healthy unless a change has
+    /// waited to be written for `--healthz-stale-after-s` or longer. It answers kube-proxy's
+    /// /healthz and /livez and `serviceProxyHealthy` on every health-check port.
+    pub fn proxy_healthy(&self) -> bool {
+        self.unapplied_for()
+            .is_none_or(|waited| waited < self.healthz_stale_after)
+    }
+
+    /// How long the oldest unwritten change has waited, if one waits.
+    fn unapplied_for(&self) -> Option<Duration> {
         let p = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
-        let limit = self.stuck_after;
-        if let Some(t) = p.pending_since.filter(|t| t.elapsed() > limit) {
-            return Some(format!(
-                "changes have waited {:.0}s to be written",
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        if let Some(t) = p.unhealthy_since.filter(|t| t.elapsed() > limit) {
-            return Some(format!(
-                "the source has been failing for {:.0}s",
-                t.elapsed().as_secs_f64()
-            ));
-        }
-        None
+        p.unapplied_since.map(|t| t.elapsed())
     }
 }
 
@@ -236,7 +289,9 @@ pub async fn run(
             "adopted pinned state; it stays in effect until the first complete sync"
         );
     }
-    let mut engine = Engine::new(reconciler, node_flags(&config).await);
+    let flags = node_flags(&config).await;
+    let (mut version_rx, version_asked) = spawn_version_follower(&config, flags.kube_version);
+    let mut engine = Engine::new(reconciler, flags);
     let (mut refresher, mut inbox, handle) = connections::Refresher::new(
         dataplane.sockets.clone(),
         dataplane.features.listing(),
@@ -282,9 +337,10 @@ pub async fn run(
                 engine.retry_failed();
                 // Ports that could not listen are tried again.
                 if let Some(servers) = health_checks.as_mut().filter(|s| s.failing() > 0) {
-                    sync_health_checks(servers, &engine, &config);
+                    sync_health_checks(servers, &engine);
                 }
             }
+            Some(version) = version_rx.recv() => engine.set_kube_version(version),
             _ = census_tick.tick() => {
                 refresher.start();
                 record_counts(&config, &dataplane, &shared);
@@ -305,20 +361,20 @@ pub async fn run(
                 terminate_udp_sockets(&config, &dataplane, &engine, &shared);
             }
             shared.metrics.record_pass(&pass);
-            shared.node_health.written();
+            shared.node_health.written(&engine);
             if let Some(servers) = &mut health_checks {
-                sync_health_checks(servers, &engine, &config);
+                sync_health_checks(servers, &engine);
             }
         }
-        shared
-            .node_health
-            .follow(engine.node_object(), engine.node().kube_version);
         if engine.is_synced() && !attached {
             attach(&config, &mut dataplane, &engine, &shared)?;
             attached = true;
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
-        record_progress(&engine, &shared, attached, &mut unhealthy_since);
+        if record_progress(&engine, &shared, attached, &mut unhealthy_since) {
+            // The watches work again: after a control-plane upgrade the version may be newer.
+            version_asked.notify_one();
+        }
         record_state(&engine, &shared, health_checks.as_ref());
     }
     tracing::info!(
@@ -376,15 +432,113 @@ async fn api_version(config: &AgentConfig) -> Option<crate::translate::KubeVersi
     };
     let asked = async {
         let client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref()).await?;
-        let (major, minor) = source::kube::server_version(&client).await?;
-        crate::translate::KubeVersion::parse(&format!("{major}.{minor}"))
-            .ok_or_else(|| anyhow::anyhow!("version {major}.{minor} not understood"))
+        ask_version(&client).await
     };
     match asked.await {
         Ok(v) => Some(v),
         Err(e) => {
             tracing::warn!(error = %e, "could not ask the API server its version; following the newest topology rules (set --kubernetes-version)");
             None
+        }
+    }
+}
+
+async fn ask_version(client: &kube::Client) -> anyhow::Result<crate::translate::KubeVersion> {
+    let (major, minor) = source::kube::server_version(client).await?;
+    crate::translate::KubeVersion::parse(&format!("{major}.{minor}"))
+        .ok_or_else(|| anyhow::anyhow!("version {major}.{minor} not understood"))
+}
+
+/// How often the agent asks the API server its version again (also after every watch that
+/// failed works again: a control-plane upgrade restarts the API servers).
+const VERSION_EVERY: Duration = Duration::from_mins(10);
+
+/// Which version to follow once the API server says `told` while `known` is followed: only a
+/// newer one. During an upgrade of several API servers `/version` answers from whichever one
+/// serves the request, old or new; the rules must not flap between them. A downgrade is
+/// followed after a restart (or with `--kubernetes-version`).
+fn newer_version(
+    known: crate::translate::KubeVersion,
+    told: crate::translate::KubeVersion,
+) -> Option<crate::translate::KubeVersion> {
+    (told > known).then_some(told)
+}
+
+/// With the API server's version to follow (no `--kubernetes-version`), starts
+/// `follow_api_version`: the newer versions it finds, and what asks it to look now.
+fn spawn_version_follower(
+    config: &AgentConfig,
+    known: crate::translate::KubeVersion,
+) -> (
+    mpsc::Receiver<crate::translate::KubeVersion>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (tx, rx) = mpsc::channel(4);
+    let asked = Arc::new(tokio::sync::Notify::new());
+    if config.ask_api_version {
+        tokio::spawn(follow_api_version(config.clone(), known, asked.clone(), tx));
+    }
+    (rx, asked)
+}
+
+/// Asks the API server its version every `VERSION_EVERY` and when `asked`; sends each newer
+/// one (the loop re-translates everything with its rules).
+async fn follow_api_version(
+    config: AgentConfig,
+    mut known: crate::translate::KubeVersion,
+    asked: Arc<tokio::sync::Notify>,
+    tx: mpsc::Sender<crate::translate::KubeVersion>,
+) {
+    let SourceConfig::Kubernetes {
+        kubeconfig,
+        api_server,
+    } = &config.source
+    else {
+        return;
+    };
+    let mut client: Option<kube::Client> = None;
+    let mut older_said = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(VERSION_EVERY) => {}
+            () = asked.notified() => {}
+        }
+        if client.is_none() {
+            client = source::kube::client(kubeconfig.as_deref(), api_server.as_deref())
+                .await
+                .inspect_err(|e| tracing::debug!(error = %e, "building a client to ask the API server's version"))
+                .ok();
+        }
+        let Some(c) = &client else { continue };
+        let told = match ask_version(c).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not ask the API server its version; asked again later");
+                continue;
+            }
+        };
+        match newer_version(known, told) {
+            Some(newer) => {
+                tracing::info!(
+                    was = %known,
+                    kubernetes = %newer,
+                    "the API server's version changed: following this version's kube-proxy topology rules (everything is translated again)"
+                );
+                known = newer;
+                older_said = None;
+                if tx.send(newer).await.is_err() {
+                    return;
+                }
+            }
+            None if told < known && older_said != Some(told) => {
+                tracing::info!(
+                    kubernetes = %known,
+                    api_server = %told,
+                    "an API server says an older version (mid-upgrade?): keeping the newer rules until the agent restarts"
+                );
+                older_said = Some(told);
+            }
+            None => {}
         }
     }
 }
@@ -451,6 +605,8 @@ async fn start_source(
                 None
             };
             if let Some(r) = route.as_mut() {
+                // The agent answers on kube-proxy's port itself: that says nothing of kube-proxy.
+                r.kube_proxy_replaced = config.kube_proxy_healthz.is_some();
                 let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
                 tokio::task::block_in_place(|| r.check_start(host.as_deref()));
             }
@@ -714,13 +870,19 @@ fn log_features(features: &Features) {
     }
 }
 
-/// Readiness and liveness from the engine's state.
+/// Readiness, liveness and the Node's eligibility from the engine's state. Readiness also goes
+/// while the watches keep failing (no Service routes to the agent, and a rollout waits);
+/// liveness does not. Returns whether the watches work again after failing.
 fn record_progress(
     engine: &Engine<BpfServiceMaps>,
     shared: &Shared,
     attached: bool,
     unhealthy_since: &mut Option<Instant>,
-) {
+) -> bool {
+    shared
+        .node_health
+        .follow(engine.node_object(), engine.node_deleted());
+    let was_failing = unhealthy_since.is_some();
     *unhealthy_since = if engine.is_healthy() {
         None
     } else {
@@ -736,24 +898,16 @@ fn record_progress(
         .progress
         .lock()
         .unwrap_or_else(PoisonError::into_inner) = Progress {
-        pending_since: engine.pending_since(),
-        unhealthy_since: *unhealthy_since,
+        unapplied_since: engine.unapplied_since(),
     };
+    was_failing && unhealthy_since.is_none()
 }
 
 /// Opens and closes the healthCheckNodePorts as the Services say.
-fn sync_health_checks(
-    servers: &mut probes::HealthCheckServers,
-    engine: &Engine<BpfServiceMaps>,
-    config: &AgentConfig,
-) {
-    let matches_all = matches!(
-        &config.node.nodeport_addresses,
-        crate::translate::NodePortAddresses::Cidrs(c) if c.iter().any(crate::model::Cidr::is_everything)
-    );
+fn sync_health_checks(servers: &mut probes::HealthCheckServers, engine: &Engine<BpfServiceMaps>) {
     servers.sync(
         crate::translate::health_checks(engine.store(), engine.node()),
-        &probes::listen_addresses(engine.node(), matches_all),
+        &probes::listen_addresses(engine.node()),
     );
 }
 
@@ -877,5 +1031,21 @@ fn spawn_ebpf_logger(dataplane: &mut Dataplane, level: u8) {
             });
         }
         Err(e) => tracing::warn!(error = %e, "eBPF log forwarding unavailable"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::newer_version;
+    use crate::translate::KubeVersion;
+
+    /// A control-plane upgrade raises the rules; an API server of the old version answering in
+    /// the middle of it does not lower them again.
+    #[test]
+    fn only_a_newer_api_server_version_is_followed() {
+        let v = |minor| KubeVersion { minor };
+        assert_eq!(newer_version(v(33), v(34)), Some(v(34)));
+        assert_eq!(newer_version(v(34), v(34)), None);
+        assert_eq!(newer_version(v(34), v(33)), None);
     }
 }

@@ -3,13 +3,19 @@
 //!
 //! - `--health-check-node-ports`: every LoadBalancer Service with externalTrafficPolicy Local
 //!   gets its `healthCheckNodePort` (`pkg/proxy/healthcheck/service_health.go`): any path and
-//!   method, 200 while this node has a ready endpoint of the Service and the agent is healthy,
-//!   503 otherwise, with kube-proxy's body and headers. Without it a cloud load balancer marks
-//!   every node down. The rules and the body are `translate::health`'s.
-//! - `--kube-proxy-healthz ADDR` (kube-proxy's `0.0.0.0:10256`): `/healthz` and `/livez` as
-//!   `pkg/proxy/healthcheck/proxy_health.go` (1.33+ JSON). Cloud load balancers probe it for
-//!   externalTrafficPolicy Cluster Services; `/healthz` answers 503 while the Node is being
-//!   deleted or carries the `ToBeDeletedByClusterAutoscaler` taint, so drains stay graceful.
+//!   method, 200 while this node has a ready endpoint of the Service and the proxy is healthy
+//!   (`Shared::proxy_healthy`), 503 otherwise, with kube-proxy's body and headers. Without it
+//!   a cloud load balancer marks every node down. The rules and the body are
+//!   `translate::health`'s. It listens per family as kube-proxy's (`listen_addresses`).
+//! - `--kube-proxy-healthz ADDR` (kube-proxy's `0.0.0.0:10256`, one dual-stack socket as Go's):
+//!   `/healthz` and `/livez` as `pkg/proxy/healthcheck/proxy_health.go` (1.33+ JSON): both 503
+//!   once a change has waited `--healthz-stale-after-s` to be written (never for an unreachable
+//!   API server); `/healthz` also while the Node is not eligible (`NodeHealth`). Cloud load
+//!   balancers probe it for externalTrafficPolicy Cluster Services.
+//!
+//! socklb does not translate traffic arriving from outside the node. Unless another component
+//! carries it (`--external-traffic carried`), both tell load balancers that target nodes to
+//! send this node nothing: `localEndpoints` 0 on the health-check ports, `nodeEligible` false.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -28,46 +34,55 @@ use super::{Shared, http};
 use crate::{
     model::NodeObject,
     status::HealthCheckPort,
-    translate::{HealthCheck, HealthChecks, KubeVersion, NodeInfo, health_check_body},
-    vocab::ObjectKey,
+    translate::{HealthCheck, HealthChecks, NodeInfo, health_check_body, of_family},
+    vocab::{Family, ObjectKey},
 };
 
 /// Whether load balancers should send this node traffic, and when the agent last wrote.
 #[derive(Debug)]
 pub struct NodeHealth {
-    /// The Node is not leaving (being deleted, or tainted by the cluster autoscaler).
+    /// kube-proxy's `nodeEligible`: the Node has been seen, is not leaving (being deleted, or
+    /// tainted by the cluster autoscaler) and was not deleted; and something on this node
+    /// carries the traffic load balancers send it (`--external-traffic carried`).
     pub eligible: std::sync::atomic::AtomicBool,
     /// When changes were last written (kube-proxy's `lastUpdated`).
     pub last_updated: Mutex<jiff::Timestamp>,
-}
-
-impl Default for NodeHealth {
-    fn default() -> Self {
-        Self {
-            eligible: true.into(),
-            last_updated: Mutex::new(jiff::Timestamp::now()),
-        }
-    }
+    /// `--external-traffic carried`: another component on this node carries Service traffic
+    /// arriving from outside it, which socklb does not translate.
+    pub external_traffic: bool,
 }
 
 impl NodeHealth {
-    /// Follows the Node object. Before it is known, kube-proxy up to 1.33 counts the node
-    /// eligible ("while it's starting up"); from 1.34 not (its node manager has not seen it).
-    pub fn follow(&self, node: Option<&NodeObject>, version: KubeVersion) {
-        let eligible = node.map_or(version.minor < 34, |n| !n.leaving);
+    pub fn new(external_traffic: bool) -> Self {
+        Self {
+            eligible: false.into(),
+            last_updated: Mutex::new(jiff::Timestamp::now()),
+            external_traffic,
+        }
+    }
+
+    /// Follows the Node object. Before it is seen the node is not eligible (kube-proxy 1.34+:
+    /// its node manager has no Node; up to 1.33 it said eligible while starting up); once it is
+    /// deleted, not either (kube-proxy 1.37+ exits and, restarted, has no Node).
+    pub fn follow(&self, node: Option<&NodeObject>, deleted: bool) {
+        let eligible = self.external_traffic && !deleted && node.is_some_and(|n| !n.leaving);
         if self.eligible.swap(eligible, Ordering::Relaxed) != eligible {
-            tracing::debug!(
+            tracing::info!(
                 eligible,
                 "node eligibility for load-balancer traffic changed (kube-proxy /healthz)"
             );
         }
     }
 
-    pub fn written(&self) {
-        *self
-            .last_updated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = jiff::Timestamp::now();
+    /// After a pass: kube-proxy's `Updated` (its `lastUpdated`) once nothing queued is left
+    /// unwritten.
+    pub fn written<M: crate::dataplane::maps::ServiceMaps>(&self, engine: &super::Engine<M>) {
+        if engine.unapplied_since().is_none() {
+            *self
+                .last_updated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = jiff::Timestamp::now();
+        }
     }
 }
 
@@ -102,10 +117,12 @@ pub(super) async fn serve_kube_proxy_healthz(
 }
 
 fn proxy_health(shared: &Shared, with_node: bool) -> Response {
-    let healthy = shared.stuck().is_none();
+    let healthy = shared.proxy_healthy();
     let now = jiff::Timestamp::now();
-    // As kube-proxy: a healthy proxy reports now as its last update.
-    let last = if healthy {
+    let eligible = shared.node_health.eligible.load(Ordering::Relaxed);
+    let ok = healthy && (!with_node || eligible);
+    // As kube-proxy: a 200 reports now as its last update, a 503 the real one.
+    let last = if ok {
         now
     } else {
         *shared
@@ -114,14 +131,12 @@ fn proxy_health(shared: &Shared, with_node: bool) -> Response {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     };
-    let eligible = shared.node_health.eligible.load(Ordering::Relaxed);
     let body = ProxyHealth {
         last_updated: last.to_string(),
         current_time: now.to_string(),
         node_eligible: with_node.then_some(eligible),
         healthy,
     };
-    let ok = healthy && (!with_node || eligible);
     json(
         if ok {
             StatusCode::OK
@@ -164,6 +179,9 @@ pub(super) struct HealthCheckServers {
 
 struct Server {
     service: ObjectKey,
+    /// Where it was asked to listen.
+    on: Vec<ListenOn>,
+    /// Where it listens.
     addresses: Vec<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -197,7 +215,7 @@ impl HealthCheckServers {
 
     /// Opens, keeps or closes each port as `checks` says, on `listen` addresses (see
     /// `listen_addresses`), and updates what each answers.
-    pub(super) fn sync(&mut self, checks: HealthChecks, listen: &[IpAddr]) {
+    pub(super) fn sync(&mut self, checks: HealthChecks, listen: &[ListenOn]) {
         for (port, service) in &checks.contested {
             if !self.contested.contains(&(*port, service.clone())) {
                 tracing::warn!(
@@ -213,11 +231,7 @@ impl HealthCheckServers {
             let keep = wanted
                 .get(port)
                 .is_some_and(|c| c.service == server.service)
-                && server
-                    .addresses
-                    .iter()
-                    .map(SocketAddr::ip)
-                    .eq(listen.iter().copied());
+                && server.on == listen;
             if !keep {
                 tracing::info!(port, service = %server.service, "health-check port closed");
             }
@@ -257,7 +271,7 @@ impl HealthCheckServers {
         }
     }
 
-    fn start(&self, port: u16, service: &ObjectKey, listen: &[IpAddr]) -> anyhow::Result<Server> {
+    fn start(&self, port: u16, service: &ObjectKey, listen: &[ListenOn]) -> anyhow::Result<Server> {
         let state = Arc::new(PortState {
             port,
             table: self.table.clone(),
@@ -267,14 +281,15 @@ impl HealthCheckServers {
         // All or nothing, as kube-proxy: a port half open would answer for some addresses.
         let listeners = listen
             .iter()
-            .map(|ip| bind(*ip, port))
+            .map(|on| bind(*on, port))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let mut server = Server {
             service: service.clone(),
+            on: listen.to_vec(),
             addresses: Vec::new(),
             tasks: Vec::new(),
         };
-        for l in listeners {
+        for l in listeners.into_iter().flatten() {
             server.addresses.push(l.local_addr()?);
             server.tasks.push(tokio::spawn(http::serve(
                 l,
@@ -320,29 +335,51 @@ impl HealthCheckServers {
     }
 }
 
-/// Where health-check ports listen, as kube-proxy: every address when `--nodeport-addresses`
-/// matches all of them or no NodePort address is known (one dual-stack socket), else each
-/// NodePort address.
-pub(super) fn listen_addresses(node: &NodeInfo, matches_all: bool) -> Vec<IpAddr> {
-    if matches_all || node.addresses.is_empty() {
-        vec![IpAddr::V6(Ipv6Addr::UNSPECIFIED)]
-    } else {
-        node.addresses.clone()
-    }
+/// One listening socket of a health-check port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ListenOn {
+    /// One address (`IP_FREEBIND`: a NodePort address need not be on an interface yet).
+    Ip(IpAddr),
+    /// Every address of one family: `0.0.0.0`, or `[::]` with `IPV6_V6ONLY`.
+    AnyOf(Family),
+    /// Every address of both families: `[::]` with `IPV6_V6ONLY` off (`0.0.0.0` where the
+    /// kernel has no IPv6).
+    Any,
 }
 
-/// A listener on `ip:port`. A NodePort address need not be on an interface yet (the Node's
-/// primary address behind a NAT never is): `IP_FREEBIND`. The IPv6 wildcard takes IPv4 too;
-/// where IPv6 is off, the IPv4 wildcard stands in.
-fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
+/// Where health-check ports listen, per family as kube-proxy's (`newServiceHealthServer` of
+/// each family's proxier): a family whose NodePorts match all of its addresses on its wildcard
+/// (both: one dual-stack socket), otherwise on each NodePort address of the family; a family
+/// with neither listens nowhere.
+pub(super) fn listen_addresses(node: &NodeInfo) -> Vec<ListenOn> {
+    let all = |f| node.node_ports_match_all.contains(&f);
+    if all(Family::IPv4) && all(Family::IPv6) {
+        return vec![ListenOn::Any];
+    }
+    let mut out = Vec::new();
+    for family in [Family::IPv4, Family::IPv6] {
+        if all(family) {
+            out.push(ListenOn::AnyOf(family));
+        } else {
+            out.extend(of_family(&node.addresses, family).map(ListenOn::Ip));
+        }
+    }
+    out
+}
+
+/// A listener for `on` and `port`; `None` for an IPv6 wildcard where the kernel has no IPv6.
+fn bind(on: ListenOn, port: u16) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     use anyhow::Context as _;
-    let attempt = |ip: IpAddr| -> std::io::Result<tokio::net::TcpListener> {
+    let attempt = |ip: IpAddr, v6only: bool| -> std::io::Result<tokio::net::TcpListener> {
         let socket = if ip.is_ipv4() {
             tokio::net::TcpSocket::new_v4()?
         } else {
             tokio::net::TcpSocket::new_v6()?
         };
         socket.set_reuseaddr(true)?;
+        if ip.is_ipv6() {
+            rustix::net::sockopt::set_ipv6_v6only(&socket, v6only)?;
+        }
         if !ip.is_unspecified() {
             if ip.is_ipv4() {
                 rustix::net::sockopt::set_ip_freebind(&socket, true)?;
@@ -353,16 +390,24 @@ fn bind(ip: IpAddr, port: u16) -> anyhow::Result<tokio::net::TcpListener> {
         socket.bind(SocketAddr::new(ip, port))?;
         socket.listen(64)
     };
-    match attempt(ip) {
-        Err(e)
-            if ip == IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-                && e.raw_os_error() == Some(libc::EAFNOSUPPORT) =>
-        {
-            attempt(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
-        }
-        other => other,
-    }
-    .with_context(|| format!("listening on {}", SocketAddr::new(ip, port)))
+    let no_ipv6 = |e: &std::io::Error| e.raw_os_error() == Some(libc::EAFNOSUPPORT);
+    let (any4, any6) = (
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    );
+    let (shown, result) = match on {
+        ListenOn::Ip(ip) => (ip, attempt(ip, true).map(Some)),
+        ListenOn::AnyOf(Family::IPv4) => (any4, attempt(any4, false).map(Some)),
+        ListenOn::AnyOf(Family::IPv6) => match attempt(any6, true) {
+            Err(e) if no_ipv6(&e) => (any6, Ok(None)),
+            other => (any6, other.map(Some)),
+        },
+        ListenOn::Any => match attempt(any6, false) {
+            Err(e) if no_ipv6(&e) => (any4, attempt(any4, false).map(Some)),
+            other => (any6, other.map(Some)),
+        },
+    };
+    result.with_context(|| format!("listening on {}", SocketAddr::new(shown, port)))
 }
 
 /// One health-check port's answer, whatever the path or method.
@@ -373,11 +418,16 @@ async fn answer(State(state): State<Arc<PortState>>) -> Response {
         .unwrap_or_else(PoisonError::into_inner)
         .get(&state.port)
         .cloned();
-    let Some(check) = check else {
+    let Some(mut check) = check else {
         // Closing: the port is no longer wanted.
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
-    let healthy = state.shared.stuck().is_none();
+    // Nothing on this node carries the load balancer's traffic to the endpoints: none of them
+    // is reachable through this node (`--external-traffic none`).
+    if !state.shared.node_health.external_traffic {
+        check.local_endpoints = 0;
+    }
+    let healthy = state.shared.proxy_healthy();
     let status = if check.local_endpoints > 0 && healthy {
         StatusCode::OK
     } else {

@@ -38,6 +38,19 @@ pub enum PeerName {
     Backend,
 }
 
+/// Who carries Service traffic that arrives from outside the node (NodePorts, load-balancer
+/// IPs and externalIPs on the wire): socklb translates sockets on the node only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExternalTraffic {
+    /// Nothing on this node: the load-balancer probes (health-check ports, kube-proxy's
+    /// /healthz) tell load balancers that target nodes to send this node nothing.
+    #[default]
+    None,
+    /// Another component on this node (the CNI's eBPF service handling, say): the probes
+    /// answer as kube-proxy's would.
+    Carried,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct AgentArgs {
     /// Read Services and EndpointSlices from this folder of YAML manifests (watched for
@@ -70,13 +83,22 @@ pub struct AgentArgs {
     pub metrics_listen: String,
     /// Serve the healthCheckNodePort of every LoadBalancer Service with
     /// externalTrafficPolicy Local, as kube-proxy does (200 while this node has a ready
-    /// endpoint of it, else 503). Only instead of kube-proxy: next to it, the ports are its.
+    /// endpoint of it and carries its traffic, see --external-traffic, else 503). Only instead
+    /// of kube-proxy: next to it, the ports are its.
     #[arg(long, env = "SOCKLB_HEALTH_CHECK_NODE_PORTS")]
     pub health_check_node_ports: bool,
-    /// Serve kube-proxy's /healthz and /livez on this address ("off", the default; kube-proxy's
-    /// is 0.0.0.0:10256). Only instead of kube-proxy, whose port it is.
+    /// Serve kube-proxy's /healthz and /livez on this address: IP:PORT, or an IP alone for port
+    /// 10256 ("off", the default; kube-proxy's is 0.0.0.0:10256, which, as kube-proxy's, answers
+    /// IPv4 and IPv6). Only instead of kube-proxy, whose port it is.
     #[arg(long, default_value = "off", env = "SOCKLB_KUBE_PROXY_HEALTHZ")]
     pub kube_proxy_healthz: String,
+    /// Who carries Service traffic arriving from outside this node (NodePorts, load-balancer
+    /// IPs on the wire), which socklb does not translate. With "none" the health-check ports
+    /// answer localEndpoints 0 (503) and kube-proxy's /healthz nodeEligible false (503), so
+    /// load balancers that target nodes send this node nothing; "carried": another component
+    /// on this node does (the CNI's service handling), and they answer as kube-proxy's.
+    #[arg(long, value_enum, default_value_t, env = "SOCKLB_EXTERNAL_TRAFFIC")]
+    pub external_traffic: ExternalTraffic,
     /// Log format (json for log collectors).
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -93,9 +115,17 @@ pub struct AgentArgs {
     /// (each failing set backs off on its own, from 0.5 s to 60 s).
     #[arg(long, default_value_t = 1000, env = "SOCKLB_RETRY_MS")]
     pub retry_ms: u64,
-    /// /livez fails when changes stay unwritten, or the source keeps failing, this long (seconds).
+    /// The agent's own /livez (the kubelet's liveness probe) fails when a change that arrived
+    /// after the first full sync stays unwritten this long (seconds). An unreachable API server
+    /// sends no change: it never fails /livez (only /readyz).
     #[arg(long, default_value_t = 120, env = "SOCKLB_STUCK_AFTER_S")]
     pub stuck_after_s: u64,
+    /// kube-proxy's /healthz and /livez, and the health-check ports' `serviceProxyHealthy`,
+    /// turn 503 when a change that arrived after the first full sync stays unwritten this long
+    /// (seconds): kube-proxy's 2 × syncPeriod (30 s). An unreachable API server sends no
+    /// change: it never turns them 503.
+    #[arg(long, default_value_t = 60, env = "SOCKLB_HEALTHZ_STALE_AFTER_S")]
+    pub healthz_stale_after_s: u64,
     /// Capacity of FRONTENDS4 and FRONTENDS6 (service addresses of each family).
     #[arg(long, default_value_t = MapId::Frontends4.default_capacity(), env = "SOCKLB_MAX_FRONTENDS")]
     pub max_frontends: u32,
@@ -144,6 +174,22 @@ fn listen(value: &str, flag: &str) -> anyhow::Result<Option<SocketAddr>> {
     }
 }
 
+/// kube-proxy's port for /healthz and /livez (`ports.ProxyHealthzPort`).
+const KUBE_PROXY_HEALTHZ_PORT: u16 = 10256;
+
+/// `--kube-proxy-healthz`: `IP:PORT` or, as kube-proxy's `--healthz-bind-address`
+/// (`IPPortVar`), an IP alone for port 10256 (`[v6]` or a bare IPv6 address too).
+fn kube_proxy_healthz(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if let Ok(ip) = value
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<std::net::IpAddr>()
+    {
+        return Ok(Some(SocketAddr::new(ip, KUBE_PROXY_HEALTHZ_PORT)));
+    }
+    listen(value, "kube-proxy-healthz").context("not an IP or IP:PORT")
+}
+
 pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging(args.log_format, &args.log_level);
     let cgroup = match &args.cgroup {
@@ -175,10 +221,12 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         node: args.node.flags()?,
         health_listen: listen(&args.health_listen, "health-listen")?,
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
-        kube_proxy_healthz: listen(&args.kube_proxy_healthz, "kube-proxy-healthz")?,
+        kube_proxy_healthz: kube_proxy_healthz(&args.kube_proxy_healthz)?,
         health_check_node_ports: args.health_check_node_ports,
+        external_traffic: args.external_traffic == ExternalTraffic::Carried,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
+        healthz_stale_after: Duration::from_secs(args.healthz_stale_after_s.max(1)),
         ask_api_version: args.node.kubernetes_version.is_none() && args.manifests.is_none(),
     };
     crate::agent::limit_arenas();
@@ -199,6 +247,25 @@ mod tests {
     use lb_common::MapId;
 
     use crate::cli::{Cli, Command};
+
+    /// kube-proxy's `--healthz-bind-address` forms: `IP:PORT`, or an IP alone for 10256.
+    #[test]
+    fn the_kube_proxy_healthz_address_takes_kube_proxys_forms() {
+        let parse = |v: &str| {
+            super::kube_proxy_healthz(v)
+                .expect(v)
+                .map(|a| a.to_string())
+        };
+        assert_eq!(parse("off"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("0.0.0.0:10256").as_deref(), Some("0.0.0.0:10256"));
+        assert_eq!(parse("0.0.0.0").as_deref(), Some("0.0.0.0:10256"));
+        assert_eq!(parse("::").as_deref(), Some("[::]:10256"));
+        assert_eq!(parse("[::]").as_deref(), Some("[::]:10256"));
+        assert_eq!(parse("[fd00::1]:8080").as_deref(), Some("[fd00::1]:8080"));
+        assert!(super::kube_proxy_healthz("10.0.0.0/8").is_err());
+        assert!(super::kube_proxy_healthz("node-a:10256").is_err());
+    }
 
     /// The flag the map table names for a map sizes that map: `socklb agent --<flag> 7` gives
     /// every map with that flag 7 entries and leaves the others at their default.

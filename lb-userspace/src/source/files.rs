@@ -408,12 +408,20 @@ impl Folder {
     /// not be read.
     fn events(&mut self, contents: FolderContents, node_name: Option<&str>) -> Vec<SourceEvent> {
         let mut events = Vec::new();
-        if let Some(node) = contents
+        let complete = contents.files.iter().all(|f| !f.incomplete)
+            && !contents
+                .errors
+                .iter()
+                .any(|e| e.object.as_ref().is_some_and(|o| o.kind == Kind::Node));
+        match contents
             .nodes
             .into_iter()
             .find(|n| Some(n.name.as_str()) == node_name)
         {
-            events.push(SourceEvent::Node(node));
+            Some(node) => events.push(SourceEvent::Node(node)),
+            // A complete read without this node's Node: it was deleted (or never written).
+            None if node_name.is_some() && complete => events.push(SourceEvent::NodeDeleted),
+            None => {}
         }
         let present: BTreeSet<ObjectRef> = contents
             .services

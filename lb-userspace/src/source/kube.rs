@@ -214,25 +214,38 @@ async fn watch_kind<K>(
     }
 }
 
+/// Watches this node's Node: every version of it, and its deletion (a delete event, or a
+/// listing without it: deleted while the watch was down, or never created).
 async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEvent>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = watcher(api, config)
         .backoff(WatchBackoff::default())
-        .applied_objects()
         .boxed();
+    // Whether the listing in progress has found the Node.
+    let mut found = false;
     loop {
-        match stream.try_next().await {
-            Ok(Some(node)) => {
-                if tx
-                    .send(SourceEvent::Node(node_from_api(&node)))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
-            }
+        let event = match stream.try_next().await {
+            Ok(Some(event)) => event,
             Ok(None) => return,
-            Err(e) => tracing::warn!(node = name, error = %e, "node watch failed; retrying"),
+            Err(e) => {
+                tracing::warn!(node = name, error = %e, "node watch failed; retrying");
+                continue;
+            }
+        };
+        let out = match event {
+            watcher::Event::Init => {
+                found = false;
+                continue;
+            }
+            watcher::Event::InitApply(node) | watcher::Event::Apply(node) => {
+                found = true;
+                SourceEvent::Node(node_from_api(&node))
+            }
+            watcher::Event::InitDone if found => continue,
+            watcher::Event::InitDone | watcher::Event::Delete(_) => SourceEvent::NodeDeleted,
+        };
+        if tx.send(out).await.is_err() {
+            return;
         }
     }
 }

@@ -41,6 +41,10 @@ pub enum SourceEvent {
     Deleted(Kind, ObjectKey),
     /// This node's Node object (zone label, addresses).
     Node(NodeObject),
+    /// This node's Node object is gone: deleted, or missing from a complete listing. What was
+    /// last seen of it stays in effect (zone, addresses), as in kube-proxy until it exits; load
+    /// balancers are told to drain the node (kube-proxy's `/healthz`).
+    NodeDeleted,
     /// The addresses on this node's interfaces (its host network namespace) now: none of them
     /// is a frontend but as a NodePort (a node-local DNS cache binds the DNS ClusterIP there).
     LocalAddresses(Vec<std::net::IpAddr>),

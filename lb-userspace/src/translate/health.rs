@@ -8,8 +8,9 @@
 //! (`NeedsHealthCheck`). Its count is the number of distinct IPs of its ready endpoints whose
 //! `nodeName` is this node, across all its ports and slices (`getLocalReadyEndpointIPs`:
 //! serving-but-terminating endpoints do not count, topology does not narrow it). Unlike
-//! kube-proxy, whose two per-family proxiers each count their own family (and only one of them
-//! gets the port of a dual-stack Service), socklb counts both families on one server.
+//! kube-proxy, whose two per-family proxiers each count their own family (before 1.36 only one
+//! of them got the port of a dual-stack Service; from 1.36 each family answers on its own
+//! socket), socklb counts both families on one server.
 use std::{collections::BTreeMap, net::IpAddr};
 
 use super::{NodeInfo, endpoints::is_local, own_slices, skip_reason};

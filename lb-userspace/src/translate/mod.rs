@@ -38,6 +38,9 @@ pub struct NodeInfo {
     pub zone: Option<String>,
     /// Addresses on which NodePorts are served.
     pub addresses: Vec<IpAddr>,
+    /// The families whose NodePorts are on every address of the family on this node
+    /// (kube-proxy's `MatchAll`): health-check ports listen on that family's wildcard.
+    pub node_ports_match_all: Vec<Family>,
     /// Every address of this node: its Node object's, the flags', and those bound on its
     /// interfaces (a node-local DNS cache's). None of them is a frontend but as a NodePort.
     pub own_addresses: Vec<IpAddr>,
@@ -106,6 +109,7 @@ impl Default for NodeInfo {
             name: None,
             zone: None,
             addresses: Vec::new(),
+            node_ports_match_all: Vec::new(),
             own_addresses: Vec::new(),
             proxy_name: DEFAULT_PROXY_NAME.into(),
             external_ips: true,
@@ -120,7 +124,9 @@ pub struct NodeFlags {
     pub name: Option<String>,
     /// `--zone`: wins over the Node's label.
     pub zone: Option<String>,
-    /// `--node-address`: win over the Node's addresses.
+    /// `--node-address`: this node's NodePort addresses of their family, whatever
+    /// `--nodeport-addresses` says (kube-proxy's `--bind-address` replaces its family's primary
+    /// IP).
     pub addresses: Vec<IpAddr>,
     /// `--nodeport-addresses`: which of this node's addresses serve NodePorts.
     pub nodeport_addresses: NodePortAddresses,
@@ -130,17 +136,29 @@ pub struct NodeFlags {
     pub kube_version: KubeVersion,
 }
 
-/// kube-proxy's `--nodeport-addresses`: which addresses of this node serve NodePorts.
+/// kube-proxy's `--nodeport-addresses`: which addresses of this node serve NodePorts, decided
+/// per family (`pkg/proxy/util/nodeport_addresses.go` `NewNodePortAddresses`: a family with no
+/// CIDR of its own, or with `0.0.0.0/0` / `::/0`, matches every local address of that family).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodePortAddresses {
     /// The node's primary address of each family (the Node's first `InternalIP`, else its first
-    /// `ExternalIP`): kube-proxy's nftables mode default, and socklb's. (kube-proxy also wants
-    /// it on one of the node's interfaces; socklb takes the Node's word for it.)
+    /// `ExternalIP`): kube-proxy's nftables mode default, and socklb's. A family without one
+    /// (no Node yet, or a single-stack Node) serves NodePorts on every address of that family,
+    /// as kube-proxy, which then has no `/32` or `/128` of that family. (kube-proxy also wants
+    /// the primary address on one of the node's interfaces; socklb takes the Node's word.)
     #[default]
     Primary,
-    /// The addresses on the node's interfaces inside these ranges (`0.0.0.0/0`, `::/0`: all of
-    /// them, iptables mode's default), loopback never.
+    /// The addresses on the node's interfaces inside these ranges, per family; a family with
+    /// no range here, or with its `/0` (iptables mode's default), matches all of its addresses.
     Cidrs(Vec<crate::model::Cidr>),
+}
+
+/// This node's NodePort addresses and the families that match all of theirs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodePorts {
+    pub addresses: Vec<IpAddr>,
+    /// Families whose every address serves NodePorts (kube-proxy's `MatchAll`).
+    pub match_all: Vec<Family>,
 }
 
 impl NodePortAddresses {
@@ -164,24 +182,62 @@ impl NodePortAddresses {
     }
 
     /// The NodePort addresses of a node with this Node object and these interface addresses
-    /// (`bound`; empty when unknown, then the Node's addresses stand in for them).
-    pub fn resolve(&self, node: Option<&NodeObject>, bound: &[IpAddr]) -> Vec<IpAddr> {
-        let mut out: Vec<IpAddr> = match self {
-            Self::Primary => node.map(NodeObject::primary).unwrap_or_default(),
-            Self::Cidrs(cidrs) => {
-                let candidates: Vec<IpAddr> = if bound.is_empty() {
-                    node.map(|n| n.addresses().collect()).unwrap_or_default()
-                } else {
-                    bound.to_vec()
-                };
-                candidates
-                    .into_iter()
-                    .filter(|ip| cidrs.iter().any(|c| c.contains(*ip)))
-                    .collect()
+    /// (`bound`; empty when unknown, then the Node's addresses stand in for them), per family:
+    /// `given` (`--node-address`) when it has some of that family, else what this flag picks.
+    /// Never loopback; a family matching all of its addresses skips every special address
+    /// (link-local, say), which is never a frontend.
+    pub fn resolve(
+        &self,
+        given: &[IpAddr],
+        node: Option<&NodeObject>,
+        bound: &[IpAddr],
+    ) -> NodePorts {
+        let mut out = NodePorts::default();
+        for family in [Family::IPv4, Family::IPv6] {
+            let usable = |ip: &IpAddr| !ip.is_loopback() && !ip.is_unspecified();
+            let given: Vec<IpAddr> = of_family(given, family).filter(usable).collect();
+            if !given.is_empty() {
+                out.addresses.extend(given);
+                continue;
             }
-        };
-        out.retain(|ip| !ip.is_loopback() && !ip.is_unspecified());
-        out.dedup();
+            let candidates: Vec<IpAddr> = if bound.is_empty() {
+                node.map(|n| of_family(&n.addresses().collect::<Vec<_>>(), family).collect())
+                    .unwrap_or_default()
+            } else {
+                of_family(bound, family).collect()
+            };
+            let picked: Option<Vec<IpAddr>> = match self {
+                Self::Primary => node
+                    .and_then(|n| n.primary().into_iter().find(|ip| Family::of(*ip) == family))
+                    .filter(usable)
+                    .map(|ip| vec![ip]),
+                Self::Cidrs(cidrs) => {
+                    let mine: Vec<_> = cidrs
+                        .iter()
+                        .filter(|c| Family::of(c.addr) == family)
+                        .collect();
+                    (!mine.is_empty() && !mine.iter().any(|c| c.is_everything())).then(|| {
+                        candidates
+                            .iter()
+                            .copied()
+                            .filter(|ip| mine.iter().any(|c| c.contains(*ip)))
+                            .filter(usable)
+                            .collect()
+                    })
+                }
+            };
+            if let Some(picked) = picked {
+                out.addresses.extend(picked);
+            } else {
+                out.match_all.push(family);
+                out.addresses.extend(
+                    candidates
+                        .into_iter()
+                        .filter(|ip| SpecialAddress::of(*ip).is_none()),
+                );
+            }
+        }
+        out.addresses.dedup();
         out
     }
 }
@@ -197,6 +253,9 @@ impl NodeInfo {
         own.extend(bound.iter().copied());
         own.sort_unstable();
         own.dedup();
+        let node_ports = flags
+            .nodeport_addresses
+            .resolve(&flags.addresses, node, bound);
         Self {
             own_addresses: own,
             name: flags.name.clone(),
@@ -204,11 +263,8 @@ impl NodeInfo {
                 .zone
                 .clone()
                 .or_else(|| node.and_then(|n| n.zone.clone())),
-            addresses: if flags.addresses.is_empty() {
-                flags.nodeport_addresses.resolve(node, bound)
-            } else {
-                flags.addresses.clone()
-            },
+            addresses: node_ports.addresses,
+            node_ports_match_all: node_ports.match_all,
             proxy_name: flags.proxy_name.clone(),
             external_ips: flags.external_ips,
             kube_version: flags.kube_version,
@@ -601,7 +657,7 @@ pub fn of_family(addrs: &[IpAddr], family: Family) -> impl Iterator<Item = IpAdd
 #[cfg(test)]
 mod tests {
     use super::{KubeVersion, NodePortAddresses};
-    use crate::model::NodeObject;
+    use crate::{model::NodeObject, vocab::Family};
 
     #[test]
     fn kubernetes_versions_parse_as_the_api_server_and_users_write_them() {
@@ -633,32 +689,108 @@ mod tests {
         };
         let primary = NodePortAddresses::parse(&["primary".into()]).unwrap();
         assert_eq!(primary, NodePortAddresses::default());
-        assert_eq!(
-            primary.resolve(Some(&node), &[]),
-            vec![ip("192.0.2.100"), ip("fd00::100")]
-        );
-        assert_eq!(primary.resolve(None, &[]), Vec::<std::net::IpAddr>::new());
+        let picked = primary.resolve(&[], Some(&node), &[]);
+        assert_eq!(picked.addresses, vec![ip("192.0.2.100"), ip("fd00::100")]);
+        assert!(picked.match_all.is_empty());
+        // No Node (nothing known yet): every family matches all, and nothing is bound.
+        let unknown = primary.resolve(&[], None, &[]);
+        assert_eq!(unknown.addresses, Vec::<std::net::IpAddr>::new());
+        assert_eq!(unknown.match_all, vec![Family::IPv4, Family::IPv6]);
         let cidrs =
             NodePortAddresses::parse(&["192.0.2.0/24".into(), "203.0.113.0/24".into()]).unwrap();
-        // Unknown interfaces: the Node's addresses inside the ranges.
+        // Unknown interfaces: the Node's addresses inside the ranges; IPv6 has no range of its
+        // own, so every IPv6 address (kube-proxy adds `::/0` to a family without a CIDR).
+        let picked = cidrs.resolve(&[], Some(&node), &[]);
         assert_eq!(
-            cidrs.resolve(Some(&node), &[]),
-            vec![ip("192.0.2.100"), ip("192.0.2.101"), ip("203.0.113.100")]
+            picked.addresses,
+            vec![
+                ip("192.0.2.100"),
+                ip("192.0.2.101"),
+                ip("203.0.113.100"),
+                ip("fd00::100")
+            ]
         );
+        assert_eq!(picked.match_all, vec![Family::IPv6]);
         // Known interfaces: only what is bound there (a NATed ExternalIP is not), never loopback.
         assert_eq!(
-            cidrs.resolve(
-                Some(&node),
-                &[ip("192.0.2.101"), ip("127.0.0.1"), ip("10.1.1.1")]
-            ),
+            cidrs
+                .resolve(
+                    &[],
+                    Some(&node),
+                    &[ip("192.0.2.101"), ip("127.0.0.1"), ip("10.1.1.1")]
+                )
+                .addresses,
             vec![ip("192.0.2.101")]
         );
         let all = NodePortAddresses::parse(&["0.0.0.0/0".into()]).unwrap();
-        assert_eq!(
-            all.resolve(Some(&node), &[ip("127.0.0.1"), ip("10.1.1.1")]),
-            vec![ip("10.1.1.1")]
-        );
+        let picked = all.resolve(&[], Some(&node), &[ip("127.0.0.1"), ip("10.1.1.1")]);
+        assert_eq!(picked.addresses, vec![ip("10.1.1.1")]);
+        assert_eq!(picked.match_all, vec![Family::IPv4, Family::IPv6]);
         assert!(NodePortAddresses::parse(&["primary".into(), "10.0.0.0/8".into()]).is_err());
         assert!(NodePortAddresses::parse(&["10.0.0.0/33".into()]).is_err());
+    }
+
+    /// kube-proxy's `primary` (cmd/kube-proxy/app/server.go, `NewNodePortAddresses`): a family
+    /// whose node IP is missing keeps loopback there, gets no `/32` or `/128`, and so matches
+    /// every local address of that family; special addresses are never NodePorts.
+    #[test]
+    fn a_family_without_a_primary_address_serves_every_address_of_its_family() {
+        let ip = |s: &str| s.parse().unwrap();
+        let v4_only = NodeObject {
+            name: "node-a".into(),
+            zone: None,
+            internal_ips: vec![ip("192.0.2.100")],
+            external_ips: Vec::new(),
+            leaving: false,
+        };
+        let bound = [
+            ip("127.0.0.1"),
+            ip("192.0.2.100"),
+            ip("192.0.2.200"),
+            ip("::1"),
+            ip("fe80::1"),
+            ip("fd00::5"),
+            ip("fd00::6"),
+        ];
+        let picked = NodePortAddresses::Primary.resolve(&[], Some(&v4_only), &bound);
+        assert_eq!(
+            picked.addresses,
+            vec![ip("192.0.2.100"), ip("fd00::5"), ip("fd00::6")]
+        );
+        assert_eq!(picked.match_all, vec![Family::IPv6]);
+    }
+
+    /// `--node-address` replaces the NodePort addresses of its own family only (kube-proxy's
+    /// `--bind-address` replaces its family's primary IP); the other family follows
+    /// `--nodeport-addresses`. With CIDRs, a `/0` makes only its own family match all.
+    #[test]
+    fn node_addresses_replace_their_own_family_only() {
+        let ip = |s: &str| s.parse().unwrap();
+        let node = NodeObject {
+            name: "node-a".into(),
+            zone: None,
+            internal_ips: vec![ip("192.0.2.100"), ip("fd00::100")],
+            external_ips: Vec::new(),
+            leaving: false,
+        };
+        let picked = NodePortAddresses::Primary.resolve(&[ip("192.0.2.7")], Some(&node), &[]);
+        assert_eq!(picked.addresses, vec![ip("192.0.2.7"), ip("fd00::100")]);
+        assert!(picked.match_all.is_empty());
+        let bound = [
+            ip("192.0.2.100"),
+            ip("198.51.100.1"),
+            ip("fd00::100"),
+            ip("fd00::7"),
+        ];
+        let cidrs = NodePortAddresses::parse(&["::/0".into(), "198.51.100.0/24".into()]).unwrap();
+        let picked = cidrs.resolve(&[], Some(&node), &bound);
+        assert_eq!(
+            picked.addresses,
+            vec![ip("198.51.100.1"), ip("fd00::100"), ip("fd00::7")]
+        );
+        assert_eq!(picked.match_all, vec![Family::IPv6]);
+        let picked = cidrs.resolve(&[ip("fd00::9")], Some(&node), &bound);
+        assert_eq!(picked.addresses, vec![ip("198.51.100.1"), ip("fd00::9")]);
+        assert!(picked.match_all.is_empty());
     }
 }
