@@ -16,6 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use socklb::vocab::ErrorKind;
 use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
@@ -436,11 +437,13 @@ fn many_web_endpoints(n: u8) -> String {
     y
 }
 
-/// kube-proxy's other half of the rule: an update that cannot be applied (a sync that fails
-/// leaves it queued) turns `/healthz`, `/livez` and `serviceProxyHealthy` unhealthy once it has
-/// waited 2 × syncPeriod. Here the backend map holds 4 entries and the change needs 6: the write
-/// fails on every retry, the probes turn 503 after `--healthz-stale-after-s` (3 s), the agent's
-/// own `/livez` after `--stuck-after-s` (6 s), and all are 200 again once a change fits.
+/// kube-proxy's rule (`proxy_health.go`): a change that cannot be applied turns `/healthz`,
+/// `/livez` and the health-check ports 503 once it has waited the stale time (here 3 s), the
+/// agent's own `/livez` once it has waited `--stuck-after-s`. A change the maps refuse for room
+/// (a Service larger than `--max-backends`: the capacity rule refuses the overreaching object,
+/// reported) is no such change: the probes stay 200, as kube-proxy, which has no capacity,
+/// would be. The unwritable change is made so by freezing the backend map (`BPF_MAP_FREEZE`:
+/// every write gets EPERM).
 #[test]
 fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -> anyhow::Result<()>
 {
@@ -471,17 +474,46 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
         node: &node_ns,
         agent: &agent,
     };
+    let all_200 =
+        || -> anyhow::Result<bool> { Ok(probes.statuses()?.iter().all(|(_, s)| *s == 200)) };
     wait_until("every probe at 200", Duration::from_secs(10), || {
-        Ok(probes
-            .statuses()?
-            .iter()
-            .all(|(_, s)| *s == 200)
-            .then_some(()))
+        Ok(all_200()?.then_some(()))
     })
     .with_context(|| agent.log_text())?;
 
-    let changed = Instant::now();
+    // Too large for the maps: refused for room, reported, and the probes stay 200.
     api.apply(&many_web_endpoints(6))?;
+    std::thread::sleep(Duration::from_secs(5));
+    let status: socklb::status::Status = serde_json::from_str(
+        &curl::get(&node_ns, &format!("http://{}/status", agent.listen))?.body,
+    )?;
+    assert!(
+        status.failed.iter().any(|f| f.kind == ErrorKind::MapFull),
+        "{:?}",
+        status.failed
+    );
+    assert!(all_200()?, "{:?}", probes.statuses()?);
+    api.apply(&many_web_endpoints(2))?;
+    wait_until(
+        "the change that fits written",
+        Duration::from_secs(10),
+        || {
+            let status: socklb::status::Status = serde_json::from_str(
+                &curl::get(&node_ns, &format!("http://{}/status", agent.listen))?.body,
+            )?;
+            Ok(status.failed.is_empty().then_some(()))
+        },
+    )?;
+
+    // Now no write can succeed: the backend array is frozen.
+    let maps = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+        .current()
+        .context("a map generation")?;
+    let backends =
+        socklb::dataplane::sys::obj_get(&maps.join(lb_common::MapId::Backends.name()), false)?;
+    socklb::dataplane::sys::map_freeze(std::os::fd::AsFd::as_fd(&backends))?;
+    let changed = Instant::now();
+    api.apply(&many_web_endpoints(1))?;
     let (healthz, body) = wait_until("kube-proxy's /healthz 503", Duration::from_secs(15), || {
         let (a, v) = probes.kube_proxy("/healthz")?;
         Ok((a.status == 503).then_some((a, v)))
@@ -504,14 +536,15 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     );
     assert_eq!(probes.kube_proxy("/livez")?.0.status, 503);
     let hc = probes.health_check()?;
-    assert_eq!((hc.status, hc.body), (503, kube_proxy_body_of(1, false)));
+    assert_eq!(hc.status, 503, "{}", hc.body);
     let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
     let status: socklb::status::Status = serde_json::from_str(&status.body)?;
     assert!(
         status
             .failed
             .iter()
-            .any(|f| f.service_port.service.to_string() == "shop/web"),
+            .any(|f| f.service_port.service.to_string() == "shop/web"
+                && f.kind == ErrorKind::MapWrite),
         "{:?}",
         status.failed
     );
@@ -524,19 +557,8 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
         "the agent's /livez waits --stuck-after-s"
     );
     assert!(livez.body.contains("to be written"), "{}", livez.body);
-
-    // A change that fits: written, and every probe is 200 again.
-    api.apply(&many_web_endpoints(2))?;
-    wait_until("every probe at 200 again", Duration::from_secs(15), || {
-        Ok(probes
-            .statuses()?
-            .iter()
-            .all(|(_, s)| *s == 200)
-            .then_some(()))
-    })
-    .with_context(|| agent.log_text())?;
     println!(
-        "FIGURE an unwritable change: kube-proxy's /healthz 503 {:.1} s after it (stale after 3 s)",
+        "FIGURE an unwritable change: kube-proxy's /healthz 503 {:.1} s after it (stale after 3 s); a change refused for room kept every probe at 200",
         after.as_secs_f64()
     );
     Ok(())

@@ -401,11 +401,17 @@ impl<M: ServiceMaps> Engine<M> {
     }
 
     /// The Services with a backend set whose last write failed.
-    fn failing_services(&self) -> BTreeSet<ObjectKey> {
+    /// The Services with a backend set the maps refused for a reason other than room: a
+    /// change to them is not applied. A set refused for room (the capacity rule leaves the
+    /// newest object out, reported) is applied as far as it can be, as a rejected object is:
+    /// kube-proxy has no capacity, and one tenant's oversized Service must not turn every
+    /// node's health checks 503.
+    fn unwritable_services(&self) -> BTreeSet<ObjectKey> {
         self.reconciler
             .failed()
-            .keys()
-            .map(|k| k.service.clone())
+            .iter()
+            .filter(|(_, e)| e.kind() != crate::vocab::ErrorKind::MapFull)
+            .map(|(k, _)| k.service.clone())
             .collect()
     }
 
@@ -516,14 +522,14 @@ impl<M: ServiceMaps> Engine<M> {
             self.synced = true;
             self.track_failures(None);
             self.unapplied_node = None;
-            let failing = self.failing_services();
+            let failing = self.unwritable_services();
             self.unapplied.retain(|svc, _| failing.contains(svc));
         } else {
             let dirty = std::mem::take(&mut self.dirty);
             pass.services = dirty.len();
             pass.report = self.sync_services(&dirty);
             self.track_failures(Some(&dirty));
-            let failing = self.failing_services();
+            let failing = self.unwritable_services();
             for svc in dirty.iter().filter(|s| !failing.contains(*s)) {
                 self.unapplied.remove(svc);
             }
@@ -829,6 +835,36 @@ mod tests {
         std::thread::sleep(super::RETRY_MIN * 3);
         engine.retry_failed();
         assert!(engine.reconcile().is_some());
+        assert_eq!(engine.unapplied_since(), None);
+    }
+
+    /// A change refused for room (a Service larger than the maps hold) is reported, but is no
+    /// change waiting to be applied: one tenant's oversized Service must not turn every node's
+    /// health checks 503 (kube-proxy has no capacity to run out of).
+    #[test]
+    fn a_change_refused_for_room_does_not_wait() {
+        use crate::dataplane::maps::Capacities;
+        let maps = InMemoryMaps::with_capacities(
+            Capacities::default().with(lb_common::MapId::Backends, 2),
+        );
+        let mut engine = Engine::new(
+            Reconciler::new(maps).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        listed(&mut engine, web("{addresses: [10.244.0.1]}"));
+        assert!(engine.reconcile().is_some_and(|p| p.full));
+        engine.handle(SourceEvent::Applied(slice_of(web(
+            "{addresses: [10.244.0.1]}, {addresses: [10.244.0.2]}, {addresses: [10.244.0.3]}",
+        ))));
+        let pass = engine.reconcile().expect("a pass");
+        assert!(
+            pass.report
+                .failed
+                .values()
+                .all(|e| e.kind() == crate::vocab::ErrorKind::MapFull)
+                && !pass.report.failed.is_empty(),
+            "{pass:?}"
+        );
         assert_eq!(engine.unapplied_since(), None);
     }
 }

@@ -107,6 +107,14 @@ pub fn iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
     Ok(owned(bpf(bpf_cmd::BPF_ITER_CREATE, &mut a)?)?.into())
 }
 
+/// Freezes a map (`BPF_MAP_FREEZE`): from now on every write from user space fails with
+/// `EPERM`, programs still read it. For tests: a write that cannot succeed, whatever the room.
+pub fn map_freeze(map: BorrowedFd<'_>) -> io::Result<()> {
+    let mut a = zeroed();
+    a.__bindgen_anon_2.map_fd = fd_u32(map)?;
+    bpf(bpf_cmd::BPF_MAP_FREEZE, &mut a).map(drop)
+}
+
 /// Writes `values` at consecutive indexes from `start` of an array map, in one syscall.
 pub fn array_update_batch<T: Copy>(
     map: BorrowedFd<'_>,
