@@ -451,24 +451,7 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     let sandbox = Sandbox::new()?;
     let node_ns = node_namespace(&sandbox)?;
     let api = api_with_web(&node_ns)?;
-    let agent = agent_in(
-        &sandbox,
-        &node_ns,
-        Some(&api),
-        &[
-            "--health-check-node-ports",
-            "--kube-proxy-healthz",
-            "0.0.0.0:10256",
-            "--external-traffic",
-            "carried",
-            "--healthz-stale-after-s",
-            "3",
-            "--stuck-after-s",
-            "6",
-            "--max-backends",
-            "4",
-        ],
-    )?;
+    let agent = agent_in(&sandbox, &node_ns, Some(&api), &STALE_IN_3_S)?;
     let probes = Probes {
         from: &sandbox.client_ns,
         node: &node_ns,
@@ -481,16 +464,15 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     })
     .with_context(|| agent.log_text())?;
 
+    let status = || status_of(&node_ns, &agent);
     // Too large for the maps: refused for room, reported, and the probes stay 200.
     api.apply(&many_web_endpoints(6))?;
     std::thread::sleep(Duration::from_secs(5));
-    let status: socklb::status::Status = serde_json::from_str(
-        &curl::get(&node_ns, &format!("http://{}/status", agent.listen))?.body,
-    )?;
+    let now = status()?;
     assert!(
-        status.failed.iter().any(|f| f.kind == ErrorKind::MapFull),
+        now.failed.iter().any(|f| f.kind == ErrorKind::MapFull),
         "{:?}",
-        status.failed
+        now.failed
     );
     assert!(all_200()?, "{:?}", probes.statuses()?);
     api.apply(&many_web_endpoints(2))?;
@@ -506,12 +488,7 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     )?;
 
     // Now no write can succeed: the backend array is frozen.
-    let maps = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
-        .current()
-        .context("a map generation")?;
-    let backends =
-        socklb::dataplane::sys::obj_get(&maps.join(lb_common::MapId::Backends.name()), false)?;
-    socklb::dataplane::sys::map_freeze(std::os::fd::AsFd::as_fd(&backends))?;
+    freeze_backends(&sandbox)?;
     let changed = Instant::now();
     api.apply(&many_web_endpoints(1))?;
     let (healthz, body) = wait_until("kube-proxy's /healthz 503", Duration::from_secs(15), || {
@@ -532,21 +509,17 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     );
     assert_ne!(
         body["lastUpdated"], body["currentTime"],
-        "a 503 reports the last write, not now"
+        "a 503: the last write"
     );
     assert_eq!(probes.kube_proxy("/livez")?.0.status, 503);
-    let hc = probes.health_check()?;
-    assert_eq!(hc.status, 503, "{}", hc.body);
-    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
-    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    assert_eq!(probes.health_check()?.status, 503);
+    let failed = status()?.failed;
     assert!(
-        status
-            .failed
+        failed
             .iter()
             .any(|f| f.service_port.service.to_string() == "shop/web"
                 && f.kind == ErrorKind::MapWrite),
-        "{:?}",
-        status.failed
+        "{failed:?}"
     );
     let livez = wait_until("the agent's /livez 503", Duration::from_secs(15), || {
         let a = probes.agent("/livez")?;
@@ -557,10 +530,44 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
         "the agent's /livez waits --stuck-after-s"
     );
     assert!(livez.body.contains("to be written"), "{}", livez.body);
+    let after = after.as_secs_f64();
     println!(
-        "FIGURE an unwritable change: kube-proxy's /healthz 503 {:.1} s after it (stale after 3 s); a change refused for room kept every probe at 200",
-        after.as_secs_f64()
+        "FIGURE an unwritable change: kube-proxy's /healthz 503 {after:.1} s after it (stale after 3 s); a change refused for room kept every probe at 200"
     );
+    Ok(())
+}
+
+/// kube-proxy's ports, stale after 3 s, the agent's own `/livez` after 6 s, room for 4 backends.
+const STALE_IN_3_S: [&str; 11] = [
+    "--health-check-node-ports",
+    "--kube-proxy-healthz",
+    "0.0.0.0:10256",
+    "--external-traffic",
+    "carried",
+    "--healthz-stale-after-s",
+    "3",
+    "--stuck-after-s",
+    "6",
+    "--max-backends",
+    "4",
+];
+
+/// The agent's `/status`, asked from the node's namespace.
+fn status_of(node_ns: &str, agent: &AgentProcess) -> anyhow::Result<socklb::status::Status> {
+    Ok(serde_json::from_str(
+        &curl::get(node_ns, &format!("http://{}/status", agent.listen))?.body,
+    )?)
+}
+
+/// Freezes the sandbox's pinned backend array (`BPF_MAP_FREEZE`): every write to it fails
+/// with EPERM from now on.
+fn freeze_backends(sandbox: &Sandbox) -> anyhow::Result<()> {
+    let maps = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+        .current()
+        .context("a map generation")?;
+    let backends =
+        socklb::dataplane::sys::obj_get(&maps.join(lb_common::MapId::Backends.name()), false)?;
+    socklb::dataplane::sys::map_freeze(std::os::fd::AsFd::as_fd(&backends))?;
     Ok(())
 }
 
