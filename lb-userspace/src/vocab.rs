@@ -182,6 +182,29 @@ impl fmt::Display for Protocol {
     }
 }
 
+/// A socket on this node (its network namespace: the host's) that receives what is sent to an
+/// address and port: a TCP listener, or a UDP socket bound and not connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Listener {
+    /// The address it is bound to; `None`: every address (`0.0.0.0`, `::`).
+    pub addr: Option<IpAddr>,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl Listener {
+    /// Whether it receives what is sent to `addr`:`port` over `protocol`: bound to that address,
+    /// or (with `wildcard`) to every address.
+    pub fn receives(&self, addr: IpAddr, port: u16, protocol: Protocol, wildcard: bool) -> bool {
+        self.port == port
+            && self.protocol == protocol
+            && match self.addr {
+                Some(a) => a == addr,
+                None => wildcard,
+            }
+    }
+}
+
 /// IPv4 or IPv6, as Kubernetes names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Family {

@@ -15,7 +15,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("translate", &["model", "vocab", "vec_set"]),
     ("dataplane", &["vocab"]),
     ("reconcile", &["translate", "dataplane", "vocab", "vec_set"]),
-    ("source", &["model", "vocab"]),
+    ("source", &["model", "dataplane", "vocab"]),
     ("status", &["translate", "dataplane", "vocab"]),
     ("connections", &["model", "dataplane", "vocab"]),
     (

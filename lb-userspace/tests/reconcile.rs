@@ -245,7 +245,8 @@ fn a_full_map_leaves_that_service_as_it_was_and_the_others_work() {
 #[test]
 fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
     let caps = Capacities::default().with(MapId::Backends, 3);
-    let mut maps = InMemoryMaps::with_capacities(caps);
+    // Without a program barrier: a released range waits out the grace period.
+    let mut maps = InMemoryMaps::with_capacities(caps).without_barrier();
     let problems = guarded(&mut maps);
     let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
     r.sync_all(&world(&[(
@@ -298,6 +299,34 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
     assert_eq!(
         reached(r.snapshot(), "10.96.0.1").unwrap(),
         Vec::<String>::new()
+    );
+    assert_no_problems(&problems);
+}
+
+/// With a program barrier (the kernel's array-of-maps wait), a released range is reused as soon
+/// as no program can still read it, without waiting out the grace period: a set changing at a
+/// full backend array gets its new backends in the same write.
+#[test]
+fn a_barrier_frees_released_ranges_at_once() {
+    let caps = Capacities::default().with(MapId::Backends, 3);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
+    r.sync_all(&world(&[(
+        "a",
+        "10.96.0.1",
+        &["10.244.0.1:80", "10.244.0.2:80"],
+    )]));
+    r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.2:80"])]));
+    let report = r.sync_all(&world(&[(
+        "a",
+        "10.96.0.1",
+        &["10.244.0.2:80", "10.244.0.3:80"],
+    )]));
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.2:80", "10.244.0.3:80"]
     );
     assert_no_problems(&problems);
 }
@@ -408,4 +437,169 @@ fn writes_are_ordered_range_bitmaps_metadata_then_the_frontend() {
         r.snapshot().backend_port_bit(false, 8080),
         "backend port bits stay: sockets may keep a backend after it left"
     );
+}
+
+/// A Service created in `year` (its age decides who gets room).
+fn aged(mut s: DesiredService, year: i64, uid: &str) -> DesiredService {
+    s.seniority = socklb::translate::Seniority {
+        created: Some((year - 1970) * 365 * 86_400),
+        uid: uid.into(),
+    };
+    s
+}
+
+/// Issue 27, the rollout under a full backend array: a newer tenant (2025) fills the array; an
+/// older Service (2019) rolls as a Deployment does, {A,B} → {A,B,C} → {B,C} → {B,C,D} → {C,D}.
+/// Every step is written whole: the older Service's change takes the room of the newest sets
+/// (which then fail, named), so it never has fewer backends in the maps than it has ready, and
+/// never none.
+#[test]
+fn capacity_goes_to_the_oldest_also_when_the_room_is_taken() {
+    let caps = Capacities::default().with(MapId::Backends, 16);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::new(maps).unwrap();
+    let (ep_a, ep_b, ep_c, ep_d) = (
+        "10.244.0.1:80",
+        "10.244.0.2:80",
+        "10.244.0.3:80",
+        "10.244.0.4:80",
+    );
+    let world_with = |old: &[&str]| {
+        let mut w = DesiredState::default();
+        w.services
+            .insert(key("old"), aged(service("10.96.0.1", old), 2019, "old-uid"));
+        for i in 0..7 {
+            w.services.insert(
+                key(&format!("filler-{i}")),
+                aged(
+                    service(
+                        &format!("10.96.1.{i}"),
+                        &[&format!("10.245.{i}.1:80"), &format!("10.245.{i}.2:80")],
+                    ),
+                    2025,
+                    &format!("filler-{i}"),
+                ),
+            );
+        }
+        w
+    };
+    let report = r.sync_all(&world_with(&[ep_a, ep_b]));
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(r.ranges().free_len(), 0, "exactly full");
+    for step in [
+        &[ep_a, ep_b, ep_c][..],
+        &[ep_b, ep_c],
+        &[ep_b, ep_c, ep_d],
+        &[ep_c, ep_d],
+    ] {
+        let mut sorted: Vec<String> = step.iter().map(ToString::to_string).collect();
+        sorted.sort();
+        let report = r.sync_all(&world_with(step));
+        assert!(
+            !report.failed.contains_key(&key("old")),
+            "the older Service's step {step:?}: {:?}",
+            report.failed
+        );
+        let mut reached = reached(r.snapshot(), "10.96.0.1").unwrap();
+        reached.sort();
+        assert_eq!(reached, sorted, "step {step:?}");
+        for (k, e) in &report.failed {
+            assert!(k.service.name.starts_with("filler"), "{k}: {e}");
+        }
+    }
+    assert_no_problems(&problems);
+}
+
+/// Issue 27, a full frontend map: an older Service gets a new address and, in the same update,
+/// its endpoint moves A → C. The backend change applies whatever the address does; the address
+/// takes the room of the newest Service's frontend.
+#[test]
+fn a_frontend_that_does_not_fit_never_holds_back_the_rest_of_the_change() {
+    let caps = Capacities::default().with(MapId::Frontends4, 3);
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::new(maps).unwrap();
+    let two_addresses = |backends: &[&str], second: bool| {
+        let mut s = service("10.96.0.1", backends);
+        if second {
+            s.frontends.insert(FrontendClaim {
+                addr: vip("203.0.113.1"),
+                kind: ClaimKind::LoadBalancer,
+            });
+        }
+        s
+    };
+    let world_with = |backends: &[&str], second: bool, newer: bool| {
+        let mut w = DesiredState::default();
+        w.services.insert(
+            key("old"),
+            aged(two_addresses(backends, second), 2019, "old-uid"),
+        );
+        w.services.insert(
+            key("tenant"),
+            aged(service("10.96.1.1", &["10.245.0.1:80"]), 2024, "tenant-uid"),
+        );
+        if newer {
+            w.services.insert(
+                key("newest"),
+                aged(service("10.96.1.2", &["10.245.0.2:80"]), 2025, "newest-uid"),
+            );
+        }
+        w
+    };
+    r.sync_all(&world_with(&["10.244.0.1:80"], false, true));
+    assert_eq!(r.snapshot().frontends.len(), 3, "exactly full");
+    let report = r.sync_all(&world_with(&["10.244.0.3:80"], true, true));
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.3:80"],
+        "the endpoint moved"
+    );
+    assert_eq!(
+        reached(r.snapshot(), "203.0.113.1").unwrap(),
+        ["10.244.0.3:80"],
+        "the new address took the newest Service's room"
+    );
+    assert!(reached(r.snapshot(), "10.96.1.2").is_none());
+    // Taken out, then (later in the same full sync) no room to come back: named as failed for
+    // room either way.
+    assert_eq!(
+        failure(&report, "newest").kind(),
+        socklb::vocab::ErrorKind::MapFull,
+        "{:?}",
+        report.failed
+    );
+    assert!(!report.failed.contains_key(&key("old")));
+    // Nobody newer to take from: the address waits, the endpoint change still applies.
+    let mut r = Reconciler::new(InMemoryMaps::with_capacities(caps)).unwrap();
+    r.sync_all(&world_with(&["10.244.0.1:80"], false, false));
+    let mut full = world_with(&["10.244.0.1:80"], false, false);
+    full.services.insert(
+        key("older-still"),
+        aged(service("10.96.2.1", &["10.245.9.1:80"]), 2018, "o"),
+    );
+    r.sync_all(&full);
+    assert_eq!(r.snapshot().frontends.len(), 3, "exactly full");
+    let mut change = world_with(&["10.244.0.3:80"], true, false);
+    change.services.insert(
+        key("older-still"),
+        aged(service("10.96.2.1", &["10.245.9.1:80"]), 2018, "o"),
+    );
+    let report = r.sync_all(&change);
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        ["10.244.0.3:80"],
+        "the endpoint moved although the address did not fit"
+    );
+    assert!(
+        reached(r.snapshot(), "10.96.1.1").is_none(),
+        "the tenant (2024) made room for the 2019 Service"
+    );
+    assert!(
+        !report.failed.contains_key(&key("old")),
+        "{:?}",
+        report.failed
+    );
+    assert_no_problems(&problems);
 }

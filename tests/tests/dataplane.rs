@@ -412,18 +412,26 @@ fn session_affinity(net: &Net) -> anyhow::Result<()> {
 /// sockets (an optional part refused or turned off), it says so, and the socket keeps its old
 /// endpoint, exactly as that claim promises.
 fn connected_udp_socket_terminated(net: &Net) -> anyhow::Result<()> {
-    udp_termination(net, &[])
+    udp_termination(net, &[], false)
+}
+
+/// Issue 27.4: the backend leaves while no agent runs (killed; its pins stay). The restarted
+/// agent's first sync reconciles what changed meanwhile, UDP termination included: the socket
+/// is terminated at once, not at the next change (kube-proxy's first sync after a restart
+/// clears stale UDP entries too).
+fn connected_udp_socket_terminated_across_a_restart(net: &Net) -> anyhow::Result<()> {
+    udp_termination(net, &[], true)
 }
 
 /// The same where the kernel refuses the sockets iterator (as a lockdown kernel does): the
 /// agent finds the sockets namespace by namespace (the UDP iterator) and terminates them all
 /// the same.
 fn connected_udp_socket_terminated_without_the_sockets_iterator(net: &Net) -> anyhow::Result<()> {
-    udp_termination(net, &["--disable-feature", "sockets-iterator"])
+    udp_termination(net, &["--disable-feature", "sockets-iterator"], false)
 }
 
-fn udp_termination(net: &Net, agent_args: &[&str]) -> anyhow::Result<()> {
-    let w = World::with_agent(net, true, &[0, 1, 2], &[], agent_args)?;
+fn udp_termination(net: &Net, agent_args: &[&str], across_restart: bool) -> anyhow::Result<()> {
+    let mut w = World::with_agent(net, true, &[0, 1, 2], &[], agent_args)?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
     let mut client = w.client()?;
     let opened = client.run(&Command::Open {
@@ -434,7 +442,26 @@ fn udp_termination(net: &Net, agent_args: &[&str]) -> anyhow::Result<()> {
     assert!(opened.ok, "{opened:?}");
     let pinned = only_backend(&opened);
     let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != pinned).collect();
-    w.set_backends(&others)?;
+    let restarted = std::time::Instant::now();
+    if across_restart {
+        w.agent.kill9();
+        w.sandbox
+            .write_manifest("slice.yaml", &slice_yaml(w.net, w.udp, &others))?;
+        // The frozen maps still send new sockets to the backend that left; the socket
+        // opened before keeps talking to it.
+        assert!(
+            client
+                .run(&Command::Exchange {
+                    id: 1,
+                    msg: "still".into()
+                })?
+                .ok
+        );
+        w.agent.restart(true)?;
+        w.wait(&others)?;
+    } else {
+        w.set_backends(&others)?;
+    }
 
     let mut error = None;
     for i in 0..60 {
@@ -465,6 +492,12 @@ fn udp_termination(net: &Net, agent_args: &[&str]) -> anyhow::Result<()> {
     );
     let terminated = w.agent.metric("socklb_udp_sockets_terminated_total")?;
     assert!(terminated >= Some(1.0), "metric: {terminated:?}");
+    if across_restart {
+        println!(
+            "FIGURE a connected UDP socket whose backend left while the agent was down: terminated {:.1} s after the agent was started again",
+            restarted.elapsed().as_secs_f64()
+        );
+    }
     // A new connected socket works and avoids the removed backend.
     let r = client.run(&Command::Connect {
         target: net.vip(UDP_PORT),
@@ -517,6 +550,7 @@ both_families!(
     session_affinity,
     connected_udp_socket_terminated,
     connected_udp_socket_terminated_without_the_sockets_iterator,
+    connected_udp_socket_terminated_across_a_restart,
     outside_cgroup_untouched,
 );
 

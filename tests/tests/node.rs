@@ -888,9 +888,10 @@ fn dns_world(sandbox: &Sandbox) -> anyhow::Result<(String, AgentProcess, &'stati
 }
 
 /// Issue 20.1: the node-local DNS cache (`NodeLocal DNSCache`) binds the kube-dns ClusterIP on a dummy interface of the
-/// node. While the address is there, pods' queries reach the node's cache (socklb leaves the
-/// address alone, as kube-proxy's rules deliver it locally); once it goes, the cluster's DNS
-/// pods answer again.
+/// node and listens there. While it listens, pods' queries reach the node's cache (socklb leaves
+/// the address alone, as kube-proxy's rules deliver it locally); once it goes, the cluster's
+/// DNS pods answer again. Issue 27.5: the address alone, with nothing listening on it (kube-proxy
+/// IPVS's `kube-ipvs0` binds every ClusterIP and listens on none), is translated as any other.
 #[test]
 fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
@@ -906,8 +907,8 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
         agent.log_text()
     );
 
-    // 2. The cache takes the address (first the address, then the listener, as node-local-dns
-    //    sets itself up): pods' queries reach it.
+    // 2. The address on the node with nothing listening there (kube-ipvs0): still translated,
+    //    through the address changes and the listener reads that follow.
     ip(&[
         "-n",
         &node_ns,
@@ -917,6 +918,23 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
         "dev",
         device,
     ])?;
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        resolve(&sandbox)?,
+        CLUSTER_DNS_ANSWER,
+        "an address bound with nothing listening is translated: {}",
+        agent.log_text()
+    );
+    let status = curl::get(&node_ns, &format!("http://{}/status", agent.listen))?;
+    let status: socklb::status::Status = serde_json::from_str(&status.body)?;
+    assert!(
+        status.refused_addresses.is_empty(),
+        "{:?}",
+        status.refused_addresses
+    );
+
+    // 3. The cache listens there (node-local-dns sets itself up the same way: the address,
+    //    then the listener): pods' queries reach it.
     sandbox.add_dns_server(&node_ns, cache, NODE_CACHE_ANSWER.parse()?)?;
     let took = Instant::now();
     wait_until(
@@ -937,7 +955,7 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
         status.refused_addresses
     );
 
-    // 3. The cache goes away (node-local-dns removed): the cluster's DNS pods answer again.
+    // 4. The cache goes away (node-local-dns removed): the cluster's DNS pods answer again.
     ip(&[
         "-n",
         &node_ns,
@@ -955,7 +973,7 @@ fn node_local_dns_cache_answers_while_it_holds_the_dns_cluster_ip() -> anyhow::R
     )
     .with_context(|| agent.log_text())?;
     println!(
-        "FIGURE node-local DNS: cache answering {:.2} s after its address appeared, cluster DNS {:.2} s after it went",
+        "FIGURE node-local DNS: cache answering {:.2} s after it started listening on the address, cluster DNS {:.2} s after it went",
         to_cache.as_secs_f64(),
         took.elapsed().as_secs_f64()
     );

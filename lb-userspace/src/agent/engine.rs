@@ -43,6 +43,8 @@ pub struct Engine<M: ServiceMaps> {
     node: NodeInfo,
     /// This Node, as last seen, and whether it was deleted since.
     this_node: SeenNode,
+    /// The sockets listening on this node, as last seen.
+    listeners: Vec<crate::vocab::Listener>,
     /// The addresses on this node's interfaces, as last seen.
     bound: Vec<std::net::IpAddr>,
     /// Nothing is written before they are known (the agent's case; tests that never send them
@@ -126,9 +128,10 @@ impl<M: ServiceMaps> Engine<M> {
     pub fn new(reconciler: Reconciler<M>, flags: NodeFlags) -> Self {
         Self {
             store: Store::new(),
-            node: NodeInfo::resolve(&flags, None, &[]),
+            node: NodeInfo::resolve(&flags, None, &[], &[]),
             this_node: SeenNode::default(),
             bound: Vec::new(),
+            listeners: Vec::new(),
             bound_needed: false,
             refused: BTreeMap::new(),
             flags,
@@ -309,15 +312,8 @@ impl<M: ServiceMaps> Engine<M> {
             }
             SourceEvent::Node(node) => self.node_event(Some(node)),
             SourceEvent::NodeDeleted => self.node_event(None),
-            SourceEvent::LocalAddresses(mut addrs) => {
-                addrs.sort_unstable();
-                addrs.dedup();
-                self.bound_needed = false;
-                if addrs != self.bound {
-                    self.bound = addrs;
-                    self.resolve_node();
-                }
-            }
+            SourceEvent::LocalListeners(listeners) => self.local_listeners(listeners),
+            SourceEvent::LocalAddresses(addrs) => self.local_addresses(addrs),
             SourceEvent::Rejected { subject, message } => {
                 if self.rejected.get(&subject) != Some(&message) {
                     tracing::warn!(%subject, "{message}");
@@ -366,6 +362,27 @@ impl<M: ServiceMaps> Engine<M> {
         }
         self.this_node.last = Some(node);
         self.resolve_node();
+    }
+
+    /// This node's interface addresses changed (or are known for the first time).
+    fn local_addresses(&mut self, mut addrs: Vec<std::net::IpAddr>) {
+        addrs.sort_unstable();
+        addrs.dedup();
+        self.bound_needed = false;
+        if addrs != self.bound {
+            self.bound = addrs;
+            self.resolve_node();
+        }
+    }
+
+    /// The sockets listening on this node changed.
+    fn local_listeners(&mut self, mut listeners: Vec<crate::vocab::Listener>) {
+        listeners.sort_unstable();
+        listeners.dedup();
+        if listeners != self.listeners {
+            self.listeners = listeners;
+            self.resolve_node();
+        }
     }
 
     /// Remembers when a slice's change was triggered, if it is new and happened after start.
@@ -418,7 +435,12 @@ impl<M: ServiceMaps> Engine<M> {
     /// Who this node is from the flags, its Node object and its interfaces' addresses; a change
     /// rewrites everything.
     fn resolve_node(&mut self) {
-        let info = NodeInfo::resolve(&self.flags, self.this_node.last.as_ref(), &self.bound);
+        let info = NodeInfo::resolve(
+            &self.flags,
+            self.this_node.last.as_ref(),
+            &self.bound,
+            &self.listeners,
+        );
         if info != self.node {
             tracing::info!(
                 zone = ?info.zone,
@@ -666,6 +688,20 @@ impl<M: ServiceMaps> Engine<M> {
                     .entry(key.service.clone())
                     .or_default()
                     .insert(key.clone());
+            }
+        }
+        if !removed.is_empty() {
+            // What the removals freed goes, in this same pass, to the sets of this batch that
+            // found no room (the oldest first, as above).
+            for (_, key, desired) in &writes {
+                let short = report
+                    .failed
+                    .get(key)
+                    .is_some_and(|e| e.kind() == crate::vocab::ErrorKind::MapFull);
+                if short {
+                    report.failed.remove(key);
+                    report.merge(self.reconciler.sync_one(key, Some(desired)));
+                }
             }
         }
         report

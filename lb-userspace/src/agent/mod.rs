@@ -303,10 +303,7 @@ pub async fn run(
     let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
     // This node's interface addresses first: none of them may be written as a frontend.
     engine.await_local_addresses();
-    let addresses_tx = tx.clone();
-    std::thread::Builder::new()
-        .name("addresses".into())
-        .spawn(move || source::addresses::watch(&addresses_tx))?;
+    watch_the_node(&tx)?;
     let mut api_route = start_source(&config, tx).await?;
 
     let mut retry = tokio::time::interval(config.retry_interval);
@@ -380,6 +377,19 @@ pub async fn run(
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
     );
+    Ok(())
+}
+
+/// Follows this node's interface addresses and listening sockets, each on a thread of its own.
+fn watch_the_node(tx: &mpsc::Sender<SourceEvent>) -> std::io::Result<()> {
+    let addresses_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("addresses".into())
+        .spawn(move || source::addresses::watch(&addresses_tx))?;
+    let listeners_tx = tx.clone();
+    std::thread::Builder::new()
+        .name("listeners".into())
+        .spawn(move || source::addresses::watch_listeners(&listeners_tx))?;
     Ok(())
 }
 

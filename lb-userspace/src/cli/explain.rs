@@ -100,7 +100,8 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     // The one rule for who this node is, shared with the agent.
     // The addresses on this host's interfaces, as the agent on it sees them.
     let bound = crate::source::addresses::current().unwrap_or_default();
-    let node = NodeInfo::resolve(&flags, loaded.node.as_ref(), &bound);
+    let listeners = crate::source::addresses::listeners().unwrap_or_default();
+    let node = NodeInfo::resolve(&flags, loaded.node.as_ref(), &bound, &listeners);
     // With manifests every Service's claims are known; from the API only the Service was
     // read, and the agent's /status says who owns contested addresses.
     let ownership = args

@@ -52,6 +52,8 @@ pub struct BpfServiceMaps {
     backends_fd: OwnedFd,
     ports_fd: OwnedFd,
     capacities: Capacities,
+    /// Waits for program runs in progress (`None`: the kernel would not make one).
+    barrier: Option<sys::ProgramBarrier>,
 }
 
 impl BpfServiceMaps {
@@ -85,6 +87,13 @@ impl BpfServiceMaps {
             backends_fd,
             ports_fd,
             capacities,
+            barrier: if read_only {
+                None
+            } else {
+                sys::ProgramBarrier::new()
+                    .inspect_err(|e| tracing::debug!(error = %e, "no program barrier: released backend ranges wait out their grace period"))
+                    .ok()
+            },
         })
     }
 }
@@ -171,6 +180,10 @@ impl ServiceMaps for BpfServiceMaps {
             MapWrite::DeleteMeta(id) => removed(map, cap, self.meta.remove(id)),
             MapWrite::PutPorts { word, bits } => put(self.ports.set(*word, bits, 0)),
         }
+    }
+
+    fn barrier(&mut self) -> bool {
+        self.barrier.as_ref().is_some_and(|b| b.wait().is_ok())
     }
 
     fn read_all(&self) -> Result<MapSnapshot, MapReadError> {

@@ -113,13 +113,32 @@ pub enum MapWriteError {
     },
     #[error("injected failure writing map {}", .map.name())]
     Injected { map: MapId },
+    /// Taken out of the maps to make room for an older Service's change (capacity goes to the
+    /// oldest): its frontends are gone (connects to it are not translated) until room frees.
+    #[error("taken out of map {} to make room for the older {by}: capacity goes to the oldest Services first", .map.name())]
+    Evicted {
+        map: MapId,
+        by: crate::vocab::ServicePortKey,
+    },
+    /// Some of the set's frontends did not fit (the others are written): the newest claims
+    /// wait for room.
+    #[error("map {} is full: {left_out} of the set's addresses are not served until room frees ({}), the others are", .map.name(), .addresses.join(", "))]
+    FrontendsLeftOut {
+        map: MapId,
+        left_out: usize,
+        addresses: Vec<String>,
+    },
 }
 
 impl MapWriteError {
     pub fn kind(&self) -> crate::vocab::ErrorKind {
         use crate::vocab::ErrorKind;
         match self {
-            Self::Full { .. } | Self::NoRange { .. } | Self::Narrowed { .. } => ErrorKind::MapFull,
+            Self::Full { .. }
+            | Self::NoRange { .. }
+            | Self::Narrowed { .. }
+            | Self::Evicted { .. }
+            | Self::FrontendsLeftOut { .. } => ErrorKind::MapFull,
             Self::Io { .. } => ErrorKind::MapWrite,
             Self::Injected { .. } => ErrorKind::Injected,
         }
@@ -307,6 +326,12 @@ pub trait ServiceMaps {
     /// Everything the maps hold (the backend array: the ranges frontends use).
     fn read_all(&self) -> Result<MapSnapshot, MapReadError>;
     fn capacities(&self) -> Capacities;
+    /// Returns once no program still uses a value it read before the call, so a backend
+    /// range no frontend points at any more can be written at once (instead of after the
+    /// grace period). `false` where that cannot be known (then ranges wait out the grace).
+    fn barrier(&mut self) -> bool {
+        true
+    }
 }
 
 /// Decides whether the n-th write (counting from 0) fails; the flag says whether the write
@@ -326,6 +351,8 @@ pub struct InMemoryMaps {
     fail: Option<FailureRule>,
     observer: Option<WriteObserver>,
     guard: Option<WriteGuard>,
+    /// Like a kernel without the array-of-maps wait: released ranges wait out their grace.
+    no_barrier: bool,
 }
 
 impl InMemoryMaps {
@@ -338,6 +365,13 @@ impl InMemoryMaps {
             capacities,
             ..Self::default()
         }
+    }
+
+    /// As maps without a program barrier (see `ServiceMaps::barrier`).
+    #[must_use]
+    pub fn without_barrier(mut self) -> Self {
+        self.no_barrier = true;
+        self
     }
 
     /// Makes writes fail when `rule(write_number, write, adds_key)` returns true.
@@ -406,5 +440,9 @@ impl ServiceMaps for InMemoryMaps {
 
     fn capacities(&self) -> Capacities {
         self.capacities
+    }
+
+    fn barrier(&mut self) -> bool {
+        !self.no_barrier
     }
 }

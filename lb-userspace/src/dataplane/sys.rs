@@ -7,7 +7,7 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
         unix::ffi::OsStrExt as _,
     },
     path::Path,
@@ -105,6 +105,52 @@ pub fn iter_create(link: BorrowedFd<'_>) -> io::Result<std::fs::File> {
     let mut a = zeroed();
     a.iter_create.link_fd = fd_u32(link)?;
     Ok(owned(bpf(bpf_cmd::BPF_ITER_CREATE, &mut a)?)?.into())
+}
+
+/// A wait for every BPF program run in progress to end: an update of an array-of-maps makes
+/// the kernel wait for an RCU grace period before it returns (`maybe_wait_bpf_programs`,
+/// kernel/bpf/syscall.c, since 4.20), and the cgroup programs run under RCU. After `wait`
+/// returns, no program still holds a map value it read before the call. The map is the
+/// agent's own, unpinned and unused by any program.
+pub struct ProgramBarrier {
+    outer: OwnedFd,
+    inner: OwnedFd,
+}
+
+impl ProgramBarrier {
+    pub fn new() -> io::Result<Self> {
+        let create = |map_type: u32, value_size: u32, inner: Option<BorrowedFd<'_>>| {
+            let mut a = zeroed();
+            // SAFETY: `a` is zeroed; the member set up is the one BPF_MAP_CREATE reads.
+            let m = unsafe { &mut a.__bindgen_anon_1 };
+            m.map_type = map_type;
+            m.key_size = 4;
+            m.value_size = value_size;
+            m.max_entries = 1;
+            if let Some(fd) = inner {
+                m.inner_map_fd = fd_u32(fd)?;
+            }
+            owned(bpf(bpf_cmd::BPF_MAP_CREATE, &mut a)?)
+        };
+        let array = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY as u32;
+        let of_maps = aya_obj::generated::bpf_map_type::BPF_MAP_TYPE_ARRAY_OF_MAPS as u32;
+        let inner = create(array, 4, None)?;
+        let outer = create(of_maps, 4, Some(inner.as_fd()))?;
+        Ok(Self { outer, inner })
+    }
+
+    /// Returns once every program run that started before the call has ended.
+    pub fn wait(&self) -> io::Result<()> {
+        let key = 0u32;
+        let value = fd_u32(self.inner.as_fd())?;
+        let mut a = zeroed();
+        // SAFETY: as above, for BPF_MAP_UPDATE_ELEM; key and value outlive the call.
+        let e = unsafe { &mut a.__bindgen_anon_2 };
+        e.map_fd = fd_u32(self.outer.as_fd())?;
+        e.key = std::ptr::from_ref(&key) as u64;
+        e.__bindgen_anon_1.value = std::ptr::from_ref(&value) as u64;
+        bpf(bpf_cmd::BPF_MAP_UPDATE_ELEM, &mut a).map(drop)
+    }
 }
 
 /// Freezes a map (`BPF_MAP_FREEZE`): from now on every write from user space fails with

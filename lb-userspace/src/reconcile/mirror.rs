@@ -17,6 +17,8 @@ pub struct Mirror {
     filter_users: HashMap<(bool, u32), u32>,
     /// How many frontends use each (UDP?, port): the frontend port bitmap must hold these.
     port_users: HashMap<(bool, u16), u32>,
+    /// Frontends in `FRONTENDS4` and `FRONTENDS6`.
+    counts: [usize; 2],
 }
 
 /// The (UDP?, port in host order) of a frontend key: its bit in the frontend port bitmap.
@@ -46,6 +48,7 @@ impl Mirror {
                 .insert(*k);
             *mirror.filter_users.entry(filter_of(k)).or_default() += 1;
             *mirror.port_users.entry(port_of(k)).or_default() += 1;
+            mirror.counts[family_index(k)] += 1;
         }
         mirror.snap = snap;
         mirror
@@ -59,6 +62,7 @@ impl Mirror {
                 } else {
                     *self.filter_users.entry(filter_of(k)).or_default() += 1;
                     *self.port_users.entry(port_of(k)).or_default() += 1;
+                    self.counts[family_index(k)] += 1;
                 }
                 self.frontends_of
                     .entry(f.service_id)
@@ -70,6 +74,7 @@ impl Mirror {
                     self.drop_frontend(old.service_id, k);
                     release(&mut self.filter_users, &filter_of(k));
                     release(&mut self.port_users, &port_of(k));
+                    self.counts[family_index(k)] -= 1;
                 }
             }
             _ => {}
@@ -103,10 +108,20 @@ impl Mirror {
         self.filter_users.contains_key(&(udp, bit))
     }
 
+    /// The frontends `map` (`FRONTENDS4` or `FRONTENDS6`) holds.
+    pub fn frontend_count(&self, map: lb_common::MapId) -> usize {
+        self.counts[usize::from(map == lb_common::MapId::Frontends6)]
+    }
+
     /// Whether some frontend in the maps uses this (UDP?, port).
     pub fn port_in_use(&self, udp: bool, port: u16) -> bool {
         self.port_users.contains_key(&(udp, port))
     }
+}
+
+/// 0 for a key of `FRONTENDS4`, 1 for `FRONTENDS6`.
+fn family_index(key: &FrontendKey) -> usize {
+    usize::from(key.family != lb_common::FAMILY_IPV4)
 }
 
 /// One user fewer of `key`; forgotten at none.

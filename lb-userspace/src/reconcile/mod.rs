@@ -32,9 +32,9 @@ pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 use crate::{
     dataplane::{
         abi::{backend, frontend_key, service_meta, service_port_key},
-        maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
+        maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps, frontends_map},
     },
-    translate::{DesiredService, DesiredState},
+    translate::{DesiredService, DesiredState, Seniority},
     vocab::{ErrorKind, Protocol, ServicePortKey},
 };
 
@@ -98,6 +98,9 @@ struct SetState {
     range: (u32, u32),
     /// UDP: the serving endpoints last written (see `DesiredService::serving`).
     serving: Vec<SocketAddr>,
+    /// Its Service's age, once written by this reconciler (`None`: adopted from the pins and
+    /// not yet written; counted as the newest).
+    seniority: Option<Seniority>,
 }
 
 pub struct Reconciler<M: ServiceMaps> {
@@ -111,6 +114,9 @@ pub struct Reconciler<M: ServiceMaps> {
     /// Ranges a failed write moved frontends to and an interrupted rollback left them on:
     /// released once no frontend points into them.
     stranded: Vec<(u32, u32)>,
+    /// Sets taken out during the current write to make room for an older one: reported with
+    /// it.
+    evictions: Vec<(ServicePortKey, MapWriteError)>,
     stats: ReconcileStats,
     clock: fn() -> Instant,
 }
@@ -174,6 +180,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             ranges,
             failed: BTreeMap::new(),
             stranded: Vec::new(),
+            evictions: Vec::new(),
             stats: ReconcileStats::default(),
             clock: Instant::now,
         })
@@ -312,7 +319,11 @@ impl<M: ServiceMaps> Reconciler<M> {
             id,
             ..SetState::default()
         });
-        let plan = match self.plan(key, &old, desired, now) {
+        let plan = self.plan(key, &old, desired, now);
+        for (victim, e) in std::mem::take(&mut self.evictions) {
+            self.record_failure(&victim, e, report);
+        }
+        let plan = match plan {
             Ok(plan) => plan,
             Err(e) => {
                 self.record_failure(key, e, report);
@@ -355,6 +366,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                                 layout: plan.layout,
                                 range,
                                 serving: d.serving.clone(),
+                                seniority: Some(d.seniority.clone()),
                             },
                         );
                         if writes > 0 {
@@ -362,7 +374,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                         }
                     }
                 }
-                if let Some(narrowed) = plan.narrowed {
+                if let Some(narrowed) = plan.narrowed.or(plan.left_out) {
                     // Written, but not as desired: reported and retried like a failure.
                     self.record_failure(key, narrowed, report);
                 }
@@ -444,24 +456,35 @@ impl<M: ServiceMaps> Reconciler<M> {
         let udp = key.protocol == Protocol::Udp;
         let mut writes = Vec::new();
 
+        // Which frontends fit: a set none of whose addresses fit is not written at all (it would
+        // hold backends and metadata for nothing).
+        let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
+        let (wanted, left_out) = self.frontends_with_room(key, want, &current);
+        if wanted.is_empty()
+            && let Some(MapWriteError::FrontendsLeftOut { map, .. }) = &left_out
+        {
+            return Err(MapWriteError::Full {
+                map: *map,
+                capacity: self.maps.capacities().get(*map),
+            });
+        }
+
         // 1. The backends, positions kept where they stay; a changed set gets a fresh range.
         let old_slots: Vec<Option<SocketAddr>> = old.layout.iter().copied().map(Some).collect();
         let (base, layout, new_range, narrowed) = self.place(
+            key,
             old,
             layout::layout(&old_slots, &want.backends),
             want,
             now,
             &mut writes,
         )?;
+        if desired.is_some() && !self.mirror.snap.meta.contains_key(&id) {
+            self.make_meta_room(key, &want.seniority);
+        }
 
         // 2. Prefilters: the port and filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
-        let wanted: BTreeSet<FrontendKey> = want
-            .frontends
-            .iter()
-            .map(|c| frontend_key(c.addr))
-            .collect();
-        let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
         let mut words: BTreeMap<u32, u64> = BTreeMap::new();
         for k in &wanted {
             let (_, index) = filter_of(k);
@@ -525,6 +548,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             layout,
             new_range,
             narrowed,
+            left_out,
             released: current
                 .iter()
                 .filter(|k| !wanted.contains(k))
@@ -540,6 +564,7 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// narrowed. Only additions waiting for room leave it as it is (`NoRange`).
     fn place(
         &mut self,
+        key: &ServicePortKey,
         old: &SetState,
         layout: Vec<SocketAddr>,
         want: &DesiredService,
@@ -561,6 +586,13 @@ impl<M: ServiceMaps> Reconciler<M> {
                 Ok((base, layout, true, None))
             }
             Err(e) => {
+                if let Some(base) = self.make_room(key, &want.seniority, len, now) {
+                    writes.push(MapWrite::PutBackends {
+                        base,
+                        backends: layout.iter().map(|a| backend(*a)).collect(),
+                    });
+                    return Ok((base, layout, true, None));
+                }
                 let (start, run) = staying_run(&old.layout, &want.backends);
                 if run.len() == old.layout.len() {
                     return Err(MapWriteError::NoRange {
@@ -578,6 +610,149 @@ impl<M: ServiceMaps> Reconciler<M> {
                 Ok((old.base + start, run, false, Some(narrowed)))
             }
         }
+    }
+
+    /// A fresh range of `len` backends for `key` when none is free: the ranges waiting out
+    /// their grace period are free once no program can still read them (a barrier); then the
+    /// room of newer Services' sets, newest first (capacity goes to the oldest). `None`: there
+    /// is no room even so (the caller narrows or waits).
+    fn make_room(
+        &mut self,
+        key: &ServicePortKey,
+        seniority: &Seniority,
+        len: u32,
+        now: Instant,
+    ) -> Option<u32> {
+        if self.ranges.waiting_len() > 0 && self.maps.barrier() {
+            self.ranges.reclaim_waiting();
+            if let Ok(base) = self.ranges.alloc(len, now) {
+                return Some(base);
+            }
+        }
+        // Only when the newer sets hold enough: never take room that would not make it fit.
+        let newer: u32 = self
+            .sets
+            .iter()
+            .filter(|(k, s)| *k != key && newer_than(s, seniority))
+            .map(|(_, s)| s.range.1)
+            .sum();
+        if self.ranges.free_len() + self.ranges.waiting_len() + newer < len {
+            return None;
+        }
+        while let Some(victim) = self.newest_newer(key, seniority, |_, s| s.range.1 > 0) {
+            self.evict(&victim, key, MapId::Backends);
+            if self.maps.barrier() {
+                self.ranges.reclaim_waiting();
+            }
+            if let Ok(base) = self.ranges.alloc(len, now) {
+                return Some(base);
+            }
+        }
+        None
+    }
+
+    /// Room in `SERVICE_META` for a new set: a newer Service's set goes when it is full.
+    fn make_meta_room(&mut self, key: &ServicePortKey, seniority: &Seniority) {
+        let capacity = self.maps.capacities().get(MapId::ServiceMeta) as usize;
+        while self.mirror.snap.meta.len() >= capacity {
+            let Some(victim) = self.newest_newer(key, seniority, |_, _| true) else {
+                return;
+            };
+            self.evict(&victim, key, MapId::ServiceMeta);
+        }
+    }
+
+    /// The frontends `want` names that fit: where a frontend map lacks room for the new ones,
+    /// newer Services' sets holding frontends there go first; what still does not fit is left
+    /// out, the strongest claims kept (ClusterIP, then NodePort, load balancer, externalIP),
+    /// and reported. Frontends the set has already always stay.
+    fn frontends_with_room(
+        &mut self,
+        key: &ServicePortKey,
+        want: &DesiredService,
+        current: &[FrontendKey],
+    ) -> (BTreeSet<FrontendKey>, Option<MapWriteError>) {
+        let mut claims: Vec<&crate::translate::FrontendClaim> = want.frontends.iter().collect();
+        claims.sort_by_key(|c| (c.kind.precedence(), c.addr));
+        let mut wanted = BTreeSet::new();
+        let mut left_out: Vec<(MapId, String)> = Vec::new();
+        for map in [MapId::Frontends4, MapId::Frontends6] {
+            let new: Vec<&crate::translate::FrontendClaim> = claims
+                .iter()
+                .copied()
+                .filter(|c| {
+                    let k = frontend_key(c.addr);
+                    frontends_map(&k) == map
+                        && !current.contains(&k)
+                        && !self.mirror.snap.frontends.contains_key(&k)
+                })
+                .collect();
+            let capacity = self.maps.capacities().get(map) as usize;
+            let room = |r: &Self| capacity.saturating_sub(r.mirror.frontend_count(map));
+            while new.len() > room(self) {
+                let mirror = &self.mirror;
+                let Some(victim) = self.newest_newer(key, &want.seniority, |_, s| {
+                    mirror.frontends_of(s.id).any(|k| frontends_map(k) == map)
+                }) else {
+                    break;
+                };
+                self.evict(&victim, key, map);
+            }
+            let fits = room(self);
+            for (i, c) in new.iter().enumerate() {
+                if i >= fits {
+                    left_out.push((map, c.addr.to_string()));
+                }
+            }
+            let dropped: BTreeSet<FrontendKey> = new
+                .iter()
+                .skip(fits)
+                .map(|c| frontend_key(c.addr))
+                .collect();
+            wanted.extend(
+                claims
+                    .iter()
+                    .map(|c| frontend_key(c.addr))
+                    .filter(|k| frontends_map(k) == map && !dropped.contains(k)),
+            );
+        }
+        let error = left_out
+            .first()
+            .map(|(map, _)| MapWriteError::FrontendsLeftOut {
+                map: *map,
+                left_out: left_out.len(),
+                addresses: left_out.iter().map(|(_, a)| a.clone()).collect(),
+            });
+        (wanted, error)
+    }
+
+    /// The newest set, strictly newer than `seniority` and not `key`, that `holds` room.
+    fn newest_newer(
+        &self,
+        key: &ServicePortKey,
+        seniority: &Seniority,
+        holds: impl Fn(&ServicePortKey, &SetState) -> bool,
+    ) -> Option<ServicePortKey> {
+        self.sets
+            .iter()
+            .filter(|(k, s)| *k != key && newer_than(s, seniority) && holds(k, s))
+            .max_by(|(ka, a), (kb, b)| age_of(a).cmp(&age_of(b)).then_with(|| ka.cmp(kb)))
+            .map(|(k, _)| k.clone())
+    }
+
+    /// Takes a set out of the maps for `by` (its frontends, metadata and range go, as when it is
+    /// removed); it is reported with `by`'s write and retried like any failed set.
+    fn evict(&mut self, victim: &ServicePortKey, by: &ServicePortKey, map: MapId) {
+        let mut scratch = SyncReport::default();
+        self.sync_one_into(victim, None, &mut scratch);
+        tracing::warn!(service = %victim, by = %by, map = map.name(), "taken out of the maps to make room for an older Service");
+        self.evictions.push((
+            victim.clone(),
+            MapWriteError::Evicted {
+                map,
+                by: by.clone(),
+            },
+        ));
     }
 
     fn word(&self, word: u32) -> u64 {
@@ -745,6 +920,21 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 }
 
+/// Whether a set belongs to a Service newer than `seniority` (a set not yet written by this
+/// reconciler counts as the newest).
+fn newer_than(set: &SetState, seniority: &Seniority) -> bool {
+    set.seniority
+        .as_ref()
+        .is_none_or(|s| s.age() > seniority.age())
+}
+
+/// The age order of a set (not yet written: the newest).
+fn age_of(set: &SetState) -> (i64, &str) {
+    set.seniority
+        .as_ref()
+        .map_or((i64::MAX, "\u{10ffff}"), Seniority::age)
+}
+
 /// The longest run of consecutive slots of `current` whose backends are all still `wanted`:
 /// its start and its backends (empty when none stays).
 fn staying_run(current: &[SocketAddr], wanted: &[SocketAddr]) -> (u32, Vec<SocketAddr>) {
@@ -772,6 +962,8 @@ struct Plan {
     new_range: bool,
     /// No room: the set was narrowed in place (written, then reported as failed).
     narrowed: Option<MapWriteError>,
+    /// Some new frontends did not fit (the others are written; reported as failed).
+    left_out: Option<MapWriteError>,
     /// The frontends the plan deletes: their filter and port bits go once no frontend sets
     /// them.
     released: Vec<FrontendKey>,

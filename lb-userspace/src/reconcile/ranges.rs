@@ -135,6 +135,14 @@ impl Ranges {
         }
     }
 
+    /// Returns every released range at once: for after a program barrier (no program can
+    /// still read them).
+    pub fn reclaim_waiting(&mut self) {
+        while let Some((_, start, len)) = self.waiting.pop_front() {
+            self.free_now(start, len);
+        }
+    }
+
     pub fn free_len(&self) -> u32 {
         self.free.values().sum()
     }

@@ -1,8 +1,11 @@
 //! The addresses on this node's interfaces (the agent's network namespace: the host's), and
-//! their changes as they happen (rtnetlink address events). An address bound on the node is
-//! never a frontend but as a NodePort: `NodeLocal DNSCache` binds the `kube-dns` ClusterIP on a
-//! dummy interface, and pods' DNS queries must reach that cache, as kube-proxy's rules let
-//! them (they are delivered locally instead of translated).
+//! their changes as they happen (rtnetlink address events); and the sockets listening on the
+//! node, read every second (`sock_diag`). A claim on one of the node's addresses is left to the
+//! node only where something there listens on that address and port: `NodeLocal DNSCache`
+//! binds the `kube-dns` ClusterIP on a dummy interface and listens there, and pods' DNS
+//! queries must reach that cache, as kube-proxy's rules let them; kube-proxy IPVS's
+//! `kube-ipvs0` binds every ClusterIP and listens on none, and those are translated as any
+//! other.
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -13,6 +16,13 @@ use rustix::net::{AddressFamily, RecvFlags, SocketFlags, SocketType, netlink::So
 use tokio::sync::mpsc;
 
 use super::SourceEvent;
+use crate::{
+    dataplane::sockets::sock_diag,
+    vocab::{Listener, Protocol},
+};
+
+/// How often the listeners are read again (nothing announces a new listening socket).
+const LISTENERS_EVERY: Duration = Duration::from_secs(1);
 
 /// A re-read even without events (a lost event, an overflowed socket buffer).
 const SAFETY_REREAD: Duration = Duration::from_secs(30);
@@ -56,6 +66,78 @@ pub fn current() -> io::Result<Vec<IpAddr>> {
     out.sort_unstable();
     out.dedup();
     Ok(out)
+}
+
+/// The sockets listening in this network namespace: TCP sockets in `LISTEN`, and UDP sockets
+/// bound and not connected on a port below the ephemeral range (a client's socket for one query
+/// binds an ephemeral port: it is no service, and would change at every query).
+pub fn listeners() -> Result<Vec<Listener>, sock_diag::SockDiagError> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let mut out = Vec::new();
+    for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+        for (protocol, number, state) in [
+            (Protocol::Tcp, sock_diag::IPPROTO_TCP, sock_diag::TCP_LISTEN),
+            (Protocol::Udp, sock_diag::IPPROTO_UDP, sock_diag::TCP_CLOSE),
+        ] {
+            for s in sock_diag::dump(number, family, sock_diag::state_bit(state), &[])? {
+                let local = s.src();
+                if protocol == Protocol::Udp && local.port() >= ephemeral {
+                    continue;
+                }
+                let ip = match local.ip() {
+                    std::net::IpAddr::V6(v6) => v6
+                        .to_ipv4_mapped()
+                        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+                    v4 @ std::net::IpAddr::V4(_) => v4,
+                };
+                out.push(Listener {
+                    addr: (!ip.is_unspecified()).then_some(ip),
+                    port: local.port(),
+                    protocol,
+                });
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Sends this namespace's listeners now and whenever they change, read every second (a
+/// blocking loop, for a thread of its own). Ends when the receiver is gone.
+pub fn watch_listeners(tx: &mpsc::Sender<SourceEvent>) {
+    let mut last: Option<Vec<Listener>> = None;
+    let mut warned = false;
+    loop {
+        match listeners() {
+            Ok(now) if last.as_ref() != Some(&now) => {
+                if tx
+                    .blocking_send(SourceEvent::LocalListeners(now.clone()))
+                    .is_err()
+                {
+                    return;
+                }
+                last = Some(now);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "cannot read the sockets listening on this node: addresses bound on it are translated whether or not something listens there"
+                    );
+                }
+                warned = true;
+            }
+        }
+        std::thread::sleep(LISTENERS_EVERY);
+        if tx.is_closed() {
+            return;
+        }
+    }
 }
 
 /// Sends this namespace's addresses now, and again whenever they change (a blocking loop, for

@@ -48,6 +48,8 @@ pub enum SourceEvent {
     /// The addresses on this node's interfaces (its host network namespace) now: none of them
     /// is a frontend but as a NodePort (a node-local DNS cache binds the DNS ClusterIP there).
     LocalAddresses(Vec<std::net::IpAddr>),
+    /// The sockets listening on this node (see `translate::NodeInfo::listeners`).
+    LocalListeners(Vec<crate::vocab::Listener>),
     /// Something could not be used; the previous version of what it names stays in effect.
     Rejected {
         subject: Subject,

@@ -42,8 +42,16 @@ pub struct NodeInfo {
     /// (kube-proxy's `MatchAll`): health-check ports listen on that family's wildcard.
     pub node_ports_match_all: Vec<Family>,
     /// Every address of this node: its Node object's, the flags', and those bound on its
-    /// interfaces (a node-local DNS cache's). None of them is a frontend but as a NodePort.
+    /// interfaces (a node-local DNS cache's, kube-proxy IPVS's `kube-ipvs0`).
     pub own_addresses: Vec<IpAddr>,
+    /// The node's own identity among them: its Node object's addresses and the flags'.
+    pub identity_addresses: Vec<IpAddr>,
+    /// The sockets listening on the node. A claim on one of the node's addresses is not
+    /// translated (but as a NodePort) only where something on the node serves that address
+    /// and port: a listener bound to it (a node-local DNS cache), or, on the node's identity
+    /// addresses, to every address (the kubelet). An address merely bound to an interface is
+    /// translated as any other.
+    pub listeners: Vec<crate::vocab::Listener>,
     pub proxy_name: String,
     /// Serve `spec.externalIPs` (off: as the `DenyServiceExternalIPs` admission plugin would).
     pub external_ips: bool,
@@ -111,6 +119,8 @@ impl Default for NodeInfo {
             addresses: Vec::new(),
             node_ports_match_all: Vec::new(),
             own_addresses: Vec::new(),
+            identity_addresses: Vec::new(),
+            listeners: Vec::new(),
             proxy_name: DEFAULT_PROXY_NAME.into(),
             external_ips: true,
             kube_version: KubeVersion::NEWEST,
@@ -247,17 +257,30 @@ impl NodeInfo {
     /// operator gave wins; otherwise the Node object says (its zone label, its `InternalIP` and
     /// `ExternalIP` addresses). A zone label removed from the Node clears the zone, as in
     /// kube-proxy. `bound` are the addresses on the node's interfaces (host network namespace).
-    pub fn resolve(flags: &NodeFlags, node: Option<&NodeObject>, bound: &[IpAddr]) -> Self {
-        let mut own: Vec<IpAddr> = flags.addresses.clone();
-        own.extend(node.iter().flat_map(|n| n.addresses()));
+    pub fn resolve(
+        flags: &NodeFlags,
+        node: Option<&NodeObject>,
+        bound: &[IpAddr],
+        listeners: &[crate::vocab::Listener],
+    ) -> Self {
+        let mut identity: Vec<IpAddr> = flags.addresses.clone();
+        identity.extend(node.iter().flat_map(|n| n.addresses()));
+        identity.sort_unstable();
+        identity.dedup();
+        let mut own = identity.clone();
         own.extend(bound.iter().copied());
         own.sort_unstable();
         own.dedup();
+        let mut listeners = listeners.to_vec();
+        listeners.sort_unstable();
+        listeners.dedup();
         let node_ports = flags
             .nodeport_addresses
             .resolve(&flags.addresses, node, bound);
         Self {
             own_addresses: own,
+            identity_addresses: identity,
+            listeners,
             name: flags.name.clone(),
             zone: flags
                 .zone
@@ -268,6 +291,19 @@ impl NodeInfo {
             proxy_name: flags.proxy_name.clone(),
             external_ips: flags.external_ips,
             kube_version: flags.kube_version,
+        }
+    }
+}
+
+impl NodeInfo {
+    /// Whether something on this node serves `ip`:`port` (see `listeners`): such a claim is
+    /// left to the node, as kube-proxy's rules deliver it locally.
+    pub fn serves(&self, ip: IpAddr, port: u16, protocol: Protocol) -> bool {
+        self.own_addresses.contains(&ip) && {
+            let identity = self.identity_addresses.contains(&ip);
+            self.listeners
+                .iter()
+                .any(|l| l.receives(ip, port, protocol, identity))
         }
     }
 }
@@ -615,7 +651,7 @@ fn claims(
     out.retain(|c| {
         let ip = c.addr.addr.ip();
         let why = SpecialAddress::of(ip).or_else(|| {
-            (c.kind != ClaimKind::NodePort && node.own_addresses.contains(&ip))
+            (c.kind != ClaimKind::NodePort && node.serves(ip, c.addr.addr.port(), c.addr.protocol))
                 .then_some(SpecialAddress::ThisNode)
         });
         if let Some(why) = why {

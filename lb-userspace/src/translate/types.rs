@@ -319,14 +319,38 @@ pub enum SpecialAddress {
     Multicast,
     /// `255.255.255.255`.
     Broadcast,
-    /// One of this node's addresses (its Node object's, or bound on it): the node's own
-    /// services, a node-local DNS cache. Only NodePorts are served there.
+    /// `0.0.0.0/8` ("this network", RFC 1122) other than `0.0.0.0` itself.
+    ThisNetwork,
+    /// `240.0.0.0/4` (reserved, RFC 1112) other than the broadcast address.
+    Reserved,
+    /// A cloud provider's metadata or DNS service, which pods reach at the same address on
+    /// every node: AWS's `fd00:ec2::254` (metadata) and `fd00:ec2::253` (DNS), Google's
+    /// `fd20:ce::254` (metadata), Alibaba's `100.100.100.200` (metadata), Azure's
+    /// `168.63.129.16` (Azure's host agent endpoint and DNS). (The IPv4 metadata address `169.254.169.254` is
+    /// link-local.)
+    CloudService,
+    /// One of this node's addresses (its Node object's, or bound on it) where a process on the
+    /// node listens on that port: the node's own services, a node-local DNS cache. Only
+    /// NodePorts are translated there.
     ThisNode,
 }
+
+/// The cloud providers' metadata and DNS services outside link-local ranges (see
+/// `SpecialAddress::CloudService`).
+pub(super) const CLOUD_SERVICES: [IpAddr; 5] = [
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x253)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd20, 0xce, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(std::net::Ipv4Addr::new(168, 63, 129, 16)),
+];
 
 impl SpecialAddress {
     /// The special range `ip` is in, if any (this node's addresses aside).
     pub fn of(ip: IpAddr) -> Option<Self> {
+        if CLOUD_SERVICES.contains(&ip) {
+            return Some(Self::CloudService);
+        }
         match ip {
             IpAddr::V4(v4) => {
                 if v4.is_loopback() {
@@ -339,6 +363,10 @@ impl SpecialAddress {
                     Some(Self::Multicast)
                 } else if v4.is_broadcast() {
                     Some(Self::Broadcast)
+                } else if v4.octets()[0] == 0 {
+                    Some(Self::ThisNetwork)
+                } else if v4.octets()[0] >= 240 {
+                    Some(Self::Reserved)
                 } else {
                     None
                 }
@@ -371,7 +399,14 @@ impl fmt::Display for SpecialAddress {
             Self::LinkLocal => "a link-local address (the cloud metadata service lives there)",
             Self::Multicast => "a multicast address",
             Self::Broadcast => "the broadcast address",
-            Self::ThisNode => "one of this node's own addresses (only NodePorts are served there)",
+            Self::ThisNetwork => "in 0.0.0.0/8 (\"this network\")",
+            Self::Reserved => "in 240.0.0.0/4 (reserved)",
+            Self::CloudService => {
+                "a cloud provider's metadata or DNS service, which every pod reaches at that address"
+            }
+            Self::ThisNode => {
+                "one of this node's own addresses, where a process on the node listens on that port (only NodePorts are translated there)"
+            }
         })
     }
 }
@@ -393,5 +428,55 @@ impl fmt::Display for Refusal {
             "{} {} is never a frontend: it is {}",
             self.field, self.addr, self.why
         )
+    }
+}
+
+#[cfg(test)]
+mod special_address_tests {
+    use std::net::IpAddr;
+
+    use super::SpecialAddress;
+
+    fn of(ip: &str) -> Option<SpecialAddress> {
+        SpecialAddress::of(ip.parse::<IpAddr>().expect("an address"))
+    }
+
+    /// One address (or a few) of each kind, the edges of each range, and addresses just
+    /// outside them.
+    #[test]
+    fn every_kind_of_special_address_and_its_edges() {
+        use SpecialAddress::*;
+        for (ip, kind) in [
+            ("127.0.0.1", Some(Loopback)),
+            ("127.255.255.254", Some(Loopback)),
+            ("::1", Some(Loopback)),
+            ("0.0.0.0", Some(Unspecified)),
+            ("::", Some(Unspecified)),
+            ("0.0.0.1", Some(ThisNetwork)),
+            ("0.255.255.255", Some(ThisNetwork)),
+            ("1.0.0.0", None),
+            ("169.254.169.254", Some(LinkLocal)),
+            ("fe80::1", Some(LinkLocal)),
+            ("224.0.0.1", Some(Multicast)),
+            ("ff02::1", Some(Multicast)),
+            ("239.255.255.255", Some(Multicast)),
+            ("240.0.0.0", Some(Reserved)),
+            ("255.255.255.254", Some(Reserved)),
+            ("255.255.255.255", Some(Broadcast)),
+            ("fd00:ec2::254", Some(CloudService)),
+            ("fd00:ec2::253", Some(CloudService)),
+            ("fd20:ce::254", Some(CloudService)),
+            ("100.100.100.200", Some(CloudService)),
+            ("168.63.129.16", Some(CloudService)),
+            ("168.63.129.17", None),
+            ("fd00:ec2::255", None),
+            ("100.100.100.201", None),
+            ("::ffff:168.63.129.16", Some(CloudService)),
+            ("::ffff:240.0.0.1", Some(Reserved)),
+            ("10.96.0.1", None),
+            ("fd00::1", None),
+        ] {
+            assert_eq!(of(ip), kind, "{ip}");
+        }
     }
 }
