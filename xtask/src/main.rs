@@ -186,8 +186,8 @@ fn test() -> anyhow::Result<()> {
         Ok(())
     })?;
     step(
-        "tests (unit, golden, property, privileged end-to-end; then the agent and data-path \
-         tests again with every optional part off, SOCKLB_DISABLE_FEATURE=all), three binaries \
+        "tests (unit, golden, property, privileged end-to-end; then those that depend on an \
+         optional part again with every one off, SOCKLB_DISABLE_FEATURE=all), three binaries \
          at a time",
         || parallel::run(test_order(jobs), TEST_BINARIES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
@@ -237,15 +237,30 @@ const SLOWEST_FIRST: [&str; 10] = [
     "demo",
 ];
 
+/// The privileged test binaries whose behaviour depends on an optional part or on the cgroup
+/// layout: they run a second time as on a kernel that refuses every optional part.
+const AGAIN_WITHOUT_OPTIONAL_PARTS: [&str; 7] = [
+    "agent",
+    "dataplane",
+    "tenants",
+    "connections",
+    "node",
+    "reliability",
+    "deploy",
+];
+
 /// The jobs in the order they run: the slowest first, and a second time, as on a kernel that
 /// refuses every optional part whatever this kernel allows (the agents these tests start read
-/// the variable as their `--disable-feature`), the agent tests and the data-path tests whose
-/// behaviour depends on an optional part (UDP termination, the socket records' replies). The
-/// data path's translation with every part off is `features.rs`'s.
+/// the variable as their `--disable-feature`), the binaries of `AGAIN_WITHOUT_OPTIONAL_PARTS`
+/// (of the data-path tests, those whose behaviour depends on an optional part: UDP termination,
+/// the socket records' replies, TCP connection records). The data path's translation with every
+/// part off is `features.rs`'s.
 fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
     let again: Vec<parallel::Job> = jobs
         .iter()
-        .filter(|j| (j.name == "agent" || j.name == "dataplane") && j.cwd.ends_with("tests"))
+        .filter(|j| {
+            AGAIN_WITHOUT_OPTIONAL_PARTS.contains(&j.name.as_str()) && j.cwd.ends_with("tests")
+        })
         .cloned()
         .map(|mut j| {
             j.envs.push(("SOCKLB_DISABLE_FEATURE".into(), "all".into()));
@@ -253,6 +268,8 @@ fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
                 j.args = vec![
                     "connected_udp_socket_terminated".into(),
                     "udp_reverse_translation".into(),
+                    "established_connection_stays".into(),
+                    "verifier_accepts_every_program".into(),
                 ];
             }
             j
