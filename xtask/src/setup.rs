@@ -43,6 +43,11 @@ pub(crate) const CURL: Package = Package {
     command: "curl",
     package: "curl",
 };
+/// The manual pages' reader (tests/tests/manual.rs renders each page with it).
+pub(crate) const MAN: Package = Package {
+    command: "man",
+    package: "man-db",
+};
 
 /// What one command needs installed: setup asks for that and nothing else.
 #[derive(Clone, Copy, Debug, Default)]
@@ -72,7 +77,7 @@ impl Needs {
     };
     /// `cargo xtask test`: every step it runs, the quick bench among them.
     pub(crate) const TEST: Self = Self {
-        packages: &[IPROUTE2, IPTABLES, NFTABLES, CURL],
+        packages: &[IPROUTE2, IPTABLES, NFTABLES, CURL, MAN],
         promtool: true,
         kubernetes_validate: true,
         cargo_fuzz: true,

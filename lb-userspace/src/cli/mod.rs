@@ -3,11 +3,13 @@ mod agent;
 mod completion;
 mod explain;
 mod inspect;
+mod manpages;
 mod reset;
 mod table;
 mod version;
 
 pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
+pub use manpages::pages as manual_pages;
 pub use reset::Reset;
 pub use version::{KernelReport, Versions};
 
@@ -60,6 +62,14 @@ pub enum Command {
         zsh:   socklb completion zsh > \"${fpath[1]}/_socklb\"\n\
         fish:  socklb completion fish > ~/.config/fish/completions/socklb.fish")]
     Completion(completion::CompletionArgs),
+    /// Write a manual page for socklb and for each subcommand into a folder (section 1).
+    #[command(
+        long_about = "Write a manual page for socklb and for each subcommand into a \
+        folder (section 1: socklb.1, socklb-agent.1, ...), from the command line's own \
+        definition. The container image installs them in /usr/local/share/man/man1.\n\n\
+        socklb manpages /usr/local/share/man/man1 && man socklb-agent"
+    )]
+    Manpages(manpages::ManpagesArgs),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -104,7 +114,8 @@ pub struct PinArgs {
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct FeatureArgs {
     /// An optional part of the data path not to load: sockets-iterator, udp-iterator,
-    /// sock-diag-storage, socket-destroy, or all (repeatable or comma-separated). What the
+    /// sock-diag-storage, socket-destroy, socket-release, or all (repeatable or
+    /// comma-separated). What the
     /// kernel would refuse anyway, on purpose: to test a node's degraded mode.
     #[arg(
         long = "disable-feature",
@@ -261,6 +272,7 @@ pub fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Reset(args) => reset::run(&args),
         Command::Version(args) => version::run(&args),
         Command::Completion(args) => Ok(completion::run(&args)),
+        Command::Manpages(args) => manpages::run(&args),
     }
 }
 
