@@ -65,6 +65,7 @@ pub enum MapKind {
     PerCpuArray,
     LruHash,
     SkStorage,
+    RingBuf,
 }
 
 /// Every map socklb has. `MapId::descriptor()` tells everything else about it.
@@ -82,6 +83,8 @@ pub enum MapId {
     AffinityEmpty,
     ServiceMeta,
     Counters,
+    Events,
+    Monitor,
 }
 
 /// One map: its pin and object name, kind, key and value layout, default size and the agent flag
@@ -119,7 +122,7 @@ pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 
 impl MapId {
     /// Every map, in the order the descriptor table lists them.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::Frontends4,
         Self::Frontends6,
         Self::Backends,
@@ -132,6 +135,8 @@ impl MapId {
         Self::AffinityEmpty,
         Self::ServiceMeta,
         Self::Counters,
+        Self::Events,
+        Self::Monitor,
     ];
 
     pub const fn descriptor(self) -> &'static MapDescriptor {
@@ -155,7 +160,7 @@ impl MapId {
 }
 
 /// The maps, indexed by `MapId`.
-pub const MAPS: [MapDescriptor; 12] = [
+pub const MAPS: [MapDescriptor; 14] = [
     MapDescriptor {
         id: MapId::Frontends4,
         name: "FRONTENDS4",
@@ -324,6 +329,34 @@ pub const MAPS: [MapDescriptor; 12] = [
         per_socket: false,
         help: "the data path's event counters, per CPU",
     },
+    MapDescriptor {
+        id: MapId::Events,
+        name: "EVENTS",
+        kind: MapKind::RingBuf,
+        key_type: "-",
+        key_size: 0,
+        value_type: "Event",
+        value_size: 0,
+        default_capacity: EVENTS_BYTES,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: false,
+        help: "the data path's decisions, written only while `socklb monitor` reads them (a ring buffer of bytes)",
+    },
+    MapDescriptor {
+        id: MapId::Monitor,
+        name: "MONITOR",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "MonitorState",
+        value_size: size_of::<MonitorState>() as u32,
+        default_capacity: 1,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: false,
+        help: "whether a decision stream is being read (`socklb monitor` renews it every second)",
+    },
 ];
 
 /// The data path's counters: indexes into the per-CPU `COUNTERS` array. Every connect or sendmsg
@@ -355,10 +388,12 @@ pub enum Counter {
     /// Refused with ENOBUFS: the client cgroup already holds as many socket records as one
     /// client may (`--max-sockets-per-pod`); its other sockets, and other clients, go on.
     RecordQuota = 9,
+    /// A decision not written to the stream `socklb monitor` reads: its ring buffer was full.
+    EventsDropped = 10,
 }
 
 impl Counter {
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Translations,
         Self::NoBackend,
         Self::NoLocalBackend,
@@ -369,6 +404,7 @@ impl Counter {
         Self::RecordFailed,
         Self::Faults,
         Self::RecordQuota,
+        Self::EventsDropped,
     ];
 
     /// The name in metrics (`socklb_datapath_<name>_total`) and `socklb inspect stats`.
@@ -384,6 +420,7 @@ impl Counter {
             Self::RecordFailed => "record_failed",
             Self::Faults => "faults",
             Self::RecordQuota => "record_quota",
+            Self::EventsDropped => "events_dropped",
         }
     }
 
@@ -413,6 +450,9 @@ impl Counter {
             Self::Faults => "Frontends pointing outside the backend array (never expected)",
             Self::RecordQuota => {
                 "Calls refused with ENOBUFS because the client cgroup holds as many socket records as one client may"
+            }
+            Self::EventsDropped => {
+                "Decisions not written to the stream socklb monitor reads because its buffer was full"
             }
         }
     }
@@ -639,9 +679,6 @@ pub struct DatapathConfig {
 /// `DatapathConfig::flags`: TCP connections take a slot in `CONNECTIONS` (the release program
 /// is attached and frees it).
 pub const CONFIG_CONNECTION_SLOTS: u32 = 1;
-/// `DatapathConfig::flags`: a decision stream is being read (`socklb monitor`): the programs
-/// write their decisions to `EVENTS`.
-pub const CONFIG_EVENTS: u32 = 2;
 
 impl Default for DatapathConfig {
     /// No bound, no slots, until the agent writes its settings.
@@ -712,6 +749,61 @@ impl Default for AffinityTable {
             entries: [AffinityEntry::default(); AFFINITY_WAYS],
         }
     }
+}
+
+/// Bytes of the `EVENTS` ring buffer (a power of two, a multiple of the page size): about
+/// 4,000 decisions between two reads of `socklb monitor`.
+pub const EVENTS_BYTES: u32 = 1 << 18;
+
+/// `MONITOR` value: whether the programs write their decisions to `EVENTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorState {
+    /// `bpf_ktime_get_ns()` until which a reader is there (0: none). `socklb monitor` moves it
+    /// a few seconds ahead every second, so a reader that dies stops the stream by itself.
+    pub until_ns: u64,
+}
+
+/// What a decision was (`Event::kind`).
+pub mod event {
+    /// Translated to a backend chosen afresh.
+    pub const TRANSLATED: u8 = 1;
+    /// Translated to the backend the client's session-affinity entry holds.
+    pub const AFFINITY: u8 = 2;
+    /// Translated to the backend an unconnected UDP socket used before.
+    pub const STICKY: u8 = 3;
+    /// Refused (ECONNREFUSED): the service has no usable endpoint.
+    pub const NO_BACKEND: u8 = 4;
+    /// Refused (ECONNREFUSED): internalTrafficPolicy Local and no endpoint on this node.
+    pub const NO_LOCAL_BACKEND: u8 = 5;
+    /// Refused (ENOBUFS): the pod holds as many socket records as it may.
+    pub const RECORD_QUOTA: u8 = 6;
+    /// Refused (ENOBUFS): the socket's record could not be stored.
+    pub const RECORD_FAILED: u8 = 7;
+}
+
+/// `Event::hook`.
+pub const HOOK_CONNECT: u8 = 1;
+pub const HOOK_SENDMSG: u8 = 2;
+
+/// One decision of the data path, as `socklb monitor` reads it from `EVENTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    /// `bpf_ktime_get_ns()`.
+    pub at_ns: u64,
+    /// The cgroup v2 id of the calling process.
+    pub cgroup_id: u64,
+    /// The service address dialled.
+    pub frontend: FrontendKey,
+    /// The backend chosen (zero when refused).
+    pub backend: Backend,
+    pub service_id: u32,
+    /// `event::*`.
+    pub kind: u8,
+    /// `HOOK_*`.
+    pub hook: u8,
+    pub _pad: [u8; 2],
 }
 
 /// Longest `namespace/name` kept in `ServiceMeta` (Kubernetes allows 63 + 1 + 63).
@@ -793,6 +885,13 @@ const _: () = {
     assert!(offset_of!(ConnRecord, service_id) == 64);
     assert!(offset_of!(ConnRecord, slot) == 68);
     assert!(CONNECTION_SLOTS.is_power_of_two());
+    assert!(size_of::<MonitorState>() == 8);
+    assert!(size_of::<Event>() == 64);
+    assert!(offset_of!(Event, frontend) == 16);
+    assert!(offset_of!(Event, backend) == 36);
+    assert!(offset_of!(Event, service_id) == 56);
+    assert!(offset_of!(Event, kind) == 60);
+    assert!(EVENTS_BYTES.is_power_of_two());
     assert!(size_of::<AffinityEntry>() == 48);
     assert!(offset_of!(AffinityEntry, backend) == 16);
     assert!(offset_of!(AffinityEntry, service_id) == 36);
@@ -829,6 +928,8 @@ mod pod {
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::DatapathConfig {}
     unsafe impl aya::Pod for super::ConnRecord {}
+    unsafe impl aya::Pod for super::MonitorState {}
+    unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::AffinityTable {}
     unsafe impl aya::Pod for super::ServiceMeta {}

@@ -1,12 +1,12 @@
 //! The maps, as BTF-defined maps. Their names, types and default sizes are `lb_common`'s map
 //! table; the agent resizes them at load time and pins them so state survives its restarts.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf, SkStorage},
     macros::btf_map,
 };
 use lb_common::{
-    AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Frontend, Frontend4Key,
-    FrontendKey, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, ServiceMeta, SockState,
+    AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Event, Frontend, Frontend4Key,
+    FrontendKey, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState, ServiceMeta, SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -93,6 +93,14 @@ pub(crate) static SERVICE_META: HashMap<
 /// Per-CPU event counters, indexed by `lb_common::Counter`.
 #[btf_map]
 pub(crate) static COUNTERS: PerCpuArray<u64, { size(MapId::Counters) }> = PerCpuArray::new();
+
+/// The decisions, while `socklb monitor` reads them (`MONITOR`).
+#[btf_map]
+pub(crate) static EVENTS: RingBuf<Event, { size(MapId::Events) }> = RingBuf::new();
+
+/// Whether someone reads `EVENTS`, and until when.
+#[btf_map]
+pub(crate) static MONITOR: Array<MonitorState, { size(MapId::Monitor) }> = Array::new();
 
 #[inline(always)]
 pub(crate) fn count(counter: Counter) {

@@ -17,15 +17,16 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use lb_common::{
     AFFINITY_BUCKET, AFFINITY_WAYS, AffinityEntry, Backend, CONFIG_CONNECTION_SLOTS,
-    CONNECTION_SLOTS, ConnRecord, Counter, DatapathConfig, FAMILY_IPV4, FRONTEND_FLAG_AFFINITY,
-    FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS,
-    SockRecord, SockState, ports,
+    CONNECTION_SLOTS, ConnRecord, Counter, DatapathConfig, Event, FAMILY_IPV4,
+    FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, HOOK_CONNECT,
+    HOOK_SENDMSG, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS, SockRecord, SockState, event,
+    ports,
 };
 
 use crate::{
     maps::{
-        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, FRONTENDS4, FRONTENDS6, PORTS,
-        SOCKET_QUOTA, SOCKETS, count,
+        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTENDS4, FRONTENDS6,
+        MONITOR, PORTS, SOCKET_QUOTA, SOCKETS, count,
     },
     sockaddr::{self, SockAddr},
 };
@@ -83,6 +84,8 @@ struct Choice {
     backend: Backend,
     /// The socket's record already says so (a UDP socket reusing its backend).
     recorded: bool,
+    /// How it was chosen (`event::TRANSLATED`, `AFFINITY` or `STICKY`).
+    kind: u8,
 }
 
 /// connect4/6 and sendmsg4/6: a service address becomes one of its backends.
@@ -121,11 +124,14 @@ pub(crate) fn try_translate(
     };
 
     if frontend.count == 0 {
-        if frontend.flags & FRONTEND_FLAG_NO_LOCAL != 0 {
+        let kind = if frontend.flags & FRONTEND_FLAG_NO_LOCAL != 0 {
             count(Counter::NoLocalBackend);
+            event::NO_LOCAL_BACKEND
         } else {
             count(Counter::NoBackend);
-        }
+            event::NO_BACKEND
+        };
+        emit(hook, kind, &key, &Backend::default(), frontend.service_id);
         debug!(ctx, "service {} has no usable backend", frontend.service_id);
         return Ok(refuse(ECONNREFUSED));
     }
@@ -150,7 +156,10 @@ pub(crate) fn try_translate(
     if wants_record && slot.is_null() {
         state = match socket_state(ctx, config) {
             Ok(state) => state,
-            Err(verdict) => return Ok(verdict),
+            Err(kind) => {
+                emit(hook, kind, &key, &Backend::default(), frontend.service_id);
+                return Ok(refuse(ENOBUFS));
+            }
         };
     }
     let choice = choose(ctx, hook, &key, &frontend, state)?;
@@ -162,6 +171,7 @@ pub(crate) fn try_translate(
     let b = &choice.backend;
     store(ctx, family, &b.addr, b.port_be, b.family);
     count(Counter::Translations);
+    emit(hook, choice.kind, &key, b, frontend.service_id);
     debug!(
         ctx,
         "service {} slot {} -> backend", frontend.service_id, choice.slot
@@ -222,6 +232,37 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     ALLOW
 }
 
+/// Writes a decision to `EVENTS` while `socklb monitor` reads them; nothing else (one array
+/// load) while nobody does. A full ring buffer drops the decision, counted.
+#[inline(always)]
+fn emit(hook: Hook, kind: u8, key: &FrontendKey, backend: &Backend, service_id: u32) {
+    let Some(monitor) = MONITOR.get(0) else {
+        return;
+    };
+    let until = monitor.until_ns;
+    // SAFETY: plain helper calls.
+    if until == 0 || unsafe { bpf_ktime_get_ns() } >= until {
+        return;
+    }
+    let event = Event {
+        // SAFETY: plain helper calls.
+        at_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup_id: unsafe { bpf_get_current_cgroup_id() },
+        frontend: *key,
+        backend: *backend,
+        service_id,
+        kind,
+        hook: match hook {
+            Hook::Connect => HOOK_CONNECT,
+            Hook::SendMsg => HOOK_SENDMSG,
+        },
+        _pad: [0; 2],
+    };
+    if EVENTS.output(&event, 0).is_err() {
+        count(Counter::EventsDropped);
+    }
+}
+
 /// Whether TCP connections take `CONNECTIONS` slots (the release program frees them).
 #[inline(always)]
 fn slots_on(config: Option<&DatapathConfig>) -> bool {
@@ -234,13 +275,13 @@ fn same_backend(backend: &Backend, peer: &SockAddr) -> bool {
 }
 
 /// The socket's state, created on its first translation and counted against its pod's bound.
-/// `Err` holds the verdict refusing the call (ENOBUFS): past the bound, or when the kernel
-/// cannot allocate the storage.
+/// `Err` says why the call is refused (ENOBUFS, `event::*`): past the bound, or when the
+/// kernel cannot allocate the storage.
 #[inline(always)]
 fn socket_state(
     ctx: &SockAddrContext,
     config: Option<&DatapathConfig>,
-) -> Result<*mut SockState, i32> {
+) -> Result<*mut SockState, u8> {
     // SAFETY: this socket's own storage, or null.
     let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
     if !state.is_null() {
@@ -253,7 +294,7 @@ fn socket_state(
     };
     if !charge(pod, max) {
         count(Counter::RecordQuota);
-        return Err(refuse(ENOBUFS));
+        return Err(event::RECORD_QUOTA);
     }
     // SAFETY: the socket is the hook's own; the helper returns its storage or null.
     let state = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
@@ -261,7 +302,7 @@ fn socket_state(
         // No record, so no release will take it off the count: take it off now.
         uncharge(pod, max);
         count(Counter::RecordFailed);
-        return Err(refuse(ENOBUFS));
+        return Err(event::RECORD_FAILED);
     }
     // SAFETY: non-null; a new value is all zero and only this socket's hooks write it.
     unsafe {
@@ -569,6 +610,7 @@ fn choose(
                         slot: previous.slot,
                         backend: previous.backend,
                         recorded: true,
+                        kind: event::STICKY,
                     });
                 }
                 break;
@@ -588,6 +630,7 @@ fn choose_random(frontend: &Frontend) -> Result<Choice, Fault> {
         slot,
         backend: backend_at(frontend, slot)?,
         recorded: false,
+        kind: event::TRANSLATED,
     })
 }
 
@@ -669,6 +712,7 @@ fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Ch
                 slot: entry.slot,
                 backend: entry.backend,
                 recorded: false,
+                kind: event::AFFINITY,
             });
         }
         victim = found;

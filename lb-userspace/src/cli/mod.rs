@@ -4,12 +4,14 @@ mod completion;
 mod explain;
 mod inspect;
 mod manpages;
+mod monitor;
 mod reset;
 mod table;
 mod version;
 
 pub use inspect::{AffinityRow, Lookup, MapStats, SocketRow, Stats};
 pub use manpages::pages as manual_pages;
+pub use monitor::{MonitorLine, Shown};
 pub use reset::Reset;
 pub use version::{KernelReport, Versions};
 
@@ -52,6 +54,18 @@ pub enum Command {
     Inspect(inspect::InspectArgs),
     /// Walk a Service from object to maps and name the first broken link.
     Explain(explain::ExplainArgs),
+    /// Show the data path's decisions as they happen: who connected to which Service, the
+    /// backend chosen or the refusal and why.
+    #[command(
+        long_about = "Show the data path's decisions as they happen, one line each: the \
+        client (its cgroup, the pod UID in its path), the Service and the address it dialled, \
+        the backend chosen (afresh, by session affinity, or kept by an unconnected UDP \
+        socket), or the refusal and its reason (no endpoint, no endpoint on this node, the \
+        pod's bound on socket records). The programs write decisions only while a monitor \
+        runs (it renews its claim every second); decisions dropped because the stream's \
+        buffer was full are counted and said."
+    )]
+    Monitor(monitor::MonitorArgs),
     /// Detach the programs and remove every pin: services stop being translated.
     Reset(reset::ResetArgs),
     /// Print the version and git commit of this binary (and of a running agent, with --agent).
@@ -273,6 +287,7 @@ pub fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Version(args) => version::run(&args),
         Command::Completion(args) => Ok(completion::run(&args)),
         Command::Manpages(args) => manpages::run(&args),
+        Command::Monitor(args) => monitor::run(&args),
     }
 }
 

@@ -16,7 +16,7 @@ use super::{
     sys,
 };
 
-fn read_error(map: MapId, e: MapError) -> MapReadError {
+pub(crate) fn read_error(map: MapId, e: MapError) -> MapReadError {
     MapReadError::new(map, io::Error::other(e))
 }
 

@@ -4,6 +4,7 @@
 pub mod abi;
 pub mod bpf;
 pub mod dump;
+pub mod events;
 pub mod features;
 pub mod loader;
 pub mod maps;

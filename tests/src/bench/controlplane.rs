@@ -502,6 +502,7 @@ pub fn map_memory(pins: &std::path::Path) -> anyhow::Result<Vec<MapMemory>> {
                 MapKind::PerCpuArray => "per-CPU array",
                 MapKind::LruHash => "LRU hash",
                 MapKind::SkStorage => "socket storage",
+                MapKind::RingBuf => "ring buffer",
             }
             .into(),
             capacity,

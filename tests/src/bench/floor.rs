@@ -7,13 +7,14 @@ use std::{os::fd::AsFd as _, path::Path};
 use anyhow::Context as _;
 use socklb::dataplane::sys::{self, bpf_attach_type, bpf_prog_type};
 
-/// The `sock_addr` hooks socklb attaches to.
+/// The cgroup hooks socklb attaches to: the `sock_addr` ones and the socket release.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Hook {
     Connect4,
     SendMsg4,
     RecvMsg4,
     GetPeerName4,
+    SockRelease,
 }
 
 impl Hook {
@@ -23,6 +24,14 @@ impl Hook {
             Self::SendMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_SENDMSG,
             Self::RecvMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_RECVMSG,
             Self::GetPeerName4 => bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
+            Self::SockRelease => bpf_attach_type::BPF_CGROUP_INET_SOCK_RELEASE,
+        }
+    }
+
+    fn prog_type(self) -> bpf_prog_type {
+        match self {
+            Self::SockRelease => bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK,
+            _ => bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
         }
     }
 
@@ -34,6 +43,7 @@ impl Hook {
             Self::SendMsg4 => program::SENDMSG4,
             Self::RecvMsg4 => program::RECVMSG4,
             Self::GetPeerName4 => program::GETPEERNAME4,
+            Self::SockRelease => program::RELEASE,
         }
     }
 }
@@ -55,7 +65,7 @@ impl Floor {
     /// Loads `r0 = 1; exit` for `hook` and attaches it (a cgroup link, beside socklb's).
     pub fn attach(hook: Hook, cgroup: &Path) -> anyhow::Result<Self> {
         let prog = sys::prog_load(
-            bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+            hook.prog_type(),
             hook.attach_type(),
             0,
             &EMPTY_PROGRAM,

@@ -106,6 +106,22 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
             hooks: vec![Hook::Connect4],
         },
         Workload {
+            name: "sock_release, a translated TCP connection closed".into(),
+            command: ClientCommand::Bench {
+                targets: vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
+                count,
+            },
+            hooks: vec![Hook::SockRelease],
+        },
+        Workload {
+            name: "sock_release, a socket never translated closed".into(),
+            command: ClientCommand::Bench {
+                targets: backends(CLOSED_PORT),
+                count,
+            },
+            hooks: vec![Hook::SockRelease],
+        },
+        Workload {
             name: "getpeername4, translated TCP socket".into(),
             command: ClientCommand::Ops {
                 kind: Op::TcpPeerName,
@@ -153,18 +169,24 @@ pub fn program_costs(
 ) -> anyhow::Result<Vec<KernelCost>> {
     let pins = PinFolder::new(pins);
     let cgroup = world.sandbox.cgroup.clone();
+    let release = attached_programs(&pins)?
+        .iter()
+        .any(|p| p.name == Hook::SockRelease.socklb_program());
     let floors: Vec<Floor> = [
         Hook::Connect4,
         Hook::SendMsg4,
         Hook::RecvMsg4,
         Hook::GetPeerName4,
+        Hook::SockRelease,
     ]
     .into_iter()
+    .filter(|h| release || *h != Hook::SockRelease)
     .map(|h| Floor::attach(h, &cgroup))
     .collect::<anyhow::Result<_>>()?;
     let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
     let _stats = BpfStats::enable()?;
     let mut loads = workloads(world.services, count, tcp_label);
+    loads.retain(|w| release || !w.hooks.contains(&Hook::SockRelease));
     if only_first {
         loads.truncate(2);
     }
@@ -213,6 +235,48 @@ pub fn program_costs(
         }
     }
     Ok(out)
+}
+
+/// The hit's cost (spread and hot) while `socklb monitor` reads the decisions: a reader claims
+/// the stream and drains it on a thread of its own, as the command does.
+pub fn monitor_costs(
+    world: &mut World,
+    pins: &Path,
+    passes: usize,
+    count: usize,
+) -> anyhow::Result<(Vec<KernelCost>, u64)> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    };
+    let maps = PinFolder::new(pins)
+        .current()
+        .context("no map generation pinned")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(AtomicU64::new(0));
+    let mut reader = socklb::dataplane::events::Reader::open(&maps)?;
+    let reading = {
+        let (stop, seen) = (stop.clone(), seen.clone());
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let mut claimed = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if claimed.elapsed() >= std::time::Duration::from_secs(1) {
+                    reader.claim()?;
+                    claimed = std::time::Instant::now();
+                }
+                reader.read(std::time::Duration::from_millis(50), |_| {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                })?;
+            }
+            Ok(())
+        })
+    };
+    let costs = program_costs(world, pins, passes, count, "socklb monitor reading", true);
+    stop.store(true, Ordering::Relaxed);
+    reading
+        .join()
+        .map_err(|_| anyhow::anyhow!("the monitor's reader panicked"))??;
+    Ok((costs?, seen.load(Ordering::Relaxed)))
 }
 
 /// `close()` of translated and untranslated UDP sockets, `passes` times, `count` each.

@@ -44,6 +44,13 @@ pub struct Report {
     pub kernel: Vec<KernelCost>,
     /// The same connect4 hit with `--tcp-peer-name backend` (no TCP record).
     pub kernel_no_tcp_record: Vec<KernelCost>,
+    /// The same connect4 hit while `socklb monitor` reads the decisions.
+    pub kernel_monitor: Vec<KernelCost>,
+    /// Decisions the monitor's reader saw while those ran.
+    pub monitor_decisions: u64,
+    /// Kernel CPU time of loading every program (the verifier's), and each program's verified
+    /// instructions.
+    pub verifier: Option<Verifier>,
     pub close: Option<CloseCost>,
     pub scenarios: Vec<ScenarioResult>,
     pub concurrent: Option<ConcurrentResult>,
@@ -59,6 +66,16 @@ pub struct Report {
     /// The agent's RSS in API mode at half the services, for memory per service.
     pub api_half: Option<ApiMode>,
     pub micro: Vec<Micro>,
+}
+
+/// What the verifier costs at an agent's start.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Verifier {
+    /// System CPU seconds of `socklb version --features` (loads every program, as a start does),
+    /// median of the passes.
+    pub load_system_s: crate::bench::stats::Spread,
+    /// Each attached program's verified instructions.
+    pub programs: Vec<(String, u32)>,
 }
 
 /// A target, what was measured, and whether it was met.
@@ -116,37 +133,96 @@ impl Report {
                 k.floor_ns.median
             )
         };
-        if let Some(k) = self.kernel_cost("connect4, service hit, TCP") {
-            let alt = self.kernel_no_tcp_record.first();
+        let hot = |costs: &[KernelCost]| {
+            costs
+                .iter()
+                .find(|k| k.name.contains("one service"))
+                .cloned()
+        };
+        let spread = |costs: &[KernelCost]| {
+            costs
+                .iter()
+                .find(|k| k.name.contains("spread over all services"))
+                .cloned()
+        };
+        for (what, limit, pick) in [
+            (
+                "one service (hot maps)",
+                8.0,
+                &hot as &dyn Fn(&[KernelCost]) -> Option<KernelCost>,
+            ),
+            ("spread over every service (cold maps)", 12.0, &spread),
+        ] {
+            if let Some(k) = pick(&self.kernel) {
+                let mut note = String::from("on the way to 4×");
+                if let Some(a) = pick(&self.kernel_no_tcp_record) {
+                    let _ = write!(
+                        note,
+                        "; with --tcp-peer-name backend (no TCP record): {}",
+                        ratio(&a)
+                    );
+                }
+                if let Some(m) = pick(&self.kernel_monitor) {
+                    let _ = write!(
+                        note,
+                        "; while socklb monitor reads the decisions: {}",
+                        ratio(&m)
+                    );
+                }
+                out.push(Verdict {
+                    target: format!("connect4 on a TCP service hit, {what} ÷ empty program"),
+                    limit: format!("≤ {limit}"),
+                    measured: ratio(&k),
+                    met: at_most(&k.ratio, limit),
+                    note,
+                });
+            }
+        }
+        if let (Some(off), Some(on)) = (hot(&self.kernel), hot(&self.kernel_monitor)) {
             out.push(Verdict {
-                target: "connect4 on a service hit ÷ empty program".into(),
-                limit: "≤ 4".into(),
-                measured: ratio(k),
-                met: at_most(&k.ratio, 4.0),
-                note: {
-                    let hot = |costs: &[KernelCost]| {
-                        costs
-                            .iter()
-                            .find(|k| k.name.contains("one service"))
-                            .map(|k| format!(", one service (hot maps) {}×", k.ratio.show(2)))
-                            .unwrap_or_default()
-                    };
-                    let mut note = format!("connects spread over every service{}", hot(&self.kernel));
-                    if let Some(a) = alt {
-                        let _ = write!(
-                            note,
-                            "; with --tcp-peer-name backend (no TCP record): {}{}; the difference is the socket-local record the kernel allocates",
-                            ratio(a),
-                            hot(&self.kernel_no_tcp_record)
-                        );
-                    }
-                    note
-                },
+                target: "socklb monitor: the hot hit while it reads ÷ while nobody reads".into(),
+                limit: "reported".into(),
+                measured: format!(
+                    "{:.2}× ({:.0} ns ÷ {:.0} ns)",
+                    on.socklb_ns.median / off.socklb_ns.median,
+                    on.socklb_ns.median,
+                    off.socklb_ns.median
+                ),
+                met: None,
+                note: format!(
+                    "{} decisions read; while nobody reads, a decision costs one array load (the hit rows above are with nobody reading)",
+                    self.monitor_decisions
+                ),
+            });
+        }
+        if let Some(v) = &self.verifier {
+            let most = v.programs.iter().map(|(_, n)| *n).max().unwrap_or(0);
+            out.push(Verdict {
+                target: "verified instructions, the largest program".into(),
+                limit: "≤ 150,000".into(),
+                measured: format!(
+                    "{most} ({})",
+                    v.programs
+                        .iter()
+                        .map(|(p, n)| format!("{p} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                met: Some(most > 0 && most <= 150_000),
+                note: String::new(),
+            });
+            out.push(Verdict {
+                target: "kernel CPU of loading every program, as an agent's start does (the verifier)".into(),
+                limit: "≤ 0.5 s".into(),
+                measured: format!("{} s", v.load_system_s.show(3)),
+                met: at_most(&v.load_system_s, 0.5),
+                note: "system time of `socklb version --features`, which loads the core, the release program and the iterators".into(),
             });
         }
         for prefix in [
             "connect4, not a service, a port no service uses",
             "connect4, not a service, a port services use",
+            "connect4, not a service, a live server",
         ] {
             if let Some(k) = self.kernel_cost(prefix) {
                 out.push(Verdict {
@@ -164,14 +240,14 @@ impl Report {
                     "listing {} live translated sockets (the census behind inspect connections and the metric) ÷ the kernel's own UDP dump of the same namespaces",
                     l.sockets
                 ),
-                limit: "reported".into(),
+                limit: "≤ 3".into(),
                 measured: format!(
                     "{}× ({:.3} s ÷ {:.3} s)",
                     l.ratio.show(2),
                     l.census_s.median,
                     l.floor_s.median
                 ),
-                met: None,
+                met: at_most(&l.ratio, 3.0),
                 note: format!(
                     "{} network namespaces; the records alone, one iterator walk: {:.3} ({:.3}–{:.3}) s",
                     l.namespaces, l.records_s.median, l.records_s.min, l.records_s.max
@@ -180,19 +256,19 @@ impl Report {
         }
         if let Some(c) = &self.close {
             out.push(Verdict {
-                target: "per-socket close cost ÷ empty program; nothing for sockets never translated".into(),
-                limit: "≤ 1.5".into(),
-                measured: format!(
-                    "{} programs run at close (0 ns); close() of a translated UDP socket ÷ an untranslated one: {}×",
-                    c.release_programs,
-                    c.ratio.show(2)
+                target: "close() of a translated UDP socket ÷ an untranslated one (wall clock)".into(),
+                limit: "reported".into(),
+                measured: format!("{}×", c.ratio.show(2)),
+                met: None,
+                note: format!(
+                    "{} program(s) at close: the release program takes the record off its pod's count (the sock_release rows give its kernel cost)",
+                    c.release_programs
                 ),
-                met: Some(c.release_programs == 0),
-                note: "the kernel frees a translated socket's record with the socket; sockets never translated carry none".into(),
             });
         }
         for prefix in [
-            "connect4, not a service, a live server",
+            "sock_release, a socket never translated closed",
+            "sock_release, a translated TCP connection closed",
             "getpeername4",
             "connect4, service hit, UDP",
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_sendmsg4)",
@@ -284,14 +360,14 @@ impl Report {
                     "full sync {} × {} on real maps ÷ a bare loop writing the same {} entries",
                     f.services, f.endpoints, f.writes
                 ),
-                limit: "≤ 1.5".into(),
+                limit: "≤ 2".into(),
                 measured: format!(
                     "{}× ({:.3} s ÷ {:.3} s)",
                     f.ratio.show(2),
                     f.real_maps_s.median,
                     f.write_floor_s.median
                 ),
-                met: at_most(&f.ratio, 1.5),
+                met: at_most(&f.ratio, 2.0),
                 note: [
                     n.clone(),
                     format!(
@@ -309,9 +385,9 @@ impl Report {
                     "translate + diff of {} × {} in memory",
                     f.services, f.endpoints
                 ),
-                limit: "≤ 0.15 s".into(),
+                limit: "≤ 0.10 s".into(),
                 measured: format!("{} s", f.in_memory_s.show(3)),
-                met: at_most(&f.in_memory_s, 0.15),
+                met: at_most(&f.in_memory_s, 0.10),
                 note: n,
             });
         }
@@ -430,6 +506,7 @@ impl Report {
             .kernel
             .iter()
             .chain(&self.kernel_no_tcp_record)
+            .chain(&self.kernel_monitor)
             .map(|k| {
                 vec![
                     k.name.clone(),

@@ -13,7 +13,7 @@ use socklb_tests::{
         controlplane,
         datapath::{self, Plan, Scenario, Traffic},
         kernel, listing,
-        report::{Environment, Micro, Report},
+        report::{self, Environment, Micro, Report},
         world::World,
     },
     privileges,
@@ -310,6 +310,12 @@ fn without_tcp_records(
     pins: &std::path::Path,
     report: &mut Report,
 ) -> anyhow::Result<socklb_tests::Sandbox> {
+    eprintln!("kernel cost: the hit again while socklb monitor reads the decisions");
+    let (costs, seen) = kernel::monitor_costs(&mut world, pins, s.passes, s.kernel_calls)?;
+    report.kernel_monitor = costs;
+    report.monitor_decisions = seen;
+    print_costs(&report.kernel_monitor);
+    report.verifier = Some(verifier(s, pins)?);
     eprintln!("kernel cost: the agent again with --tcp-peer-name backend");
     world.restart_agent(&["--tcp-peer-name", "backend"])?;
     report.kernel_no_tcp_record = kernel::program_costs(
@@ -324,6 +330,40 @@ fn without_tcp_records(
     world.stop_agent();
     drop(world.runners);
     Ok(world.sandbox)
+}
+
+/// The verifier's cost at a start: the system CPU of loading every program (`socklb version
+/// --features`, as an agent's start loads them), and each attached program's verified
+/// instructions.
+fn verifier(s: &Settings, pins: &std::path::Path) -> anyhow::Result<report::Verifier> {
+    let mut system = Vec::new();
+    for _ in 0..s.passes.min(5) {
+        let child = std::process::Command::new(socklb_tests::bins::socklb()?)
+            .args(["version", "--features", "-o", "json"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let pid = i32::try_from(child.id())?;
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: waiting for our own child by pid, into valid locations.
+        if unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) } != pid {
+            anyhow::bail!("wait4: {}", std::io::Error::last_os_error());
+        }
+        let stime = usage.ru_stime;
+        system.push(stime.tv_sec as f64 + stime.tv_usec as f64 / 1e6);
+    }
+    let programs = socklb::dataplane::loader::attached_programs(
+        &socklb::dataplane::loader::PinFolder::new(pins),
+    )?
+    .into_iter()
+    .map(|p| (p.name, p.verified_instructions.unwrap_or(0)))
+    .collect();
+    Ok(report::Verifier {
+        load_system_s: socklb_tests::bench::stats::Spread::of(&system),
+        programs,
+    })
 }
 
 /// A full sync beside a bare write loop, single changes and a rolling update, and the agent in

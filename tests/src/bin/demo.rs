@@ -339,11 +339,42 @@ fn selector_typo(story: &mut Story, sandbox: &Sandbox, client: &mut Client) -> a
     );
     sandbox.copy_manifests(&examples().join("scenarios/003-selector-typo"))?;
     sandbox.wait_candidates("10.96.0.30:80", &[])?;
+    let monitor = Monitor::start(sandbox)?;
     let r = client.connect("10.96.0.30:80".parse()?, 3)?;
     story.show(&format!("connect errors: {:?}", r.errors));
     story.claim(
         "connect() is refused at once (ECONNREFUSED), not left to time out",
         r.errors.get("ECONNREFUSED") == Some(&3),
+    );
+    let ok = client.connect(WEB.parse()?, 1)?;
+    let seen = monitor.finish()?;
+    let mut shown = String::from("$ socklb monitor\n");
+    for line in &seen {
+        shown.push_str(&line.describe());
+        shown.push('\n');
+    }
+    story.show(&shown);
+    let refused = seen
+        .iter()
+        .filter(|l| {
+            l.seen.frontend.to_string() == "10.96.0.30:80/TCP"
+                && l.seen.decision == socklb::dataplane::events::Decision::NoBackend
+                && l.service
+                    .as_ref()
+                    .is_some_and(|k| k.service.to_string() == "default/shop")
+        })
+        .count();
+    story.claim(
+        "socklb monitor shows the 3 refusals of default/shop, for want of an endpoint",
+        refused == 3,
+    );
+    story.claim(
+        "and the connect to default/web that followed, with the backend it got",
+        ok.answers() == 1
+            && seen.iter().any(|l| {
+                l.seen.frontend.to_string() == "10.96.0.10:80/TCP"
+                    && l.seen.backend.map(|b| b.to_string()).as_deref() == Some(B)
+            }),
     );
     let text = explain(sandbox, "default/shop")?;
     story.show(&format!("$ socklb explain default/shop\n{text}"));
@@ -352,6 +383,54 @@ fn selector_typo(story: &mut Story, sandbox: &Sandbox, client: &mut Client) -> a
         text.contains("verdict: broken at endpoints") && text.contains("app=webs"),
     );
     Ok(())
+}
+
+/// `socklb monitor -o json` in the background, from when it has claimed the stream.
+struct Monitor {
+    child: std::process::Child,
+}
+
+impl Monitor {
+    fn start(sandbox: &Sandbox) -> anyhow::Result<Self> {
+        use std::io::BufRead as _;
+        let mut child = Process::new(bins::socklb()?)
+            .args([
+                "monitor",
+                "-o",
+                "json",
+                "--count",
+                "4",
+                "--seconds",
+                "20",
+                "--bpffs",
+            ])
+            .arg(sandbox.pin_folder())
+            .arg("--cgroup")
+            .arg(&sandbox.cgroup)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        let stderr = child.stderr.take().context("monitor stderr")?;
+        let mut first = String::new();
+        std::io::BufReader::new(stderr).read_line(&mut first)?;
+        anyhow::ensure!(
+            first.contains("reading the data path's decisions"),
+            "socklb monitor: {first}"
+        );
+        Ok(Self { child })
+    }
+
+    /// Waits for it to end (its four decisions, or its time) and reads what it showed.
+    fn finish(self) -> anyhow::Result<Vec<socklb::cli::Shown>> {
+        let out = self.child.wait_with_output()?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| match serde_json::from_str(l) {
+                Ok(socklb::cli::MonitorLine::Decision(d)) => Some(*d),
+                _ => None,
+            })
+            .collect())
+    }
 }
 
 fn named_port(story: &mut Story, sandbox: &Sandbox, client: &mut Client) -> anyhow::Result<()> {
