@@ -128,7 +128,7 @@ pub(super) fn run(args: &MonitorArgs) -> anyhow::Result<ExitCode> {
             }
         }
         let mut lines = Vec::new();
-        reader.read(Duration::from_millis(200), |seen| lines.push(seen))?;
+        reader.read(Duration::from_millis(50), |seen| lines.push(seen))?;
         for seen in lines {
             if args.count.is_some_and(|n| shown >= n) {
                 break;

@@ -2,12 +2,7 @@
 //! per connect or sendmsg to a service address into the `EVENTS` ring buffer, but only while a
 //! reader has said it is there (`MONITOR.until_ns`, renewed every second, so a reader that dies
 //! stops the stream by itself). While nobody reads, a decision costs one array load more.
-use std::{
-    net::SocketAddr,
-    os::fd::{AsFd as _, AsRawFd as _},
-    path::Path,
-    time::Duration,
-};
+use std::{net::SocketAddr, path::Path, time::Duration};
 
 use aya::maps::{Array, Map, MapData, RingBuf};
 use lb_common::{Event, HOOK_SENDMSG, MapId, MonitorState, event};
@@ -179,22 +174,10 @@ impl Reader {
             .map_err(|e| read_error(MapId::Monitor, e))
     }
 
-    /// Waits up to `timeout` for decisions and hands each to `each`.
+    /// Waits `timeout` (the programs do not wake the reader: it reads on its own clock) and
+    /// hands each decision written meanwhile to `each`.
     pub fn read(&mut self, timeout: Duration, mut each: impl FnMut(Seen)) -> std::io::Result<()> {
-        let mut pollfd = libc::pollfd {
-            fd: self.events.as_fd().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one pollfd, valid for the call.
-        let ready = unsafe { libc::poll(&raw mut pollfd, 1, ms) };
-        if ready < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        std::thread::sleep(timeout);
         while let Some(item) = self.events.next() {
             if let Some(seen) = Seen::decode(&item) {
                 each(seen);
