@@ -271,7 +271,7 @@ pub const MAPS: [MapDescriptor; 14] = [
         capacity_flag: None,
         preallocated: true,
         per_socket: false,
-        help: "settings the agent decides after probing the kernel (the per-client socket record bound)",
+        help: "settings the agent decides after probing the kernel (the per-pod socket record bound, where pods are in the cgroup tree, connection slots on or off)",
     },
     MapDescriptor {
         id: MapId::Affinity,

@@ -36,8 +36,8 @@ pub(crate) static FRONTENDS6: HashMap<
 #[btf_map]
 pub(crate) static BACKENDS: Array<Backend, { size(MapId::Backends) }> = Array::new();
 
-/// The frontend filter and the backend port bitmap (`lb_common::ports`): the connect and
-/// reverse prefilters.
+/// The frontend port bitmap, the frontend filter and the backend port bitmap
+/// (`lb_common::ports`): the connect and reverse prefilters.
 #[btf_map]
 pub(crate) static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 

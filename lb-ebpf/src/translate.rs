@@ -1,9 +1,10 @@
 //! The translation logic behind every hook. `try_translate` returns the hook's verdict or a
 //! `Fault` that the entry point counts and turns into a verdict.
 //!
-//! The miss path (a destination that is no service) is one array lookup: the frontend filter, a
-//! bit per hashed service address. Only a set bit (a service, or rarely another address whose
-//! hash collides) costs the frontend hash lookup.
+//! The miss path (a destination that is no service) is array lookups only: the frontend port
+//! bitmap (one word, a port no service uses ends there), then the frontend filter, a bit per
+//! hashed service address. Only a set bit (a service, or rarely another address whose hash
+//! collides) costs the frontend hash lookup.
 use aya_ebpf::{
     helpers::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns,
@@ -438,7 +439,9 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         // SAFETY: non-null, this socket's value.
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
-    if !udp && slots_on(config) && port_be != 0 && backend_port_in_use(false, port_be) {
+    // Every connected TCP socket is looked at, not only those to a port backends use now: a
+    // connection whose Service left before it closed would otherwise hold its slot for good.
+    if !udp && slots_on(config) && port_be != 0 {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
         if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {

@@ -192,3 +192,179 @@ fn the_import_reader_sees_grouped_nested_and_inline_imports() {
         ]
     );
 }
+
+/// The module path of a file below `src/` (`dataplane/sockets/quota.rs` → `dataplane`,
+/// `sockets`, `quota`; a `mod.rs` is its folder).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let mut path: Vec<String> = rel
+        .components()
+        .filter_map(|c| c.as_os_str().to_str().map(str::to_string))
+        .collect();
+    let last = path.pop().unwrap_or_default();
+    if let Some(stem) = last.strip_suffix(".rs")
+        && stem != "mod"
+    {
+        path.push(stem.to_string());
+    }
+    path
+}
+
+/// The absolute module paths one line names through `crate::` or `super::` (groups of one level
+/// are opened: `super::{a::X, b}` names `a` and `b`).
+fn named_paths(code: &str, here: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (prefix, base) in [
+        ("crate::", Vec::new()),
+        (
+            "super::super::",
+            here[..here.len().saturating_sub(2)].to_vec(),
+        ),
+        ("super::", here[..here.len().saturating_sub(1)].to_vec()),
+        // Inside a group (`crate::{dataplane::{a, b}}`) too.
+        ("dataplane::", vec!["dataplane".to_string()]),
+    ] {
+        for (at, _) in code.match_indices(prefix) {
+            let before = &code[..at];
+            let rest = &code[at + prefix.len()..];
+            // `super::super::` is not also read as `super::`; `dataplane::` only as a name.
+            if prefix == "super::" && (before.ends_with("super::") || rest.starts_with("super::"))
+                || prefix == "dataplane::"
+                    && before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            {
+                continue;
+            }
+            // Only this path: up to the next one the line names.
+            let end = ["crate::", "super::"]
+                .iter()
+                .filter_map(|p| rest.find(p))
+                .min()
+                .unwrap_or(rest.len());
+            for item in imported(&format!("crate::{}", &rest[..end])) {
+                let mut path = base.clone();
+                path.push(item);
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Depth-first search for a back edge from `node`: the circle found, named.
+fn visit(
+    node: &str,
+    edges: &BTreeMap<String, std::collections::BTreeSet<String>>,
+    stack: &mut Vec<String>,
+    done: &mut std::collections::BTreeSet<String>,
+) -> Option<Vec<String>> {
+    if let Some(at) = stack.iter().position(|n| n == node) {
+        let mut circle = stack[at..].to_vec();
+        circle.push(node.to_string());
+        return Some(circle);
+    }
+    if done.contains(node) {
+        return None;
+    }
+    stack.push(node.to_string());
+    for next in edges.get(node).into_iter().flatten() {
+        if let Some(circle) = visit(next, edges, stack, done) {
+            return Some(circle);
+        }
+    }
+    stack.pop();
+    done.insert(node.to_string());
+    None
+}
+
+/// Within `dataplane`, the submodules import one another in layers too: no circle (test code,
+/// after a file's `#[cfg(test)]`, is not counted).
+#[test]
+fn dataplane_submodules_import_one_another_without_a_circle() {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("dataplane"), &mut files);
+    let mut edges: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let here = module_path(&src, file);
+        let Some(own) = here.get(1).cloned() else {
+            continue;
+        };
+        let source = std::fs::read_to_string(file).expect("source file");
+        let mut open: Option<String> = None;
+        for line in source.lines() {
+            if line.trim_start().starts_with("#[cfg(test)]") {
+                break;
+            }
+            let code = line.split("//").next().unwrap_or_default();
+            let text = match open.as_mut() {
+                Some(statement) => {
+                    statement.push_str(code);
+                    if !code.contains(';') {
+                        continue;
+                    }
+                    open.take().unwrap_or_default()
+                }
+                None if code.trim_start().starts_with("use ")
+                    || code.trim_start().starts_with("pub use ") =>
+                {
+                    if !code.contains(';') {
+                        open = Some(code.to_string());
+                        continue;
+                    }
+                    code.to_string()
+                }
+                None => code.to_string(),
+            };
+            for path in named_paths(&text, &here) {
+                if path.len() >= 2 && path[0] == "dataplane" && path[1] != own {
+                    edges
+                        .entry(own.clone())
+                        .or_default()
+                        .insert(path[1].clone());
+                }
+            }
+        }
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for node in edges.keys() {
+        let circle = visit(node, &edges, &mut Vec::new(), &mut done);
+        assert!(
+            circle.is_none(),
+            "dataplane modules import each other in a circle: {}",
+            circle.unwrap_or_default().join(" → ")
+        );
+    }
+    // The reader sees the imports it must: the loader uses the map opener and the probes.
+    assert!(edges["loader"].contains("bpf") && edges["loader"].contains("probe"));
+}
+
+#[test]
+fn the_path_reader_resolves_super_and_crate() {
+    let here: Vec<String> = ["dataplane", "sockets", "quota"].map(String::from).to_vec();
+    assert_eq!(
+        named_paths("use super::{a::X, b};", &here),
+        [
+            vec!["dataplane".to_string(), "sockets".into(), "a".into()],
+            vec!["dataplane".to_string(), "sockets".into(), "b".into()]
+        ]
+    );
+    assert_eq!(
+        named_paths("super::super::loader::f(); crate::vocab::X", &here),
+        [
+            vec!["vocab".to_string()],
+            vec!["dataplane".to_string(), "loader".into()]
+        ]
+    );
+    assert_eq!(
+        named_paths(
+            "use crate::{dataplane::{abi::X, maps::Y}, vocab::Z};",
+            &here
+        ),
+        [
+            vec!["dataplane".to_string()],
+            vec!["vocab".to_string()],
+            vec!["dataplane".to_string(), "abi".into()],
+            vec!["dataplane".to_string(), "maps".into()]
+        ]
+    );
+}

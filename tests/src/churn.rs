@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use socklb::{
-    dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
+    dataplane::{bpf::BpfServiceMaps, maps::ServiceMaps as _, pins::PinFolder},
     vocab::ServiceAddr,
 };
 

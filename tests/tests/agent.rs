@@ -400,7 +400,7 @@ fn pins_are_root_only_and_reset_removes_everything() -> anyhow::Result<()> {
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
     let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
     let pins = sandbox.pin_folder();
-    let maps = socklb::dataplane::loader::PinFolder::new(&pins)
+    let maps = socklb::dataplane::pins::PinFolder::new(&pins)
         .current()
         .expect("a map generation");
     assert_eq!(mode(&pins)?, 0o700);
@@ -465,7 +465,7 @@ fn inspect_opens_the_maps_read_only() -> anyhow::Result<()> {
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
-    let dir = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+    let dir = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
         .current()
         .expect("a map generation");
     let writable = open_map(&dir, lb_common::MapId::Frontends6, false)?;

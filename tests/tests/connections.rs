@@ -182,7 +182,7 @@ fn scenario(agent_args: &[&str]) -> anyhow::Result<()> {
     // What `inspect` can list here: what the kernel lets it read through the pins the agent
     // made (with every optional part off, the agent pins no iterator: UDP sockets are not
     // listed, and the view says so).
-    let listing = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+    let listing = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
         .current_sockets()
         .expect("socket pins")
         .listing();

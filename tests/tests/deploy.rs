@@ -12,7 +12,7 @@ use std::{
 
 use socklb::{
     cli::Reset,
-    dataplane::loader::{PinFolder, ProgramView},
+    dataplane::{loader::ProgramView, pins::PinFolder},
 };
 use socklb_tests::{
     Client, Sandbox,

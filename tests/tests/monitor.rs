@@ -10,7 +10,7 @@ use std::{
 
 use socklb::{
     cli::MonitorLine,
-    dataplane::{events::Decision, loader::PinFolder},
+    dataplane::{events::Decision, pins::PinFolder},
 };
 use socklb_tests::{Sandbox, agent::AgentOptions, bins, client::Command};
 

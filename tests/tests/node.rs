@@ -562,7 +562,7 @@ fn status_of(node_ns: &str, agent: &AgentProcess) -> anyhow::Result<socklb::stat
 /// Freezes the sandbox's pinned backend array (`BPF_MAP_FREEZE`): every write to it fails
 /// with EPERM from now on.
 fn freeze_backends(sandbox: &Sandbox) -> anyhow::Result<()> {
-    let maps = socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+    let maps = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
         .current()
         .context("a map generation")?;
     let backends =

@@ -946,7 +946,7 @@ fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyh
     if claims.socket_release {
         // What the pod holds now, as the kernel counts it: nothing.
         let counts = socklb::dataplane::sockets::quota::counts(
-            &socklb::dataplane::loader::PinFolder::new(sandbox.pin_folder())
+            &socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
                 .current_sockets()
                 .expect("socket pins"),
         )?;

@@ -417,7 +417,6 @@ impl<M: ServiceMaps> Engine<M> {
         latencies
     }
 
-    /// The Services with a backend set whose last write failed.
     /// The Services with a backend set the maps refused for a reason other than room: a
     /// change to them is not applied. A set refused for room (the capacity rule leaves the
     /// newest object out, reported) is applied as far as it can be, as a rejected object is:

@@ -30,7 +30,8 @@ pub enum BpfLogLevel {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum PeerName {
     /// The service address the application dialled (as kube-proxy's NAT shows it). Each TCP
-    /// socket gets a record in its own storage at connect.
+    /// connection gets a record at connect: a preallocated `CONNECTIONS` slot, or its own
+    /// socket storage when its slot is taken.
     #[default]
     Service,
     /// The backend's address (as Calico's connect-time balancer): no record for TCP sockets,

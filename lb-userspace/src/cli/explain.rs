@@ -5,7 +5,7 @@ use anyhow::Context as _;
 
 use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, agent_status, print_output};
 use crate::{
-    dataplane::{bpf::BpfServiceMaps, loader::PinFolder, maps::ServiceMaps as _},
+    dataplane::{bpf::BpfServiceMaps, maps::ServiceMaps as _, pins::PinFolder},
     explain::{Link, Sources, explain, render},
     model::{NodeObject, Store},
     source::files::read_folder,

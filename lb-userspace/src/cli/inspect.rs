@@ -11,8 +11,9 @@ use crate::{
         abi::backend_addr,
         bpf::{BpfServiceMaps, ReadOnlyMaps},
         dump::{self, ServiceView},
-        loader::{PinFolder, ProgramView, attached_programs},
+        loader::{ProgramView, attached_programs},
         maps::{MapSnapshot, ServiceMaps as _},
+        pins::PinFolder,
     },
     vocab::{ServiceAddr, ServicePortKey},
 };

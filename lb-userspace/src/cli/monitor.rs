@@ -23,8 +23,8 @@ use crate::{
     dataplane::{
         bpf::ReadOnlyMaps,
         events::{Reader, Seen},
-        loader::PinFolder,
         maps::MapSnapshot,
+        pins::PinFolder,
         sockets::{
             monotonic_now,
             view::{cgroup_paths, pod_uid},

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use serde::{Deserialize, Serialize};
 
 use super::{Output, PinArgs, print_output};
-use crate::dataplane::loader::{PinFolder, remove_pins};
+use crate::dataplane::{loader::remove_pins, pins::PinFolder};
 
 #[derive(clap::Args, Debug)]
 pub struct ResetArgs {

@@ -28,7 +28,7 @@ fn typed<T: TryFrom<Map, Error = MapError>>(map: MapId, data: MapData) -> Result
 /// Opens one pinned map of a layout generation (`dir`, its map directory; per-socket maps are
 /// found beside it), read-only when asked.
 pub fn open_map(dir: &Path, map: MapId, read_only: bool) -> Result<MapData, MapReadError> {
-    let path = super::loader::map_path(dir, map);
+    let path = super::pins::map_path(dir, map);
     let fd = sys::obj_get(&path, read_only).map_err(|e| {
         MapReadError::new(
             map,

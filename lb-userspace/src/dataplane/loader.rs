@@ -19,7 +19,7 @@ use std::{
     fs, io,
     os::{
         fd::{AsFd as _, OwnedFd},
-        unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+        unix::fs::{DirBuilderExt as _, MetadataExt as _},
     },
     path::{Path, PathBuf},
 };
@@ -30,14 +30,14 @@ use aya::{
     programs::{CgroupAttachMode, Program, links::FdLink, links::PinnedLink},
 };
 use lb_common::{CONFIG_CONNECTION_SLOTS, DatapathConfig, MapDescriptor, MapId, MapKind, program};
-use sha2::{Digest as _, Sha256};
 
 use super::{
     bpf::BpfServiceMaps,
     features::{Feature, Features},
     maps::{Capacities, MapReadError},
+    pins::{PinFolder, layout_digest, restrict, socket_layout_digest},
     pods::{self, PodCgroups},
-    probe,
+    probe::{self, kernel_refusal},
     sockets::SocketPins,
     sysfs,
 };
@@ -66,20 +66,6 @@ impl std::fmt::Display for PinOp {
             Self::Remove => "removing",
             Self::Move => "moving a pin to",
         })
-    }
-}
-
-/// Splits aya's error for a program load: the kernel refused it (the verifier's log and the
-/// errno), or something else failed (returned as is).
-pub(crate) fn kernel_refusal(
-    e: aya::programs::ProgramError,
-) -> Result<(String, io::Error), aya::programs::ProgramError> {
-    match e {
-        aya::programs::ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => Ok((verifier_log.to_string(), io_error)),
-        other => Err(other),
     }
 }
 
@@ -254,155 +240,6 @@ pub struct LoadConfig {
     pub max_sockets_per_pod: Option<u64>,
 }
 
-/// The pin folder's layout.
-#[derive(Clone, Debug)]
-pub struct PinFolder {
-    pub root: PathBuf,
-}
-
-const GENERATION_PREFIX: &str = "maps-";
-const SOCKETS_PREFIX: &str = "sockets-";
-
-impl PinFolder {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-
-    pub fn links(&self) -> PathBuf {
-        self.root.join("links")
-    }
-
-    pub fn link(&self, program: &str) -> PathBuf {
-        self.links().join(program)
-    }
-
-    /// The map directory of a layout generation.
-    pub fn generation(&self, layout: &str) -> PathBuf {
-        self.root.join(format!("{GENERATION_PREFIX}{layout}"))
-    }
-
-    /// The directory of the per-socket maps (and the socket iterators' links) of one record
-    /// layout: it outlives capacity migrations.
-    pub fn sockets(&self, layout: &str) -> PathBuf {
-        self.root.join(format!("{SOCKETS_PREFIX}{layout}"))
-    }
-
-    /// Every per-socket map directory present.
-    pub fn socket_dirs(&self) -> Vec<PathBuf> {
-        self.dirs_with_prefix(SOCKETS_PREFIX)
-    }
-
-    /// The per-socket maps the attached programs use: the only directory, or the one whose
-    /// `SOCKETS` map the attached connect4 program reads.
-    pub fn current_sockets(&self) -> Option<SocketPins> {
-        let dirs = self.socket_dirs();
-        if dirs.len() <= 1 {
-            return dirs.into_iter().next().map(SocketPins::new);
-        }
-        let used = attached_map_ids(self);
-        dirs.iter()
-            .find(|d| {
-                MapData::from_pin(d.join(MapId::Sockets.name()))
-                    .ok()
-                    .and_then(|m| m.info().ok())
-                    .is_some_and(|i| used.contains(&i.id()))
-            })
-            .or_else(|| dirs.last())
-            .cloned()
-            .map(SocketPins::new)
-    }
-
-    fn dirs_with_prefix(&self, prefix: &str) -> Vec<PathBuf> {
-        self.dirs_named(|n| n.starts_with(prefix))
-    }
-
-    /// The entries of the pin folder whose names `wanted` accepts, sorted.
-    fn dirs_named(&self, wanted: impl Fn(&str) -> bool) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = fs::read_dir(&self.root)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&wanted))
-            .collect();
-        out.sort();
-        out
-    }
-
-    /// Every map directory present (generations, and the unversioned `maps` of older agents).
-    pub fn map_dirs(&self) -> Vec<PathBuf> {
-        self.dirs_named(|n| n == "maps" || n.starts_with(GENERATION_PREFIX))
-    }
-
-    /// The map directory the attached programs use: the only generation, or the one whose
-    /// frontend map the attached connect4 program reads.
-    pub fn current(&self) -> Option<PathBuf> {
-        let dirs: Vec<PathBuf> = self
-            .map_dirs()
-            .into_iter()
-            .filter(|d| d.join(MapId::Frontends4.name()).exists())
-            .collect();
-        if dirs.len() <= 1 {
-            return dirs.into_iter().next();
-        }
-        let used = attached_map_ids(self);
-        dirs.iter()
-            .find(|d| {
-                MapData::from_pin(d.join(MapId::Frontends4.name()))
-                    .ok()
-                    .and_then(|m| m.info().ok())
-                    .is_some_and(|i| used.contains(&i.id()))
-            })
-            .cloned()
-            .or_else(|| dirs.last().cloned())
-    }
-}
-
-/// The ids of the maps the attached connect4 program uses.
-fn attached_map_ids(pins: &PinFolder) -> Vec<u32> {
-    let Ok(link) = PinnedLink::from_pin(pins.link(program::CONNECT4)) else {
-        return Vec::new();
-    };
-    let link: FdLink = link.into();
-    let Ok(info) = link.info() else {
-        return Vec::new();
-    };
-    aya::programs::loaded_programs()
-        .flatten()
-        .find(|p| p.id() == info.program_id())
-        .and_then(|p| p.map_ids().ok().flatten())
-        .unwrap_or_default()
-}
-
-/// A digest of the map layout and sizes of the generation's maps (the per-socket maps have a
-/// digest of their own): two agents with the same digest read each other's maps correctly.
-pub fn layout_digest(capacities: &Capacities) -> String {
-    digest(lb_common::MAPS.iter().filter(|d| !d.per_socket), capacities)
-}
-
-/// Where `map` is pinned for the generation whose map directory is `generation`: there, or for
-/// a per-socket map in the record layout's folder beside it.
-pub fn map_path(generation: &Path, map: MapId) -> PathBuf {
-    if map.descriptor().per_socket {
-        let root = generation.parent().unwrap_or(generation);
-        PinFolder::new(root)
-            .sockets(&socket_layout_digest())
-            .join(map.name())
-    } else {
-        generation.join(map.name())
-    }
-}
-
-/// A digest of the socket records' layout (`SOCKETS`): records survive every migration that
-/// keeps it. The other per-socket maps beside it (the counts, the connection slots) are
-/// replaced where their own layout changed, without moving the records.
-pub fn socket_layout_digest() -> String {
-    digest(
-        lb_common::MAPS.iter().filter(|d| d.id == MapId::Sockets),
-        &Capacities::default(),
-    )
-}
-
 /// Takes over a record folder of another name (an older agent named it by other maps' layouts
 /// too) whose `SOCKETS` map has this layout: the records of live sockets stay. Returns whether
 /// one was taken over.
@@ -448,22 +285,6 @@ fn replace_changed_socket_maps(sockets_dir: &Path) {
             );
         }
     }
-}
-
-fn digest<'a>(maps: impl Iterator<Item = &'a MapDescriptor>, capacities: &Capacities) -> String {
-    let mut h = Sha256::new();
-    for d in maps {
-        h.update(d.name.as_bytes());
-        h.update([d.kind as u8, u8::from(d.preallocated)]);
-        h.update(d.key_size.to_le_bytes());
-        h.update(d.value_size.to_le_bytes());
-        h.update(capacities.get(d.id).to_le_bytes());
-    }
-    h.finalize().iter().take(6).fold(String::new(), |mut s, b| {
-        use std::fmt::Write as _;
-        let _ = write!(s, "{b:02x}");
-        s
-    })
 }
 
 /// The exclusive lock on a pin folder, held for the agent's life.
@@ -885,12 +706,6 @@ fn remove_dir_pins(dir: &Path) -> usize {
     }
     let _ = fs::remove_dir(dir);
     n
-}
-
-pub(crate) fn restrict(path: &Path, mode: u32) {
-    if let Err(e) = fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
-        tracing::debug!(path = %path.display(), error = %e, "could not restrict pin permissions");
-    }
 }
 
 fn mkdir(dir: &Path) -> Result<(), LoadError> {

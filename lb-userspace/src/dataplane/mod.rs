@@ -8,6 +8,7 @@ pub mod events;
 pub mod features;
 pub mod loader;
 pub mod maps;
+pub mod pins;
 pub mod pods;
 pub mod probe;
 pub mod sockets;

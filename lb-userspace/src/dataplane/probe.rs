@@ -89,7 +89,7 @@ impl ProbeError {
     /// A program load the kernel refused, keeping its errno as the source and the verifier's
     /// output for the message (printed once).
     pub fn from_program(program: &'static str, e: aya::programs::ProgramError) -> Self {
-        match super::loader::kernel_refusal(e) {
+        match kernel_refusal(e) {
             Ok((verifier_log, source)) => Self::Refused {
                 program,
                 verifier_log,
@@ -231,7 +231,7 @@ fn pin(fd: BorrowedFd<'_>, path: &Path) -> Result<(), ProbeError> {
         path: path.to_path_buf(),
         source,
     })?;
-    super::loader::restrict(path, 0o600);
+    super::pins::restrict(path, 0o600);
     Ok(())
 }
 
@@ -284,5 +284,19 @@ fn socket_destroy() -> Result<(), ProbeError> {
         Ok(true) => Ok(()),
         Ok(false) => Err(ProbeError::NotDestroyed),
         Err(e) => Err(ProbeError::SockDiag(e)),
+    }
+}
+
+/// Splits aya's error for a program load: the kernel refused it (the verifier's log and the
+/// errno), or something else failed (returned as is).
+pub(crate) fn kernel_refusal(
+    e: aya::programs::ProgramError,
+) -> Result<(String, io::Error), aya::programs::ProgramError> {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => Ok((verifier_log.to_string(), io_error)),
+        other => Err(other),
     }
 }

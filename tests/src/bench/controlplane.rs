@@ -15,11 +15,12 @@ use socklb::{
     dataplane::{
         abi::{backend_addr, frontend_key},
         bpf::{BpfServiceMaps, ReadOnlyMaps},
-        loader::{Dataplane, LoadConfig, PinFolder, remove_pins},
+        loader::{Dataplane, LoadConfig, remove_pins},
         maps::{
             Capacities, InMemoryMaps, MapReadError, MapSnapshot, MapWrite, MapWriteError,
             ServiceMaps,
         },
+        pins::PinFolder,
     },
     model::{EndpointSlice, ManifestObject, parse_manifests},
     reconcile::Reconciler,

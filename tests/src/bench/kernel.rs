@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::Path};
 
 use anyhow::Context as _;
 use serde::Serialize;
-use socklb::dataplane::loader::{PinFolder, attached_programs};
+use socklb::dataplane::{loader::attached_programs, pins::PinFolder};
 
 use super::{
     floor::{BpfStats, Floor, Hook},

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use serde::Serialize;
 use socklb::dataplane::{
-    loader::PinFolder,
+    pins::PinFolder,
     sockets::{self, NamespaceError, sock_diag},
 };
 

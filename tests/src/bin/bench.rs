@@ -23,6 +23,8 @@ struct Settings {
     quick: bool,
     /// `--only kernel`: the programs' kernel cost only (a quick look while changing them).
     kernel_only: bool,
+    /// `--only control-plane`: the control plane only.
+    control_plane_only: bool,
     /// Other services installed for the data path.
     services: usize,
     /// Passes of every ratio measured against a floor.
@@ -47,6 +49,7 @@ impl Settings {
             // report is written; its figures mean nothing, so it stays small.
             Self {
                 kernel_only: false,
+                control_plane_only: false,
                 quick,
                 services: 300,
                 passes: 3,
@@ -66,6 +69,7 @@ impl Settings {
         } else if quick {
             Self {
                 kernel_only: false,
+                control_plane_only: false,
                 quick,
                 services: 1000,
                 passes: 5,
@@ -85,6 +89,7 @@ impl Settings {
         } else {
             Self {
                 kernel_only: false,
+                control_plane_only: false,
                 quick,
                 services: 10_000,
                 passes: 7,
@@ -121,9 +126,9 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut settings = Settings::new(quick);
-    settings.kernel_only = args
-        .windows(2)
-        .any(|w| w[0] == "--only" && w[1] == "kernel");
+    let only = |part: &str| args.windows(2).any(|w| w[0] == "--only" && w[1] == part);
+    settings.kernel_only = only("kernel");
+    settings.control_plane_only = only("control-plane");
     match run(&settings, &out, criterion.as_deref()) {
         Ok(report) => {
             println!("\n{}", report.summary());
@@ -190,7 +195,11 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         micro: criterion.map(micro).transpose()?.unwrap_or_default(),
         ..Report::default()
     };
-    let sandbox = data_path(s, &mut report)?;
+    let sandbox = if s.control_plane_only {
+        socklb_tests::Sandbox::new()?
+    } else {
+        data_path(s, &mut report)?
+    };
     if !s.kernel_only {
         control_plane(s, &sandbox, &mut report)?;
     }
@@ -355,7 +364,7 @@ fn verifier(s: &Settings, pins: &std::path::Path) -> anyhow::Result<report::Veri
         system.push(stime.tv_sec as f64 + stime.tv_usec as f64 / 1e6);
     }
     let programs = socklb::dataplane::loader::attached_programs(
-        &socklb::dataplane::loader::PinFolder::new(pins),
+        &socklb::dataplane::pins::PinFolder::new(pins),
     )?
     .into_iter()
     .map(|p| (p.name, p.verified_instructions.unwrap_or(0)))

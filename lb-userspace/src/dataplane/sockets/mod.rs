@@ -2,8 +2,9 @@
 //! was translated, for which client, since when) and, where asked, the kernel's own view of it
 //! (TCP state, connected or not, its network namespace).
 //!
-//! Records live in each socket's own storage (`SOCKETS`). They are read in one of two ways,
-//! whichever the kernel allowed at start (see `features`):
+//! A TCP connection's record lives in its `CONNECTIONS` slot (read in place, by cookie) unless
+//! the slot was taken; every other record in the socket's own storage (`SOCKETS`), read in one
+//! of two ways, whichever the kernel allowed at start (see `features`):
 //! - in one walk over the storage map (`SOCKETS_ITER`, an iterator over map elements), or
 //! - one pod network namespace at a time: TCP sockets through `sock_diag` with the storage
 //!   attribute, UDP sockets through `UDP_ITER` (an iterator over the namespace's UDP sockets
