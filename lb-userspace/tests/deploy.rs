@@ -156,7 +156,11 @@ fn the_daemonset_grants_every_capability_the_agent_keeps_and_no_low_port_one() {
     let Command::Agent(agent) = parsed(&container) else {
         panic!("the DaemonSet runs the agent");
     };
-    for listen in [&agent.health_listen, &agent.metrics_listen] {
+    for listen in [
+        &agent.health_listen,
+        &agent.metrics_listen,
+        &agent.prometheus_listen,
+    ] {
         let port: u16 = listen
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse().ok())
@@ -164,4 +168,67 @@ fn the_daemonset_grants_every_capability_the_agent_keeps_and_no_low_port_one() {
         assert!(port >= 1024, "{listen}");
     }
     assert!(!added.iter().any(|a| a == "NET_BIND_SERVICE"), "{added:?}");
+}
+
+/// Prometheus reaches the agent where the `PodMonitor` looks: the container port named `metrics`
+/// is the port of `--prometheus-listen` (/metrics alone) on the node's address from the
+/// downward API, and the `PodMonitor` selects the DaemonSet's pods. /status and /connections,
+/// which name Services and client pods, stay on loopback.
+#[test]
+fn the_podmonitor_scrapes_metrics_alone_on_the_nodes_address() {
+    let ds = &documents("daemonset.yaml")[0];
+    let container = agent_container();
+    let Command::Agent(agent) = parsed(&container) else {
+        panic!("the DaemonSet runs the agent");
+    };
+    let (host, port) = agent
+        .prometheus_listen
+        .rsplit_once(':')
+        .expect("--prometheus-listen HOST:PORT");
+    assert_eq!(host, "$(HOST_IP)", "the node's address");
+    let env = container["env"].as_array().expect("env");
+    let host_ip = env
+        .iter()
+        .find(|e| e["name"] == "HOST_IP")
+        .expect("HOST_IP in the environment");
+    assert_eq!(
+        host_ip["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.hostIP"
+    );
+    let named = container["ports"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "metrics"))
+        .expect("a container port named metrics");
+    assert_eq!(
+        named["containerPort"]
+            .as_u64()
+            .map(|p| p.to_string())
+            .as_deref(),
+        Some(port)
+    );
+    assert!(
+        agent.metrics_listen.starts_with("127.0.0.1:"),
+        "/status and /connections on loopback: {}",
+        agent.metrics_listen
+    );
+
+    let monitor = &documents("monitoring/podmonitor.yaml")[0];
+    let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["port"], "metrics");
+    assert_eq!(endpoint["path"], "/metrics");
+    assert_eq!(
+        monitor["metadata"]["namespace"], ds["metadata"]["namespace"],
+        "the PodMonitor looks in the DaemonSet's namespace"
+    );
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels");
+    assert!(!selector.is_empty());
+    for (k, v) in selector {
+        assert_eq!(
+            &labels[k], v,
+            "the PodMonitor's selector {k} matches the pods"
+        );
+    }
 }

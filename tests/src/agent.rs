@@ -279,21 +279,7 @@ impl AgentProcess {
         } else {
             self.listen
         };
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: socklb\r\n\r\n")?;
-        let mut response = String::new();
-        s.read_to_string(&mut response)?;
-        let code = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .context("no HTTP status")?;
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        Ok((code, body))
+        http_get(addr, path)
     }
 
     /// The agent's /status, as the library's own type.
@@ -331,4 +317,23 @@ impl Drop for AgentProcess {
         }
         self.kill9();
     }
+}
+
+/// An HTTP GET of `path` on `addr`: (status code, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: socklb\r\n\r\n")?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no HTTP status")?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
 }

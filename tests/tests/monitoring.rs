@@ -3,6 +3,7 @@
 //! metric they name is one a running agent exports.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
     path::PathBuf,
     process::Output,
     time::{Duration, Instant},
@@ -16,7 +17,7 @@ use promql_parser::{
 use serde_json::Value;
 use socklb_tests::{
     Sandbox,
-    agent::{AgentOptions, AgentProcess},
+    agent::{AgentOptions, AgentProcess, http_get},
     client::Command,
     manifests::{Ep, service, slice},
 };
@@ -258,12 +259,16 @@ fn feature_on(exposition: &str, feature: &str) -> bool {
 /// The agent's /metrics once it shows an error counted and a live socket (or, when this kernel
 /// lets the agent list no TCP socket, once the error is there): families with no series yet
 /// are left out of the exposition whole, `# TYPE` line included.
-fn exposition_with_every_family(agent: &AgentProcess) -> anyhow::Result<String> {
+/// Read where Prometheus reads it: the `--prometheus-listen` address, `scrape`.
+fn exposition_with_every_family(
+    agent: &AgentProcess,
+    scrape: SocketAddr,
+) -> anyhow::Result<String> {
     let start = Instant::now();
     loop {
         // Asks for a fresh count of the live sockets (else one every 15 s).
         let _ = agent.get("/connections")?;
-        let (code, exposition) = agent.get("/metrics")?;
+        let (code, exposition) = http_get(scrape, "/metrics")?;
         anyhow::ensure!(code == 200, "GET /metrics: HTTP {code}: {exposition}");
         let tcp_listed = feature_on(&exposition, "sockets-iterator")
             || feature_on(&exposition, "sock-diag-storage");
@@ -310,7 +315,22 @@ fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyho
             )
         ),
     )?;
-    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-backends", "1"]))?;
+    // Scraped as the DaemonSet and the PodMonitor have it: /metrics alone on an address of
+    // its own (`--prometheus-listen`).
+    let scrape: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-backends".to_string(),
+        "1".into(),
+        "--prometheus-listen".into(),
+        scrape.to_string(),
+    ]))?;
+    for path in ["/status", "/connections"] {
+        let (code, _) = http_get(scrape, path)?;
+        anyhow::ensure!(
+            code == 404,
+            "the scrape address serves only /metrics: GET {path} answered {code}"
+        );
+    }
     let mut client = sandbox.client()?;
     let opened = client.run(&Command::Open {
         id: 1,
@@ -318,7 +338,7 @@ fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyho
         udp: false,
     })?;
     anyhow::ensure!(opened.ok, "connection to {ONE_VIP}:80: {opened:?}");
-    let exposition = exposition_with_every_family(&agent)?;
+    let exposition = exposition_with_every_family(&agent, scrape)?;
     let exported = exported_names(&exposition);
 
     let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();

@@ -49,7 +49,6 @@ pub(super) async fn serve_health(listener: tokio::net::TcpListener, shared: Arc<
 }
 
 pub(super) async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
-    tokio::spawn(refresh_affinity(shared.clone()));
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(status))
@@ -59,9 +58,19 @@ pub(super) async fn serve_metrics(listener: tokio::net::TcpListener, shared: Arc
     serve(listener, app, "metrics").await;
 }
 
+/// `--prometheus-listen`: the metrics alone, for a scraper that reaches the node's address
+/// (the status and the connections name Services and client pods: they stay on loopback).
+pub(super) async fn serve_prometheus(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .layer(middleware::from_fn(deadline))
+        .with_state(shared);
+    serve(listener, app, "prometheus").await;
+}
+
 /// Counts AFFINITY's clients now and every `AFFINITY_REFRESH` (a bounded key walk, on a
 /// blocking thread): the scrape only reads the result.
-async fn refresh_affinity(shared: Arc<Shared>) {
+pub(super) async fn refresh_affinity(shared: Arc<Shared>) {
     let mut tick = tokio::time::interval(super::metrics::AFFINITY_REFRESH);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

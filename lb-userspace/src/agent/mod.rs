@@ -81,8 +81,10 @@ pub struct AgentConfig {
     pub node: NodeFlags,
     /// /healthz, /livez, /readyz; `None` turns it off.
     pub health_listen: Option<SocketAddr>,
-    /// /metrics, /status; `None` turns it off.
+    /// /metrics, /status, /connections; `None` turns it off.
     pub metrics_listen: Option<SocketAddr>,
+    /// /metrics alone, for a scraper off the node; `None` turns it off.
+    pub prometheus_listen: Option<SocketAddr>,
     /// kube-proxy's /healthz and /livez (its `--healthz-bind-address`); `None`: off.
     pub kube_proxy_healthz: Option<SocketAddr>,
     /// Serve healthCheckNodePorts (`--health-check-node-ports`).
@@ -108,11 +110,12 @@ pub struct AgentConfig {
 pub struct Listeners {
     health: Option<std::net::TcpListener>,
     metrics: Option<std::net::TcpListener>,
+    prometheus: Option<std::net::TcpListener>,
     kube_proxy_healthz: Option<std::net::TcpListener>,
 }
 
 impl Listeners {
-    /// Binds both addresses; a port in use fails here, before the data path is touched.
+    /// Binds every address; a port in use fails here, before the data path is touched.
     pub fn bind(config: &AgentConfig) -> anyhow::Result<Self> {
         let bind = |addr: Option<SocketAddr>, what: &str| -> anyhow::Result<_> {
             addr.map(|a| {
@@ -126,6 +129,7 @@ impl Listeners {
         Ok(Self {
             health: bind(config.health_listen, "health")?,
             metrics: bind(config.metrics_listen, "metrics")?,
+            prometheus: bind(config.prometheus_listen, "prometheus")?,
             kube_proxy_healthz: config
                 .kube_proxy_healthz
                 .map(|a| {
@@ -569,9 +573,19 @@ fn serve(listeners: Listeners, shared: &Arc<Shared>) -> anyhow::Result<()> {
             shared.clone(),
         ));
     }
+    if listeners.metrics.is_some() || listeners.prometheus.is_some() {
+        tokio::spawn(http::refresh_affinity(shared.clone()));
+    }
     if let Some(l) = listeners.metrics {
-        tracing::info!(listen = %l.local_addr()?, "serving /metrics, /status");
+        tracing::info!(listen = %l.local_addr()?, "serving /metrics, /status, /connections");
         tokio::spawn(http::serve_metrics(
+            tokio::net::TcpListener::from_std(l)?,
+            shared.clone(),
+        ));
+    }
+    if let Some(l) = listeners.prometheus {
+        tracing::info!(listen = %l.local_addr()?, "serving /metrics alone");
+        tokio::spawn(http::serve_prometheus(
             tokio::net::TcpListener::from_std(l)?,
             shared.clone(),
         ));

@@ -79,9 +79,14 @@ pub struct AgentArgs {
     /// Address for /healthz, /livez and /readyz ("off" to disable).
     #[arg(long, default_value = DEFAULT_HEALTH_ADDRESS, env = "SOCKLB_HEALTH_LISTEN")]
     pub health_listen: String,
-    /// Address for /metrics and /status ("off" to disable).
+    /// Address for /metrics, /status and /connections ("off" to disable). Keep it on
+    /// loopback: /status and /connections name Services and client pods.
     #[arg(long, default_value = DEFAULT_METRICS_ADDRESS, env = "SOCKLB_METRICS_LISTEN")]
     pub metrics_listen: String,
+    /// Address for /metrics alone, for a scraper off the node (the node's own address, say,
+    /// as the DaemonSet sets it); "off", the default. Nothing else is served there.
+    #[arg(long, default_value = "off", env = "SOCKLB_PROMETHEUS_LISTEN")]
+    pub prometheus_listen: String,
     /// Serve the healthCheckNodePort of every LoadBalancer Service with
     /// externalTrafficPolicy Local, as kube-proxy does (200 while this node has a ready
     /// endpoint of it and carries its traffic, see --external-traffic, else 503). Only instead
@@ -222,6 +227,7 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         node: args.node.flags()?,
         health_listen: listen(&args.health_listen, "health-listen")?,
         metrics_listen: listen(&args.metrics_listen, "metrics-listen")?,
+        prometheus_listen: listen(&args.prometheus_listen, "prometheus-listen")?,
         kube_proxy_healthz: kube_proxy_healthz(&args.kube_proxy_healthz)?,
         health_check_node_ports: args.health_check_node_ports,
         external_traffic: args.external_traffic == ExternalTraffic::Carried,
