@@ -9,7 +9,8 @@
 - `promtool check rules rules.yaml` and `promtool test rules rules-test.yaml` pass;
 - every PromQL expression of dashboard.json parses (promtool, as recording rules, with the
   dashboard's variables replaced by plain values);
-- when the README has a "## Runbook" section, it has a "### <alertname>" heading per alert.
+- the README's "## Runbook" section has a "### <alertname>" heading per alert, with a
+  paragraph under it, and no heading for an alert that does not exist.
 
 promtool: $PROMTOOL, else /usr/local/bin/promtool, else the one on PATH.
 Run from anywhere: `python3 deploy/monitoring/check.py [--write]`.
@@ -192,12 +193,19 @@ def check_readme(problems, names):
         text = f.read()
     match = re.search(r"^## Runbook\n(.*?)(?=^## |\Z)", text, re.M | re.S)
     if not match:
-        print("README.md has no \"## Runbook\" section yet: runbook headings not checked\n")
+        problems.append("README.md: no \"## Runbook\" section")
         return
-    headings = set(re.findall(r"^### (\S+)\s*$", match.group(1), re.M))
+    sections = dict(
+        re.findall(r"^### (\S+)\s*\n(.*?)(?=^### |\Z)", match.group(1), re.M | re.S)
+    )
     for name in names:
-        if name not in headings:
+        if name not in sections:
             problems.append(f"README.md: no \"### {name}\" under \"## Runbook\"")
+        elif "**Fix:**" not in sections[name] or "**Means:**" not in sections[name]:
+            problems.append(f"README.md: the runbook of {name} does not say what it means and the fix")
+    for name in sections:
+        if name not in names:
+            problems.append(f"README.md: runbook section {name} for an alert that does not exist")
 
 
 def main():
