@@ -263,7 +263,7 @@ fn emit(hook: Hook, kind: u8, key: &FrontendKey, backend: &Backend, service_id: 
     };
     // No wakeup: the reader drains the buffer on its own clock (a wakeup per decision would
     // cost the connect microseconds).
-    if EVENTS.output(&event, BPF_RB_NO_WAKEUP).is_err() {
+    if EVENTS.output(event, BPF_RB_NO_WAKEUP).is_err() {
         count(Counter::EventsDropped);
     }
 }
