@@ -142,10 +142,12 @@ fn process_sync_and_map_metrics(text: &str) -> anyhow::Result<()> {
     assert!(
         value(text, "socklb_last_sync_timestamp_seconds").is_some_and(|t| (now - t).abs() < 120.0)
     );
-    // Every map the agent can size without walking it, as one entries/capacity pair.
+    // Every map the agent can size without walking it, as one entries/capacity pair (not the
+    // socket storage, and not the EVENTS ring buffer, which has bytes, not entries: its drops
+    // are socklb_datapath_events_dropped_total).
     for map in lb_common::MAPS
         .iter()
-        .filter(|m| m.id != lb_common::MapId::Sockets)
+        .filter(|m| ![lb_common::MapId::Sockets, lb_common::MapId::Events].contains(&m.id))
     {
         let entries = value(text, &format!("socklb_map_entries{{map=\"{}\"}}", map.name));
         let capacity = value(

@@ -197,6 +197,7 @@ fn fixed_sizes(
         MapId::AffinityEmpty,
         MapId::Config,
         MapId::Counters,
+        MapId::Monitor,
     ] {
         let Ok((capacity, _)) = read_only.footprint(map) else {
             continue;
