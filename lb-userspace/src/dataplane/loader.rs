@@ -467,48 +467,38 @@ impl Dataplane {
             path: self.cgroup.clone(),
             source,
         })?;
+        let release = self.features.enabled(Feature::SocketRelease);
+        let names = program::ALL
+            .iter()
+            .copied()
+            .chain(release.then_some(program::RELEASE));
         let mut ids = Vec::new();
-        for name in program::ALL {
-            let Some(Program::CgroupSockAddr(prog)) = self.ebpf.program_mut(name) else {
-                return Err(LoadError::MissingProgram { program: name });
-            };
+        for name in names {
             let fail = |what, source| LoadError::Program {
                 program: name,
                 what,
                 source,
             };
-            let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
-            let link_id = prog
-                .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(|e| fail("attaching", e))?;
-            let link = prog
-                .take_link(link_id)
-                .map_err(|e| fail("taking its link", e))?;
-            let link = FdLink::try_from(link).map_err(|source| LoadError::Link {
-                program: name,
-                source,
-            })?;
-            pin_link(&self.pins, name, link)?;
-            ids.push((name, id));
-        }
-        if self.features.enabled(Feature::SocketRelease) {
-            let name = program::RELEASE;
-            let Some(Program::CgroupSock(prog)) = self.ebpf.program_mut(name) else {
-                return Err(LoadError::MissingProgram { program: name });
+            // The same three steps for either program type (aya gives each its own link types).
+            macro_rules! attach_link {
+                ($prog:expr) => {{
+                    let prog = $prog;
+                    let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
+                    let link_id = prog
+                        .attach(&cgroup, CgroupAttachMode::Single)
+                        .map_err(|e| fail("attaching", e))?;
+                    let link = prog
+                        .take_link(link_id)
+                        .map_err(|e| fail("taking its link", e))?;
+                    (id, FdLink::try_from(link))
+                }};
+            }
+            let (id, link) = match self.ebpf.program_mut(name) {
+                Some(Program::CgroupSockAddr(prog)) => attach_link!(prog),
+                Some(Program::CgroupSock(prog)) => attach_link!(prog),
+                _ => return Err(LoadError::MissingProgram { program: name }),
             };
-            let fail = |what, source| LoadError::Program {
-                program: name,
-                what,
-                source,
-            };
-            let id = prog.info().map_err(|e| fail("reading its id", e))?.id();
-            let link_id = prog
-                .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(|e| fail("attaching", e))?;
-            let link = prog
-                .take_link(link_id)
-                .map_err(|e| fail("taking its link", e))?;
-            let link = FdLink::try_from(link).map_err(|source| LoadError::Link {
+            let link = link.map_err(|source| LoadError::Link {
                 program: name,
                 source,
             })?;
