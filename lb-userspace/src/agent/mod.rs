@@ -832,22 +832,25 @@ async fn recount_loop(
     }
 }
 
-/// The kernel's per-pod record counts (when the bound is on) and the slots held, for the
-/// metrics.
-fn record_counts(config: &AgentConfig, dataplane: &Dataplane, shared: &Shared) {
-    if let Ok(held) = sockets::held_slots(&dataplane.sockets) {
-        shared.metrics.record_slots(held);
-    }
-    let Some(bound) = config
+/// Reads the connection slots held and each pod's count of socket records for the metrics, on
+/// a blocking thread: a read of the whole slot table the reconcile loop does not wait for.
+fn record_counts(config: &AgentConfig, dataplane: &Dataplane, shared: &Arc<Shared>) {
+    let sockets = dataplane.sockets.clone();
+    let bound = config
         .load
         .max_sockets_per_pod
-        .filter(|_| shared.features.socket_bound())
-    else {
-        return;
-    };
-    if let Ok(counts) = quota::counts(&dataplane.sockets) {
-        shared.metrics.record_counts(&counts, bound);
-    }
+        .filter(|_| shared.features.socket_bound());
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Ok(held) = sockets::held_slots(&sockets) {
+            shared.metrics.record_slots(held);
+        }
+        if let Some(bound) = bound
+            && let Ok(counts) = quota::counts(&sockets)
+        {
+            shared.metrics.record_counts(&counts, bound);
+        }
+    });
 }
 
 /// Looks again where pods are in the cgroup tree (the kubelet's tiers may come after the agent).
