@@ -144,7 +144,7 @@ pub(crate) fn try_translate(
     // allocation); otherwise, and for UDP, in the socket's own storage.
     let mut slot = core::ptr::null_mut::<ConnRecord>();
     let mut cookie = 0;
-    if wants_record && !udp && config.is_some_and(|c| c.flags & CONFIG_CONNECTION_SLOTS != 0) {
+    if wants_record && !udp && slots_on(config) {
         // SAFETY: the hook's own socket.
         cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
         if let Some(s) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
@@ -243,13 +243,17 @@ fn emit(hook: Hook, kind: u8, key: &FrontendKey, backend: &Backend, service_id: 
         return;
     };
     let until = monitor.until_ns;
-    // SAFETY: plain helper calls.
-    if until == 0 || unsafe { bpf_ktime_get_ns() } >= until {
+    if until == 0 {
+        return;
+    }
+    // SAFETY: plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if now >= until {
         return;
     }
     let event = Event {
-        // SAFETY: plain helper calls.
-        at_ns: unsafe { bpf_ktime_get_ns() },
+        at_ns: now,
+        // SAFETY: plain helper call.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         frontend: *key,
         backend: *backend,
