@@ -443,8 +443,10 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         // SAFETY: non-null, this socket's value.
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
-    // Every connected TCP socket is looked at, not only those to a port backends use now: a
-    // connection whose Service left before it closed would otherwise hold its slot for good.
+    // Every connected TCP socket is looked at, not only those to a port in the backend port
+    // bitmap: that bitmap only grows within a map generation, but a new generation (a layout
+    // migration) starts it afresh while `CONNECTIONS` stays, and a connection made before to a
+    // port no backend uses now would hold its slot for good.
     if !udp && slots_on(config) && port_be != 0 {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
