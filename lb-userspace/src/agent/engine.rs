@@ -440,18 +440,43 @@ impl<M: ServiceMaps> Engine<M> {
             &self.bound,
             &self.listeners,
         );
-        if info != self.node {
-            tracing::info!(
-                zone = ?info.zone,
-                node_ports = ?info.addresses,
-                own = ?info.own_addresses,
-                "node identity changed"
-            );
+        if info == self.node {
+            return;
+        }
+        // Listeners come and go with any process on the node: they matter only to the
+        // Services claiming one of its addresses, not to every Service.
+        let listeners_only = NodeInfo {
+            listeners: self.node.listeners.clone(),
+            ..info.clone()
+        } == self.node;
+        if listeners_only {
+            let own = &info.own_addresses;
+            let affected: Vec<ObjectKey> = self
+                .store
+                .services()
+                .filter(|s| {
+                    s.cluster_ips
+                        .iter()
+                        .chain(&s.external_ips)
+                        .chain(s.lb_ingress.iter().map(|i| &i.ip))
+                        .any(|ip| own.contains(ip))
+                })
+                .map(|s| s.key.clone())
+                .collect();
             self.node = info;
-            self.full_sync_needed = true;
-            if self.synced {
-                self.unapplied_node.get_or_insert_with(Instant::now);
-            }
+            self.changed(affected);
+            return;
+        }
+        tracing::info!(
+            zone = ?info.zone,
+            node_ports = ?info.addresses,
+            own = ?info.own_addresses,
+            "node identity changed"
+        );
+        self.node = info;
+        self.full_sync_needed = true;
+        if self.synced {
+            self.unapplied_node.get_or_insert_with(Instant::now);
         }
     }
 
@@ -783,6 +808,53 @@ mod tests {
             .into_iter()
             .find(|o| matches!(o, Object::EndpointSlice(_)))
             .expect("a slice")
+    }
+
+    /// A listener coming or going on the node re-translates only the Services claiming one of
+    /// its addresses, not every Service (host processes open listeners all the time).
+    #[test]
+    fn a_listener_change_translates_only_services_on_the_nodes_addresses() {
+        use crate::vocab::{Listener, Protocol};
+        let mut engine = Engine::new(
+            Reconciler::new(InMemoryMaps::new()).expect("reconciler"),
+            NodeFlags::default(),
+        );
+        let mut all = web("{addresses: [10.244.0.1]}");
+        all.extend(objects(
+            "apiVersion: v1\nkind: Service\nmetadata: {name: other, namespace: d}\nspec:\n  clusterIP: 10.96.0.2\n  ports: [{name: http, port: 80}]\n",
+        ));
+        listed(&mut engine, all);
+        // web's ClusterIP is bound on the node (as NodeLocal DNSCache binds kube-dns's).
+        engine.handle(SourceEvent::LocalAddresses(vec![
+            "10.96.0.1".parse().expect("ip"),
+        ]));
+        assert!(engine.reconcile().is_some_and(|p| p.full));
+        let listener = |addr: Option<&str>, port| Listener {
+            addr: addr.map(|a| a.parse().expect("ip")),
+            port,
+            protocol: Protocol::Tcp,
+        };
+        engine.handle(SourceEvent::LocalListeners(vec![listener(None, 22)]));
+        let pass = engine.reconcile().expect("a pass");
+        assert!(!pass.full, "no full sync for a listener");
+        assert_eq!(pass.services, 1, "web only");
+        assert!(
+            !engine
+                .node()
+                .serves("10.96.0.1".parse().expect("ip"), 80, Protocol::Tcp)
+        );
+        engine.handle(SourceEvent::LocalListeners(vec![
+            listener(None, 22),
+            listener(Some("10.96.0.1"), 80),
+        ]));
+        let pass = engine.reconcile().expect("a pass");
+        assert!(!pass.full);
+        assert_eq!(pass.services, 1);
+        assert!(
+            engine
+                .node()
+                .serves("10.96.0.1".parse().expect("ip"), 80, Protocol::Tcp)
+        );
     }
 
     /// kube-proxy's health rule (`proxy_health.go`): only a change queued after the first sync
