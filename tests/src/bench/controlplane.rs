@@ -98,7 +98,7 @@ fn apply(
     Ok((start.elapsed(), pass.report.writes))
 }
 
-fn flags() -> NodeFlags {
+pub fn flags() -> NodeFlags {
     NodeFlags {
         proxy_name: DEFAULT_PROXY_NAME.into(),
         external_ips: true,
