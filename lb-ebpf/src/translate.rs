@@ -443,11 +443,9 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         // SAFETY: non-null, this socket's value.
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
-    // Every connected TCP socket is looked at, not only those to a port in the backend port
-    // bitmap: that bitmap only grows within a map generation, but a new generation (a layout
-    // migration) starts it afresh while `CONNECTIONS` stays, and a connection made before to a
-    // port no backend uses now would hold its slot for good.
-    if !udp && slots_on(config) && port_be != 0 {
+    // Only a connection to a port in the backend port bitmap can hold a slot: the bitmap only
+    // grows, and a new generation (a layout migration) starts with the old one's bits.
+    if !udp && slots_on(config) && port_be != 0 && backend_port_in_use(false, port_be) {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
         if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {

@@ -12,7 +12,11 @@ use std::{
 
 use socklb::{
     cli::Reset,
-    dataplane::{loader::ProgramView, pins::PinFolder},
+    dataplane::{
+        loader::ProgramView,
+        pins::{PinFolder, socket_layout_digest},
+        sockets::{SocketPins, held_slots},
+    },
 };
 use socklb_tests::{
     Client, Sandbox,
@@ -517,6 +521,50 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     sandbox.wait_candidates(WEB, &[A, B])?;
     assert_eq!(connect(&sandbox, WEB, 20)?.answers(), 20);
     still_on_the_service(&mut held, &opened)
+}
+
+/// A connection that outlives its Service across a migration (the Service goes while the agent
+/// is down, and the new agent has another map layout): getpeername still reports the Service's
+/// address, and closing it frees its connection slot. The programs look for a record only on
+/// ports in the backend port bitmap; no backend of the new generation uses the connection's
+/// port, so the new generation starts with the old one's bits.
+#[test]
+fn a_connection_outliving_its_service_across_a_migration_keeps_its_name_and_frees_its_slot()
+-> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = seeded()?;
+    let mut old = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    let folder = PinFolder::new(sandbox.pin_folder());
+    let old_generation = folder.current().expect("a generation");
+    let slots = SocketPins::new(folder.sockets(&socket_layout_digest()));
+    let (mut held, opened) = hold_a_connection(&sandbox)?;
+    assert_eq!(held_slots(&slots)?, 1, "the connection holds a slot");
+    let stopped = old.stop()?;
+    assert!(stopped.success(), "the old agent stops cleanly: {stopped}");
+    sandbox.remove_manifest("service.yaml")?;
+    sandbox.remove_manifest("endpointslice.yaml")?;
+    let new = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-backends".to_string(),
+        "4096".to_string(),
+    ]))?;
+    sandbox.wait_gone(WEB)?;
+    assert_ne!(folder.current().as_ref(), Some(&old_generation), "migrated");
+    assert!(
+        new.log_text()
+            .contains("carried the backend port bitmap of the previous layout"),
+        "{}",
+        new.log_tail(30)
+    );
+    still_on_the_service(&mut held, &opened)?;
+    let closed = held.run(&Command::Close { id: 1 })?;
+    assert!(closed.ok, "{closed:?}");
+    assert_eq!(
+        held_slots(&slots)?,
+        0,
+        "closing the connection freed its slot"
+    );
+    Ok(())
 }
 
 /// A connection to the Service made before a migration: its record lives in the per-socket

@@ -564,8 +564,56 @@ fn load_into(
         // A new generation: no bound and no slots until `attach` writes the settings (an
         // all-zero entry would read as a bound of 0).
         write_config(&mut ebpf, DatapathConfig::default())?;
+        for dir in pins.map_dirs().iter().filter(|d| d.as_path() != maps_dir) {
+            match carry_backend_ports(&mut ebpf, dir) {
+                Ok(0) => {}
+                Ok(words) => tracing::info!(
+                    from = %dir.display(),
+                    words,
+                    "carried the backend port bitmap of the previous layout"
+                ),
+                Err(e) => tracing::warn!(
+                    from = %dir.display(),
+                    error = %e,
+                    "could not carry the backend port bitmap of the previous layout: a connection made before the migration to a port no backend uses now reports its backend from getpeername and keeps its connection slot"
+                ),
+            }
+        }
     }
     Ok((ebpf, features))
+}
+
+/// Copies the backend port bitmap of an older generation's `PORTS` (same array size) into
+/// this one's. The programs look for a connection's record only on ports in the bitmap
+/// (getpeername, recvmsg, the release program freeing its slot); within a generation the
+/// bitmap only grows, so a connection made before the migration must keep its port's bit too.
+/// A bit too many costs a record lookup, never a wrong answer. Returns the words carried.
+fn carry_backend_ports(ebpf: &mut Ebpf, old_dir: &Path) -> Result<usize, aya::maps::MapError> {
+    use lb_common::ports;
+    let path = old_dir.join(MapId::Ports.name());
+    if !path.exists() {
+        return Ok(0);
+    }
+    let old_data = MapData::from_pin(&path)?;
+    if old_data.info()?.max_entries() != ports::WORDS {
+        // Another layout of the bitmaps: its words mean other things.
+        return Ok(0);
+    }
+    let old: Array<MapData, u64> = Array::try_from(aya::maps::Map::Array(old_data))?;
+    let Some(map) = ebpf.map_mut(MapId::Ports.name()) else {
+        return Ok(0);
+    };
+    let mut new: Array<&mut MapData, u64> = Array::try_from(map)?;
+    let mut carried = 0;
+    for word in ports::BACKEND..ports::FRONTEND_PORTS {
+        let bits = old.get(&word, 0)?;
+        if bits != 0 {
+            let mine = new.get(&word, 0)?;
+            new.set(word, mine | bits, 0)?;
+            carried += 1;
+        }
+    }
+    Ok(carried)
 }
 
 /// Loads (verifies) every cgroup program: translation needs all of them.
