@@ -116,8 +116,7 @@ impl BackendConnections {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClientConnections {
-    /// The cgroup v2 id of the client: its pod's cgroup (or its container's: a TCP connection
-    /// in a `CONNECTIONS` slot names the process's own cgroup).
+    /// The cgroup v2 id of the client: its pod's cgroup (a process outside pods: its own).
     pub cgroup_id: u64,
     /// Its path below the cgroup root, when found.
     pub cgroup: Option<String>,
@@ -241,6 +240,27 @@ pub fn cgroup_paths(root: &Path) -> HashMap<u64, PathBuf> {
     out
 }
 
+/// The cgroup a client is shown as: its pod's, when its own lies inside a pod's cgroup. A TCP
+/// connection in a `CONNECTIONS` slot names the process's own (container) cgroup, every other
+/// record names the pod, so without this one pod would be two clients of the same backend.
+fn pod_level<S: std::hash::BuildHasher>(
+    cgroup_id: u64,
+    cgroups: &HashMap<u64, PathBuf, S>,
+    by_path: &HashMap<&Path, u64>,
+) -> u64 {
+    let Some(path) = cgroups.get(&cgroup_id) else {
+        return cgroup_id;
+    };
+    let mut prefix = PathBuf::new();
+    for c in path.components() {
+        prefix.push(c);
+        if pod_uid(Path::new(c.as_os_str())).is_some() {
+            return by_path.get(prefix.as_path()).copied().unwrap_or(cgroup_id);
+        }
+    }
+    cgroup_id
+}
+
 /// The pod UID in a kubelet cgroup path: `.../pod<uid>/...` (cgroupfs driver) or
 /// `...-pod<uid with _>.slice/...` (systemd driver).
 pub fn pod_uid(path: &Path) -> Option<String> {
@@ -324,7 +344,9 @@ pub fn summarize<S: std::hash::BuildHasher>(
 ) -> ConnectionsView {
     let mut backends: BTreeMap<BackendKey, (Vec<ServiceAddr>, BTreeMap<u64, Client>)> =
         BTreeMap::new();
+    let by_path: HashMap<&Path, u64> = cgroups.iter().map(|(id, p)| (p.as_path(), *id)).collect();
     for ((frontend, backend, cgroup_id), client) in tally.connections {
+        let cgroup_id = pod_level(cgroup_id, cgroups, &by_path);
         let service = frontend
             .and_then(|f| snapshot.reach(&f))
             .and_then(|r| snapshot.service_port(r.service_id));
@@ -487,7 +509,29 @@ fn connection(
 mod tests {
     use std::path::Path;
 
-    use super::pod_uid;
+    use std::{collections::HashMap, path::PathBuf};
+
+    use super::{pod_level, pod_uid};
+
+    /// A container's cgroup and its pod's are one client (the pod's); cgroups outside pods, or
+    /// not found, stay as they are.
+    #[test]
+    fn a_containers_cgroup_is_shown_as_its_pods() {
+        let pod = "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0a1b2c3d_1111_2222_3333_444455556666.slice";
+        let cgroups: HashMap<u64, PathBuf> = [
+            (10, PathBuf::from(pod)),
+            (11, Path::new(pod).join("cri-containerd-1234.scope")),
+            (20, PathBuf::from("system.slice/sshd.service")),
+        ]
+        .into_iter()
+        .collect();
+        let by_path: HashMap<&Path, u64> =
+            cgroups.iter().map(|(id, p)| (p.as_path(), *id)).collect();
+        assert_eq!(pod_level(11, &cgroups, &by_path), 10);
+        assert_eq!(pod_level(10, &cgroups, &by_path), 10);
+        assert_eq!(pod_level(20, &cgroups, &by_path), 20);
+        assert_eq!(pod_level(99, &cgroups, &by_path), 99);
+    }
 
     #[test]
     fn pod_uids_in_both_cgroup_drivers() {
