@@ -69,12 +69,59 @@ pub struct AgentProcess {
     memory_cgroup: Option<PathBuf>,
 }
 
-fn free_port() -> anyhow::Result<u16> {
+/// A loopback port for an agent's listener, free when this returns. It is taken below the
+/// kernel's ephemeral range: a port from that range (what binding port 0 gives) can be taken by
+/// any concurrent test's outgoing connection before the agent binds it.
+pub fn free_port() -> anyhow::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static TRIES: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 10_000;
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .filter(|h| *h > LOW + 1_000)
+        .unwrap_or(32_768);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    for _ in 0..1_000 {
+        // Spread over the range by process, time and attempt, so test binaries running at once
+        // rarely try the same ports.
+        let n = TRIES.fetch_add(1, Ordering::Relaxed);
+        let mix = std::process::id()
+            .wrapping_mul(0x9e37_79b1)
+            .wrapping_add(n.wrapping_mul(0x85eb_ca6b))
+            ^ nanos;
+        let port = u16::try_from(LOW + mix % (high - LOW)).unwrap_or(0);
+        if port != 0 && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl AgentProcess {
     pub fn start(sandbox: &Sandbox, options: &AgentOptions) -> anyhow::Result<Self> {
+        // A listener port chosen here may still be taken by another process before the agent
+        // binds it: then the agent exits saying so, and starts again on other ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(sandbox, options) {
+                Err(e)
+                    if attempt < 5
+                        && (options.metrics_listen.is_none()
+                            || options.health_listen.is_none())
+                        && format!("{e:#}").contains("Address already in use") =>
+                {
+                    eprintln!("the agent's listener port was taken; starting it again: {e:#}");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn start_once(sandbox: &Sandbox, options: &AgentOptions) -> anyhow::Result<Self> {
         let listen: SocketAddr = match options.metrics_listen {
             Some(a) => a,
             None => format!("127.0.0.1:{}", free_port()?).parse()?,

@@ -317,7 +317,7 @@ fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyho
     )?;
     // Scraped as the DaemonSet and the PodMonitor have it: /metrics alone on an address of
     // its own (`--prometheus-listen`).
-    let scrape: SocketAddr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let scrape: SocketAddr = format!("127.0.0.1:{}", socklb_tests::agent::free_port()?).parse()?;
     let agent = sandbox.start_agent(&AgentOptions::with_args([
         "--max-backends".to_string(),
         "1".into(),
