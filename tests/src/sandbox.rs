@@ -278,6 +278,17 @@ impl Sandbox {
         Ok(())
     }
 
+    /// A sandbox with seed 000 (`examples/seed`: web, 10.96.0.10:80 → 10.244.1.21:8080 and
+    /// 10.244.2.34:8080) in its manifests folder and both backends running.
+    pub fn seeded() -> anyhow::Result<Self> {
+        let sandbox = Self::new()?;
+        for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
+            sandbox.add_backend(b.parse()?, false)?;
+        }
+        sandbox.copy_manifests(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/seed"))?;
+        Ok(sandbox)
+    }
+
     /// Copies every manifest of `dir` into the watched folder.
     pub fn copy_manifests(&self, dir: &Path) -> anyhow::Result<()> {
         for entry in std::fs::read_dir(dir)? {

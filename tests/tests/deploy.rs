@@ -41,16 +41,6 @@ fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name}: {value}");
 }
 
-/// The seed Service (web, 10.96.0.10:80 → A and B) with its backends running.
-fn seeded() -> anyhow::Result<Sandbox> {
-    let sandbox = Sandbox::new()?;
-    for b in [A, B] {
-        sandbox.add_backend(b.parse()?, false)?;
-    }
-    sandbox.copy_manifests(&examples().join("seed"))?;
-    Ok(sandbox)
-}
-
 /// What the kernel itself puts in every bpf filesystem (the preloaded iterators).
 const KERNEL_FILES: [&str; 2] = ["maps.debug", "progs.debug"];
 
@@ -102,7 +92,7 @@ fn wait_until(
 #[test]
 fn a_taken_listener_port_fails_the_start_and_changes_nothing() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = seeded()?;
+    let sandbox = Sandbox::seeded()?;
     let taken = TcpListener::bind("127.0.0.1:0")?;
     let addr = taken.local_addr()?;
     let taking = |which: &str| AgentOptions {
@@ -316,7 +306,7 @@ fn reset(pin_folder: &Path) -> anyhow::Result<Reset> {
 #[test]
 fn uninstall_after_kill_9_leaves_no_program_and_no_pin() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = seeded()?;
+    let sandbox = Sandbox::seeded()?;
     let mut agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;
     let programs = socklb_tests::features::Claims::of(&agent.status()?).programs();
@@ -424,7 +414,7 @@ impl Load {
 #[test]
 fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = seeded()?;
+    let sandbox = Sandbox::seeded()?;
     let mut old = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;
     let folder = PinFolder::new(sandbox.pin_folder());
@@ -532,7 +522,7 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
 fn a_connection_outliving_its_service_across_a_migration_keeps_its_name_and_frees_its_slot()
 -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = seeded()?;
+    let sandbox = Sandbox::seeded()?;
     let mut old = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;
     let folder = PinFolder::new(sandbox.pin_folder());

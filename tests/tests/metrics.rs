@@ -174,11 +174,7 @@ fn process_sync_and_map_metrics(text: &str) -> anyhow::Result<()> {
 #[test]
 fn metrics_pass_promtool_and_speak_openmetrics_when_asked() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = Sandbox::new()?;
-    for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
-        sandbox.add_backend(b.parse()?, false)?;
-    }
-    sandbox.copy_manifests(&examples().join("seed"))?;
+    let sandbox = Sandbox::seeded()?;
     let agent = sandbox.start_agent(&AgentOptions::default())?;
     let mut client = sandbox.client()?;
     assert_eq!(client.connect("10.96.0.10:80".parse()?, 10)?.answers(), 10);

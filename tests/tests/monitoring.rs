@@ -291,15 +291,11 @@ fn exposition_with_every_family(
 #[test]
 fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = Sandbox::new()?;
-    for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
-        sandbox.add_backend(b.parse()?, false)?;
-    }
     // Seed 000's web (two backends) cannot fit in a backend array of one, so a map_full error
     // is counted; `one` (a single backend) fits, and the test holds a connection to it, so
     // live sockets are counted: both families appear in the exposition only once they have a
     // series.
-    sandbox.copy_manifests(&workspace().join("examples/seed"))?;
+    let sandbox = Sandbox::seeded()?;
     sandbox.write_manifest(
         "one.yaml",
         &format!(

@@ -478,11 +478,7 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
 #[test]
 fn hostile_manifests_are_rejected_one_by_one_and_the_rest_works() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
-    let sandbox = Sandbox::new()?;
-    for b in ["10.244.1.21:8080", "10.244.2.34:8080"] {
-        sandbox.add_backend(b.parse()?, false)?;
-    }
-    sandbox.copy_manifests(&examples().join("seed"))?;
+    let sandbox = Sandbox::seeded()?;
     let svc = |name: &str, ip: &str, port: &str| {
         format!(
             "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  clusterIP: {ip}\n  ports: [{{name: http, port: {port}}}]\n"
