@@ -25,8 +25,8 @@ use crate::{
     },
 };
 
-/// How often the agent counts live sockets for its metrics.
-pub(super) const REFRESH: Duration = Duration::from_secs(15);
+/// How often the agent counts live sockets and its connection slots for its metrics.
+pub const REFRESH: Duration = Duration::from_secs(15);
 /// A request is answered from a census at most this old.
 pub(super) const FRESH: Duration = Duration::from_secs(2);
 

@@ -15,6 +15,7 @@ mod metrics;
 mod probes;
 mod security;
 
+pub use connections::REFRESH as CENSUS_EVERY;
 pub use engine::{Engine, Pass};
 pub use memory::limit_arenas;
 pub use metrics::{Format, Metrics};

@@ -316,15 +316,23 @@ impl<T: Copy> MappedArray<T> {
     /// Maps the `len` entries of the array behind `map` (its value size must be `T`'s, a
     /// multiple of 8, as the kernel lays an mmapable array out).
     pub fn map(map: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
+        Self::map_at(map, 0, len)
+    }
+
+    /// Maps entries `first..first + len` only. Pages of a mapping that are read count in the
+    /// process's RSS until it is unmapped: a scan of a large array reads it window by window,
+    /// each window unmapped before the next. `first`'s byte offset must be page-aligned.
+    pub fn map_at(map: BorrowedFd<'_>, first: usize, len: usize) -> io::Result<Self> {
         assert!(
             size_of::<T>().is_multiple_of(8),
             "array values are 8-byte aligned"
         );
-        let bytes = len
-            .checked_mul(size_of::<T>())
-            .ok_or_else(|| io::Error::other("array too large to map"))?;
+        let too_large = || io::Error::other("array too large to map");
+        let bytes = len.checked_mul(size_of::<T>()).ok_or_else(too_large)?;
+        let offset = first.checked_mul(size_of::<T>()).ok_or_else(too_large)?;
+        let offset = libc::off_t::try_from(offset).map_err(|_| too_large())?;
         // SAFETY: a fresh shared read-only mapping of the map's memory; the kernel checks the
-        // length against the map.
+        // offset and length against the map.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -332,7 +340,7 @@ impl<T: Copy> MappedArray<T> {
                 libc::PROT_READ,
                 libc::MAP_SHARED,
                 map.as_raw_fd(),
-                0,
+                offset,
             )
         };
         if ptr == libc::MAP_FAILED {

@@ -596,6 +596,10 @@ pub fn api_mode_with(
         }
         latencies.push(t0.elapsed().as_secs_f64());
     }
+    // A running agent counts its connection slots and takes a census of the live sockets every
+    // `REFRESH` (the first at start, before the listing): the peak is read after one at full size.
+    let settled = start + socklb::agent::CENSUS_EVERY + Duration::from_secs(2);
+    std::thread::sleep(settled.saturating_duration_since(Instant::now()));
     let (peak_rss_mib, rss_mib) = status_of(pid)?;
     let maps_memory = map_memory(&sandbox.pin_folder())?;
     let map_mib = maps_memory.iter().map(|m| m.bytes as f64).sum::<f64>() / (1024.0 * 1024.0);
