@@ -2,7 +2,7 @@
 //! condition from its Service's EndpointSlices, and client pods' names by address from the
 //! slices' `targetRef`s. The agent and `explain` both read it from their objects.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     net::{IpAddr, SocketAddr},
 };
 
@@ -15,23 +15,11 @@ use crate::{
 /// Conditions and pod names from a store of Services and EndpointSlices.
 pub struct FromObjects<'a> {
     store: &'a Store,
-    pods: HashMap<IpAddr, String>,
 }
 
 impl<'a> FromObjects<'a> {
-    /// Indexes the pods the slices name, by address (one pass over every endpoint).
     pub fn new(store: &'a Store) -> Self {
-        let mut pods = HashMap::new();
-        for slice in store.slices() {
-            for ep in &slice.endpoints {
-                if let (Some(addr), Some(target)) = (ep.address, ep.target())
-                    && &*target.kind == "Pod"
-                {
-                    pods.insert(addr, target.key.to_string());
-                }
-            }
-        }
-        Self { store, pods }
+        Self { store }
     }
 }
 
@@ -91,11 +79,74 @@ impl Cluster for FromObjects<'_> {
             .map_or(Condition::Gone, |(_, c)| c)
     }
 
-    fn pod_at(&self, ip: IpAddr) -> Option<String> {
-        self.pods.get(&ip).cloned()
+    /// One pass over every endpoint, keeping only the addresses asked for (none asked: no
+    /// pass). An index of every pod, built for each census, cost the agent's loop a pass and
+    /// an entry per endpoint of the cluster every 15 s (100,000 at 10,000 Services), with no
+    /// client connected.
+    fn pods_at(&self, ips: &HashSet<IpAddr>) -> HashMap<IpAddr, String> {
+        let mut pods = HashMap::new();
+        if ips.is_empty() {
+            return pods;
+        }
+        for slice in self.store.slices() {
+            for ep in &slice.endpoints {
+                if let (Some(addr), Some(target)) = (ep.address, ep.target())
+                    && &*target.kind == "Pod"
+                    && ips.contains(&addr)
+                {
+                    pods.insert(addr, target.key.to_string());
+                }
+            }
+        }
+        pods
     }
 
     fn has_objects(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, HashSet};
+
+    use super::*;
+    use crate::model::parse_manifests;
+
+    const SLICE: &str = r"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.5]
+  targetRef: {kind: Pod, name: web-7f9c, namespace: shop}
+- addresses: [10.244.1.6]
+  targetRef: {kind: Pod, name: web-2b1d, namespace: shop}
+- addresses: [10.244.1.7]
+- addresses: [10.244.1.8]
+  targetRef: {kind: Node, name: node-1}
+";
+
+    #[test]
+    fn client_pods_are_named_for_the_addresses_asked_only() {
+        let parsed = parse_manifests("slice.yaml", SLICE.as_bytes());
+        assert!(parsed.errors.is_empty(), "{:?}", parsed.errors);
+        let store: Store = parsed.objects.into_iter().collect();
+        let cluster = FromObjects::new(&store);
+        let ip = |s: &str| s.parse::<IpAddr>().expect("address");
+        let asked = HashSet::from([
+            ip("10.244.1.6"),
+            ip("10.244.1.7"),
+            ip("10.244.1.8"),
+            ip("10.0.0.1"),
+        ]);
+        assert_eq!(
+            cluster.pods_at(&asked),
+            HashMap::from([(ip("10.244.1.6"), "shop/web-2b1d".to_string())]),
+            "only a Pod target is named; an address without one, or not in a slice, is not"
+        );
+        assert!(cluster.pods_at(&HashSet::new()).is_empty());
     }
 }

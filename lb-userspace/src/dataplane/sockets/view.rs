@@ -5,7 +5,7 @@
 //! condition and the client's name come from the caller (the agent and `explain` have the
 //! cluster's objects, `inspect` alone only the maps).
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     time::Duration,
@@ -152,8 +152,8 @@ pub struct SocketSummary {
 pub trait Cluster {
     /// The condition of `backend` in `service`'s EndpointSlices.
     fn condition(&self, service: Option<&ServicePortKey>, backend: SocketAddr) -> Condition;
-    /// The pod with this address, `namespace/name`.
-    fn pod_at(&self, ip: IpAddr) -> Option<String>;
+    /// The pods with these addresses, `namespace/name`, by address.
+    fn pods_at(&self, ips: &HashSet<IpAddr>) -> HashMap<IpAddr, String>;
     /// Conditions come from objects, not from the maps alone.
     fn has_objects(&self) -> bool;
 }
@@ -192,8 +192,8 @@ impl Cluster for MapsOnly {
         }
     }
 
-    fn pod_at(&self, _ip: IpAddr) -> Option<String> {
-        None
+    fn pods_at(&self, _ips: &HashSet<IpAddr>) -> HashMap<IpAddr, String> {
+        HashMap::new()
     }
 
     fn has_objects(&self) -> bool {
@@ -371,6 +371,12 @@ pub fn summarize<S: std::hash::BuildHasher>(
         merged.udp += client.udp;
         merged.sample.extend(client.sample);
     }
+    let asked: HashSet<IpAddr> = backends
+        .values()
+        .flat_map(|(_, clients)| clients.values())
+        .flat_map(|c| c.sample.iter().map(|s| s.local.ip()))
+        .collect();
+    let pods = cluster.pods_at(&asked);
     let mut services: BTreeMap<Option<ServicePortKey>, ServiceConnections> = BTreeMap::new();
     for ((service, backend), (frontends, clients)) in backends {
         let condition = cluster.condition(service.as_ref(), backend);
@@ -396,7 +402,9 @@ pub fn summarize<S: std::hash::BuildHasher>(
                     cgroup_id,
                     cgroup: path.map(|p| format!("/{}", p.display())),
                     pod_uid: path.and_then(|p| pod_uid(p)),
-                    pod: sockets.first().and_then(|s| cluster.pod_at(s.local.ip())),
+                    pod: sockets
+                        .first()
+                        .and_then(|s| pods.get(&s.local.ip()).cloned()),
                     total: client.tcp.values().sum::<usize>() + client.udp,
                     oldest_s: sockets.first().and_then(|s| s.age_s),
                     sockets,
