@@ -171,12 +171,58 @@ pub struct Reach {
     pub backends: Vec<Option<SocketAddr>>,
 }
 
+/// The non-empty entries of the backend array, by index: a vector as long as the highest index
+/// held (the agent packs its ranges from the start of the array), where an ordered map took a
+/// tree node per few entries and a search per write.
+#[derive(Clone, Debug, Default)]
+pub struct BackendSlots(Vec<Backend>);
+
+impl BackendSlots {
+    /// The entry at `index`, unless it is empty.
+    pub fn get(&self, index: u32) -> Option<&Backend> {
+        self.0
+            .get(index as usize)
+            .filter(|b| **b != Backend::default())
+    }
+
+    /// Writes `index` (an empty `backend` clears it).
+    pub fn insert(&mut self, index: u32, backend: Backend) {
+        let i = index as usize;
+        if i >= self.0.len() {
+            if backend == Backend::default() {
+                return;
+            }
+            self.0.resize(i + 1, Backend::default());
+        }
+        self.0[i] = backend;
+    }
+
+    pub fn remove(&mut self, index: u32) {
+        self.insert(index, Backend::default());
+    }
+
+    /// The non-empty entries, in index order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Backend)> {
+        (0u32..)
+            .zip(&self.0)
+            .filter(|(_, b)| **b != Backend::default())
+    }
+}
+
+impl PartialEq for BackendSlots {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for BackendSlots {}
+
 /// What the service maps hold, in key order. `backends` holds the non-empty entries of the
 /// backend array that were read (the ranges frontends use, at least).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MapSnapshot {
     pub frontends: BTreeMap<FrontendKey, Frontend>,
-    pub backends: BTreeMap<u32, Backend>,
+    pub backends: BackendSlots,
     pub meta: BTreeMap<u32, ServiceMeta>,
     /// Non-zero words of `PORTS`.
     pub ports: BTreeMap<u32, u64>,
@@ -194,12 +240,7 @@ impl MapSnapshot {
             }
             MapWrite::PutBackends { base, backends } => {
                 for (i, b) in backends.iter().enumerate() {
-                    let index = base + i as u32;
-                    if *b == Backend::default() {
-                        self.backends.remove(&index);
-                    } else {
-                        self.backends.insert(index, *b);
-                    }
+                    self.backends.insert(base + i as u32, *b);
                 }
             }
             MapWrite::PutMeta(id, m) => {
@@ -223,7 +264,7 @@ impl MapSnapshot {
         (0..u32::from(frontend.count))
             .map(|i| {
                 self.backends
-                    .get(&frontend.base.wrapping_add(i))
+                    .get(frontend.base.wrapping_add(i))
                     .and_then(backend_addr)
             })
             .collect()
@@ -444,5 +485,45 @@ impl ServiceMaps for InMemoryMaps {
 
     fn barrier(&mut self) -> bool {
         !self.no_barrier
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(last: u8) -> Backend {
+        Backend {
+            addr: [u32::from_be_bytes([10, 244, 0, last]).to_be(), 0, 0, 0],
+            port_be: 8080u16.to_be(),
+            family: lb_common::FAMILY_IPV4,
+            ..Backend::default()
+        }
+    }
+
+    #[test]
+    fn the_backend_array_mirror_holds_what_was_written_and_nothing_else() {
+        let mut snap = MapSnapshot::default();
+        snap.apply(&MapWrite::PutBackends {
+            base: 4,
+            backends: vec![backend(1), backend(2), Backend::default()],
+        });
+        assert_eq!(snap.backends.get(4), Some(&backend(1)));
+        assert_eq!(snap.backends.get(5), Some(&backend(2)));
+        assert_eq!(snap.backends.get(6), None, "an empty entry is no entry");
+        assert_eq!(snap.backends.get(0), None);
+        assert_eq!(snap.backends.get(1_000_000), None);
+        snap.apply(&MapWrite::PutBackends {
+            base: 4,
+            backends: vec![Backend::default()],
+        });
+        let held: Vec<(u32, Backend)> = snap.backends.iter().map(|(i, b)| (i, *b)).collect();
+        assert_eq!(held, vec![(5, backend(2))]);
+        // Equal to a mirror that only ever held index 5, though this one grew past it.
+        let mut other = BackendSlots::default();
+        other.insert(5, backend(2));
+        assert_eq!(snap.backends, other);
+        other.remove(5);
+        assert_ne!(snap.backends, other);
     }
 }
