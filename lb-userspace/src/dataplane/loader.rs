@@ -533,22 +533,26 @@ fn load_into(
     check_pinned_maps(sockets_dir, pins, &config.capacities)?;
     sysfs::raise_memlock_limit();
     let dir_of = |d: &MapDescriptor| if d.per_socket { sockets_dir } else { maps_dir };
-    let mut loader = EbpfLoader::new();
     let paths: Vec<(MapId, PathBuf)> = lb_common::MAPS
         .iter()
         .map(|d| (d.id, dir_of(d).join(d.name)))
         .collect();
-    for (map, path) in &paths {
-        loader.map_pin_path(map.name(), path.as_path());
-        if map.descriptor().capacity_flag.is_some() {
-            loader.map_max_entries(map.name(), config.capacities.get(*map));
+    // The loader holds the kernel's BTF it parsed (9 MiB here): gone before the probes parse
+    // it again, so the agent's start does not hold both.
+    let mut ebpf = {
+        let mut loader = EbpfLoader::new();
+        for (map, path) in &paths {
+            loader.map_pin_path(map.name(), path.as_path());
+            if map.descriptor().capacity_flag.is_some() {
+                loader.map_max_entries(map.name(), config.capacities.get(*map));
+            }
         }
-    }
-    let record_tcp = u8::from(config.record_tcp);
-    loader
-        .override_global(aya_log::LEVEL, &config.log_level, true)
-        .override_global("RECORD_TCP", &record_tcp, true);
-    let mut ebpf = loader.load(EBPF_OBJECT).map_err(LoadError::object)?;
+        let record_tcp = u8::from(config.record_tcp);
+        loader
+            .override_global(aya_log::LEVEL, &config.log_level, true)
+            .override_global("RECORD_TCP", &record_tcp, true);
+        loader.load(EBPF_OBJECT).map_err(LoadError::object)?
+    };
     for (_, path) in &paths {
         restrict(path, 0o600);
     }
