@@ -19,12 +19,21 @@ use socklb_tests::{
     privileges,
 };
 
+/// The parts `--only` picks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// `kernel`: the programs' kernel cost.
+    Kernel,
+    /// `control-plane`.
+    ControlPlane,
+    /// `listing`: the live sockets' listing.
+    Listing,
+}
+
 struct Settings {
     quick: bool,
-    /// `--only kernel`: the programs' kernel cost only (a quick look while changing them).
-    kernel_only: bool,
-    /// `--only control-plane`: the control plane only.
-    control_plane_only: bool,
+    /// `--only PART`: one part of the benchmark (a quick look while changing it).
+    only: Option<Part>,
     /// Other services installed for the data path.
     services: usize,
     /// Passes of every ratio measured against a floor.
@@ -48,8 +57,7 @@ impl Settings {
             // The check run of `cargo xtask test` (a debug build): every benchmark runs and the
             // report is written; its figures mean nothing, so it stays small.
             Self {
-                kernel_only: false,
-                control_plane_only: false,
+                only: None,
                 quick,
                 services: 300,
                 passes: 3,
@@ -68,8 +76,7 @@ impl Settings {
             }
         } else if quick {
             Self {
-                kernel_only: false,
-                control_plane_only: false,
+                only: None,
                 quick,
                 services: 1000,
                 passes: 5,
@@ -88,8 +95,7 @@ impl Settings {
             }
         } else {
             Self {
-                kernel_only: false,
-                control_plane_only: false,
+                only: None,
                 quick,
                 services: 10_000,
                 passes: 7,
@@ -126,9 +132,20 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let mut settings = Settings::new(quick);
-    let only = |part: &str| args.windows(2).any(|w| w[0] == "--only" && w[1] == part);
-    settings.kernel_only = only("kernel");
-    settings.control_plane_only = only("control-plane");
+    settings.only = match args
+        .windows(2)
+        .find(|w| w[0] == "--only")
+        .map(|w| w[1].as_str())
+    {
+        None => None,
+        Some("kernel") => Some(Part::Kernel),
+        Some("control-plane") => Some(Part::ControlPlane),
+        Some("listing") => Some(Part::Listing),
+        Some(other) => {
+            eprintln!("socklb-bench: --only {other}: kernel, control-plane or listing");
+            return ExitCode::FAILURE;
+        }
+    };
     match run(&settings, &out, criterion.as_deref()) {
         Ok(report) => {
             println!("\n{}", report.summary());
@@ -195,12 +212,12 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         micro: criterion.map(micro).transpose()?.unwrap_or_default(),
         ..Report::default()
     };
-    let sandbox = if s.control_plane_only {
-        socklb_tests::Sandbox::new()?
-    } else {
-        data_path(s, &mut report)?
+    let sandbox = match s.only {
+        Some(Part::ControlPlane) => socklb_tests::Sandbox::new()?,
+        Some(Part::Listing) => listing_only(s, &mut report)?,
+        _ => data_path(s, &mut report)?,
     };
-    if !s.kernel_only {
+    if matches!(s.only, None | Some(Part::ControlPlane)) {
         control_plane(s, &sandbox, &mut report)?;
     }
     drop(sandbox);
@@ -241,7 +258,7 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
         false,
     )?;
     print_costs(&report.kernel);
-    if s.kernel_only {
+    if s.only == Some(Part::Kernel) {
         return without_tcp_records(s, world, &pins, report);
     }
     report.close = Some(kernel::close_cost(
@@ -309,6 +326,17 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
     )?);
 
     without_tcp_records(s, world, &pins, report)
+}
+
+/// `--only listing`: the world with its services and the listing's cost, nothing else.
+fn listing_only(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::Sandbox> {
+    let mut world = World::new()?;
+    report.load = Some(world.set_services(s.services)?);
+    eprintln!("listing {} live sockets", s.listing_sockets);
+    report.listing = Some(listing::listing_cost(&world, s.listing_sockets, s.passes)?);
+    world.stop_agent();
+    drop(world.runners);
+    Ok(world.sandbox)
 }
 
 /// The hit's kernel cost again with `--tcp-peer-name backend` (no TCP record at all); hands
