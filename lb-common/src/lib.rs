@@ -41,8 +41,8 @@ pub mod program {
     /// some kernels refuse iterators over map elements.
     pub const SOCKETS_ITER: &str = "socklb_sockets";
     /// The iterator over the UDP sockets of one network namespace, reporting those with a
-    /// `SOCKETS` value (the fallback when `SOCKETS_ITER` is refused), pinned as `UDP_ITER`.
-    /// Optional.
+    /// `SOCKETS` value and their addresses (`UdpSocketEntry`; the fallback when `SOCKETS_ITER`
+    /// is refused), pinned as `UDP_SOCKETS_ITER`. Optional.
     pub const UDP_ITER: &str = "socklb_udp_sockets";
     /// Every cgroup program, in attach order.
     pub const ALL: [&str; 8] = [
@@ -657,6 +657,35 @@ pub struct SocketEntry {
     pub state: SockState,
 }
 
+/// The socket's own addresses as the kernel holds them (the start of `struct sock_common`, a
+/// layout unchanged since Linux 2.6), so a census of IPv4 UDP sockets needs no `sock_diag` dump.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockAddrs {
+    /// `skc_daddr`, network byte order (0 when unconnected).
+    pub peer_addr: u32,
+    /// `skc_rcv_saddr`, network byte order.
+    pub local_addr: u32,
+    /// `skc_dport`, network byte order.
+    pub peer_port_be: u16,
+    /// `skc_num`, host byte order.
+    pub local_port: u16,
+    /// `skc_family`: `AF_INET` (2) or `AF_INET6` (10; its addresses are not in this struct).
+    pub family: u16,
+    /// `skc_state`: a TCP state number (a connected UDP socket is `TCP_ESTABLISHED`).
+    pub tcp_state: u8,
+    pub _pad: u8,
+}
+
+/// What the UDP iterator writes for each UDP socket with a `SOCKETS` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpSocketEntry {
+    pub cookie: u64,
+    pub addrs: SockAddrs,
+    pub state: SockState,
+}
+
 /// `CONFIG` value: what the agent decides once it knows what the kernel offers. The programs
 /// read it on every translation; it stays in force while no agent runs.
 #[repr(C)]
@@ -875,6 +904,13 @@ const _: () = {
     // The storage element (72 bytes of header, then the value) stays in the 256-byte slab.
     assert!(72 + size_of::<SockState>() <= 256);
     assert!(size_of::<SocketEntry>() == 8 + size_of::<SockState>());
+    assert!(size_of::<SockAddrs>() == 16);
+    assert!(offset_of!(SockAddrs, peer_port_be) == 8);
+    assert!(offset_of!(SockAddrs, family) == 12);
+    assert!(offset_of!(SockAddrs, tcp_state) == 14);
+    assert!(offset_of!(UdpSocketEntry, addrs) == 8);
+    assert!(offset_of!(UdpSocketEntry, state) == 24);
+    assert!(size_of::<UdpSocketEntry>() == 24 + size_of::<SockState>());
     assert!(size_of::<DatapathConfig>() == 32);
     assert!(offset_of!(DatapathConfig, tiers) == 8);
     assert!(offset_of!(DatapathConfig, pod_level) == 24);

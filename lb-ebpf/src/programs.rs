@@ -135,7 +135,8 @@ pub(crate) extern "C" fn socklb_sockets(ctx: *mut SkStorageIterCtx) -> i32 {
     crate::translate::write_socket_entry(ctx)
 }
 
-/// The UDP sockets of the calling thread's network namespace that have a record: the fallback
+/// The UDP sockets of the calling thread's network namespace that have a record, with their
+/// addresses (so listing them needs no `sock_diag` dump): the fallback
 /// where the kernel refuses iterators over map elements (run once per pod network namespace).
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/udp")]

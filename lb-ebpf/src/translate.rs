@@ -759,11 +759,11 @@ pub(crate) fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) ->
     0
 }
 
-/// The UDP iterator's step (one network namespace's UDP sockets): writes (cookie, state) for
-/// a socket that has a `SOCKETS` value.
+/// The UDP iterator's step (one network namespace's UDP sockets): writes (cookie, addresses,
+/// state) for a socket that has a `SOCKETS` value.
 #[inline(always)]
 pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
-    use aya_ebpf::helpers::generated::bpf_sk_storage_get;
+    use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write, bpf_sk_storage_get};
     // SAFETY: as above; the helper returns the socket's value in `SOCKETS` or null, and takes a
     // null socket.
     unsafe {
@@ -774,9 +774,58 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
         }
         let map = core::ptr::from_ref(&SOCKETS).cast_mut().cast();
         let value = bpf_sk_storage_get(map, sk, core::ptr::null_mut(), 0).cast::<SockState>();
-        write_entry(ctx.seq(), sk, value);
+        if value.is_null() {
+            return 0;
+        }
+        let entry = lb_common::UdpSocketEntry {
+            cookie: bpf_get_socket_cookie(sk),
+            addrs: sock_addrs(sk),
+            state: *value,
+        };
+        bpf_seq_write(
+            ctx.seq().cast(),
+            core::ptr::from_ref(&entry).cast_mut().cast(),
+            size_of::<lb_common::UdpSocketEntry>() as u32,
+        );
     }
     0
+}
+
+/// The start of `struct sock_common` (which starts `struct sock`, `struct inet_sock` and
+/// `struct udp_sock`), a layout the kernel has kept since 2.6: the IPv4 address pair, the hash,
+/// the port pair, the family and the state (the kernel's `skc_` fields).
+#[repr(C)]
+struct SockCommonHead {
+    daddr: u32,
+    rcv_saddr: u32,
+    hash: u32,
+    dport: u16,
+    num: u16,
+    family: u16,
+    state: u8,
+}
+
+/// The socket's addresses. Each field is its own load, which the verifier checks against the
+/// running kernel's BTF.
+///
+/// # Safety
+/// `sk` is the kernel's non-null socket pointer of an iterator's context.
+#[inline(always)]
+unsafe fn sock_addrs(sk: *const core::ffi::c_void) -> lb_common::SockAddrs {
+    use core::ptr::{addr_of, read_volatile};
+    let head = sk.cast::<SockCommonHead>();
+    // SAFETY: the caller's promise; the loads are the kernel's (BPF_PROBE_MEM) socket reads.
+    unsafe {
+        lb_common::SockAddrs {
+            peer_addr: read_volatile(addr_of!((*head).daddr)),
+            local_addr: read_volatile(addr_of!((*head).rcv_saddr)),
+            peer_port_be: read_volatile(addr_of!((*head).dport)),
+            local_port: read_volatile(addr_of!((*head).num)),
+            family: read_volatile(addr_of!((*head).family)),
+            tcp_state: read_volatile(addr_of!((*head).state)),
+            _pad: 0,
+        }
+    }
 }
 
 /// Writes one `SocketEntry` to the iterator's `seq_file`.

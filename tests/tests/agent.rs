@@ -159,12 +159,24 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
     sandbox.wait_candidates("10.96.0.10:80", &[A, B])?;
     let ids = service_ids(&sandbox)?;
 
+    let socket_pins = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins");
+    let legacy_pin = socket_pins
+        .dir
+        .join(socklb::dataplane::sockets::LEGACY_UDP_ITER_PIN);
+
     let mut client = sandbox.client()?;
     let load =
         std::thread::spawn(move || client.connect("10.96.0.10:80".parse().expect("vip"), 15_000));
     for round in 0..5 {
         std::thread::sleep(Duration::from_millis(150));
         agent.kill9();
+        if round == 0 {
+            // What an agent of an older version leaves: its UDP iterator, whose entries have
+            // another layout, at the old pin (any object will do: only the name counts).
+            aya::maps::MapData::from_pin(socket_pins.dir.join("SOCKETS"))?.pin(&legacy_pin)?;
+        }
         // While the agent is down, connects keep being translated by the pinned programs.
         std::thread::sleep(Duration::from_millis(100));
         if round == 2 {
@@ -190,6 +202,10 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
     assert_eq!(service_ids(&sandbox)?, ids, "service ids survive restarts");
     let log = agent.log_tail(400);
     assert!(log.contains("adopted pinned state"), "{log}");
+    assert!(
+        !legacy_pin.exists(),
+        "the restarted agent removed the older agent's UDP iterator pin"
+    );
     let programs: Vec<socklb::dataplane::loader::ProgramView> =
         sandbox.inspect_as(&["programs"])?;
     assert_eq!(

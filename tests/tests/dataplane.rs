@@ -509,6 +509,71 @@ fn udp_termination(net: &Net, agent_args: &[&str], across_restart: bool) -> anyh
     Ok(())
 }
 
+/// `inspect connections` lists the connected UDP sockets a client holds through a service:
+/// each under the backend that answered it, with the client's own address, the service address
+/// it dialled and its state. (IPv4 sockets' addresses come from the UDP iterator, IPv6 ones
+/// from `sock_diag`, where the kernel has the UDP iterator; from `sock_diag` everywhere else.)
+fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, true, &[0, 1, 2], &[])?;
+    let mut client = w.client()?;
+    let mut opened = std::collections::BTreeMap::<String, usize>::new();
+    for id in 1..=6 {
+        let r = client.run(&Command::Open {
+            id,
+            target: net.vip(UDP_PORT),
+            udp: true,
+        })?;
+        assert!(r.ok, "{r:?}");
+        *opened.entry(only_backend(&r)).or_default() += 1;
+    }
+    // Listed by `inspect` itself (no agent answers on port 1): what the kernel holds now.
+    let view: socklb::dataplane::sockets::view::ConnectionsView = w.sandbox.inspect_as(&[
+        "--cgroup",
+        w.sandbox.cgroup.to_str().unwrap_or_default(),
+        "connections",
+        "--agent",
+        "127.0.0.1:1",
+    ])?;
+    let listing = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins")
+        .listing();
+    if !listing.udp() {
+        // Every optional part off: the view lists no UDP socket, and says so.
+        assert!(
+            view.missing.iter().any(|m| m.starts_with("UDP sockets")),
+            "{:?}",
+            view.missing
+        );
+        assert!(
+            view.services
+                .iter()
+                .flat_map(|s| &s.backends)
+                .all(|b| b.udp == 0)
+        );
+        return Ok(());
+    }
+    let mut listed = std::collections::BTreeMap::new();
+    let mut cookies = BTreeSet::new();
+    for b in view.services.iter().flat_map(|s| &s.backends) {
+        *listed.entry(b.backend.to_string()).or_default() += b.udp;
+        for socket in b.clients.iter().flat_map(|c| &c.sockets) {
+            assert_eq!(socket.state, "connected", "{socket:?}");
+            assert_eq!(socket.local.ip(), net.client.parse::<std::net::IpAddr>()?);
+            assert_ne!(socket.local.port(), 0, "{socket:?}");
+            assert_eq!(
+                socket.frontend.map(|f| f.to_string()),
+                Some(format!("{}/UDP", net.vip(UDP_PORT))),
+                "{socket:?}"
+            );
+            assert!(cookies.insert(socket.cookie), "listed once: {socket:?}");
+        }
+    }
+    assert_eq!(listed, opened, "{view:#?}");
+    assert_eq!(cookies.len(), 6);
+    Ok(())
+}
+
 /// A process outside the cgroup, in the same namespace, is never translated.
 fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -551,6 +616,7 @@ both_families!(
     connected_udp_socket_terminated,
     connected_udp_socket_terminated_without_the_sockets_iterator,
     connected_udp_socket_terminated_across_a_restart,
+    connected_udp_sockets_listed,
     outside_cgroup_untouched,
 );
 

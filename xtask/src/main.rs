@@ -253,7 +253,7 @@ const AGAIN_WITHOUT_OPTIONAL_PARTS: [&str; 7] = [
 /// refuses every optional part whatever this kernel allows (the agents these tests start read
 /// the variable as their `--disable-feature`), the binaries of `AGAIN_WITHOUT_OPTIONAL_PARTS`
 /// (of the data-path tests, those whose behaviour depends on an optional part: UDP termination,
-/// the socket records' replies, TCP connection records). The data path's translation with every
+/// the UDP sockets' listing, the socket records' replies, TCP connection records). The data path's translation with every
 /// part off is `features.rs`'s.
 fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
     let again: Vec<parallel::Job> = jobs
@@ -267,6 +267,7 @@ fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
             if j.name == "dataplane" {
                 j.args = vec![
                     "connected_udp_socket_terminated".into(),
+                    "connected_udp_sockets_listed".into(),
                     "udp_reverse_translation".into(),
                     "established_connection_stays".into(),
                     "verifier_accepts_every_program".into(),

@@ -14,7 +14,7 @@ use lb_common::program;
 
 use super::{
     features::{Feature, Features, Probe},
-    sockets::{ITER_PIN, UDP_ITER_PIN, sock_diag},
+    sockets::{ITER_PIN, LEGACY_UDP_ITER_PIN, UDP_ITER_PIN, sock_diag},
     sys,
 };
 
@@ -126,6 +126,10 @@ pub fn probe_all(
             reason: e.to_string(),
         }),
     };
+    if let Some(dir) = pins {
+        // An older agent's UDP iterator writes another entry layout: no reader may take it.
+        let _ = std::fs::remove_file(dir.join(LEGACY_UDP_ITER_PIN));
+    }
     let mut probes = Vec::new();
     for feature in Feature::ALL {
         let probe = if disabled.contains(&feature) {

@@ -7,12 +7,14 @@
 //! of two ways, whichever the kernel allowed at start (see `features`):
 //! - in one walk over the storage map (`SOCKETS_ITER`, an iterator over map elements), or
 //! - one pod network namespace at a time: TCP sockets through `sock_diag` with the storage
-//!   attribute, UDP sockets through `UDP_ITER` (an iterator over the namespace's UDP sockets
-//!   that reads each one's storage). `sock_diag` reports storage for TCP sockets only.
+//!   attribute, UDP sockets through `UDP_SOCKETS_ITER` (an iterator over the namespace's UDP
+//!   sockets that reads each one's storage and addresses). `sock_diag` reports storage for TCP
+//!   sockets only.
 //!
-//! The kernel's view always comes from `sock_diag`, one network namespace at a time: the
-//! namespaces of the processes in the attached cgroup tree, entered with `setns()` on a thread
-//! of the walk's own. A namespace that cannot be read is reported and the walk goes on.
+//! The kernel's view comes one network namespace at a time (the namespaces of the processes in
+//! the attached cgroup tree, entered with `setns()` on a thread of the walk's own): from the UDP
+//! iterator for IPv4 UDP sockets, from `sock_diag` for the others. A namespace that cannot be
+//! read is reported and the walk goes on.
 pub mod quota;
 pub mod sock_diag;
 mod terminate;
@@ -21,7 +23,7 @@ pub mod view;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     io::{self, Read as _},
-    net::SocketAddr,
+    net::{Ipv4Addr, SocketAddr},
     os::{
         fd::{AsFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
@@ -30,7 +32,7 @@ use std::{
     time::Duration,
 };
 
-use lb_common::{ConnRecord, MapId, SockRecord, SockState, SocketEntry};
+use lb_common::{ConnRecord, MapId, SockAddrs, SockRecord, SockState, SocketEntry, UdpSocketEntry};
 
 pub use self::terminate::{TerminateError, Terminated, terminate_stale};
 use super::{features::Listing, sys};
@@ -39,7 +41,10 @@ use crate::vocab::Protocol;
 /// The pin of the `SOCKETS` iterator's link, beside the socket maps.
 pub const ITER_PIN: &str = "SOCKETS_ITER";
 /// The pin of the UDP iterator's link, beside the socket maps.
-pub const UDP_ITER_PIN: &str = "UDP_ITER";
+pub const UDP_ITER_PIN: &str = "UDP_SOCKETS_ITER";
+/// Where agents before the UDP iterator wrote addresses pinned it (a `SocketEntry` per socket):
+/// an agent's start removes it, so no reader takes one layout for the other.
+pub const LEGACY_UDP_ITER_PIN: &str = "UDP_ITER";
 
 /// Why a listing failed as a whole (one namespace failing does not fail it).
 #[derive(Debug, thiserror::Error)]
@@ -141,11 +146,14 @@ impl SocketPins {
     }
 }
 
-/// Decodes the iterator's output as it reads it: one `SocketEntry` after another, through a
-/// buffer of a few hundred entries.
-fn for_each_entry(mut file: std::fs::File, mut each: impl FnMut(&SocketEntry)) -> io::Result<()> {
-    const ENTRY: usize = size_of::<SocketEntry>();
-    let mut buf = vec![0u8; ENTRY * 256];
+/// Decodes an iterator's output as it reads it: one entry (`SocketEntry` or `UdpSocketEntry`)
+/// after another, through a buffer of a few hundred entries.
+fn for_each_entry<E: IterEntry>(
+    mut file: std::fs::File,
+    mut each: impl FnMut(&E),
+) -> io::Result<()> {
+    let entry_size = size_of::<E>();
+    let mut buf = vec![0u8; entry_size * 256];
     let mut filled = 0;
     loop {
         let n = file.read(&mut buf[filled..])?;
@@ -153,16 +161,21 @@ fn for_each_entry(mut file: std::fs::File, mut each: impl FnMut(&SocketEntry)) -
             return Ok(());
         }
         filled += n;
-        let whole = filled - filled % ENTRY;
-        for chunk in buf[..whole].chunks_exact(ENTRY) {
-            // SAFETY: SocketEntry is plain old data (repr(C), integers only, no padding,
-            // asserted in lb-common) and the chunk holds exactly its size.
-            each(&unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<SocketEntry>()) });
+        let whole = filled - filled % entry_size;
+        for chunk in buf[..whole].chunks_exact(entry_size) {
+            // SAFETY: `IterEntry` types are plain old data (repr(C), integers only, no padding,
+            // asserted in lb-common) and the chunk holds exactly one's size.
+            each(&unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<E>()) });
         }
         buf.copy_within(whole..filled, 0);
         filled -= whole;
     }
 }
+
+/// What an iterator writes per socket: plain old data, any bit pattern valid.
+trait IterEntry: Copy {}
+impl IterEntry for SocketEntry {}
+impl IterEntry for UdpSocketEntry {}
 
 /// The records a socket's state holds (the used ones, in slot order).
 pub fn records(state: &SockState) -> impl Iterator<Item = &SockRecord> {
@@ -491,16 +504,103 @@ impl Records {
         }
         Ok(())
     }
+
+    /// Inside a namespace: its sockets of `protocol` that have a record, each with the
+    /// kernel's view, handed to `each` as they are read; `None` as in [`Self::here`]. UDP
+    /// sockets through the UDP iterator, which reads an IPv4 socket's addresses itself: no
+    /// `sock_diag` dump unless the namespace has an IPv6 UDP socket with a record.
+    fn live_here(
+        &self,
+        ns: &Namespace,
+        protocol: Protocol,
+        each: &mut dyn FnMut(Option<LiveSocket>),
+    ) -> Result<(), NamespaceError> {
+        let Some(link) = self.udp_iter.as_ref().filter(|_| protocol == Protocol::Udp) else {
+            return self.here(ns, protocol, sock_diag::ALL_STATES, &mut |found| {
+                each(found.map(|(socket, state)| LiveSocket {
+                    cookie: socket.cookie,
+                    protocol,
+                    state,
+                    kernel: Some(KernelView::of(socket, ns)),
+                }));
+            });
+        };
+        let iter_err = |source| NamespaceError::UdpIterator {
+            path: ns.path.clone(),
+            source,
+        };
+        let file = sys::iter_create(link.as_fd()).map_err(iter_err)?;
+        let mut ipv6: HashMap<u64, SockState> = HashMap::new();
+        for_each_entry(file, |e: &UdpSocketEntry| {
+            match ipv4_view(&e.addrs, ns.inode) {
+                Some(view) => each(Some(LiveSocket {
+                    cookie: e.cookie,
+                    protocol,
+                    state: e.state,
+                    kernel: Some(view),
+                })),
+                None => {
+                    ipv6.insert(e.cookie, e.state);
+                }
+            }
+        })
+        .map_err(iter_err)?;
+        if ipv6.is_empty() {
+            return Ok(());
+        }
+        sock_diag::dump_each(
+            sock_diag::IPPROTO_UDP,
+            sock_diag::AF_INET6,
+            sock_diag::ALL_STATES,
+            &[],
+            &mut |event| match event {
+                sock_diag::Dumped::Socket(socket) => {
+                    if let Some(state) = ipv6.get(&socket.cookie) {
+                        each(Some(LiveSocket {
+                            cookie: socket.cookie,
+                            protocol,
+                            state: *state,
+                            kernel: Some(KernelView::of(socket, ns)),
+                        }));
+                    }
+                }
+                // Only the IPv6 sockets restart: their IPv4 neighbours were already handed on
+                // and a view is a snapshot anyway.
+                sock_diag::Dumped::Restart => {}
+            },
+        )
+        .map_err(|source| NamespaceError::Dump {
+            path: ns.path.clone(),
+            source,
+        })
+    }
 }
 
 /// The UDP iterator's records in the calling thread's network namespace, by cookie.
 fn udp_records(link: &OwnedFd) -> io::Result<HashMap<u64, SockState>> {
     let file = sys::iter_create(link.as_fd())?;
     let mut map = HashMap::new();
-    for_each_entry(file, |e| {
+    for_each_entry(file, |e: &UdpSocketEntry| {
         map.insert(e.cookie, e.state);
     })?;
     Ok(map)
+}
+
+/// An IPv4 socket's view from the addresses the UDP iterator read; `None` for another family
+/// (an IPv6 socket's addresses are not in `SockAddrs`).
+fn ipv4_view(addrs: &SockAddrs, netns: u64) -> Option<KernelView> {
+    (addrs.family == u16::from(sock_diag::AF_INET)).then(|| KernelView {
+        state: addrs.tcp_state,
+        local: SocketAddr::from((
+            Ipv4Addr::from(addrs.local_addr.to_ne_bytes()),
+            addrs.local_port,
+        )),
+        peer: SocketAddr::from((
+            Ipv4Addr::from(addrs.peer_addr.to_ne_bytes()),
+            u16::from_be(addrs.peer_port_be),
+        )),
+        netns,
+    })
 }
 
 /// A `SOCKETS` value from `sock_diag`'s bytes.
@@ -523,6 +623,17 @@ pub struct KernelView {
     pub peer: SocketAddr,
     /// The network namespace's inode.
     pub netns: u64,
+}
+
+impl KernelView {
+    fn of(socket: &sock_diag::DiagSocket, ns: &Namespace) -> Self {
+        Self {
+            state: socket.state,
+            local: socket.src(),
+            peer: socket.dst(),
+            netns: ns.inode,
+        }
+    }
 }
 
 /// One translated socket.
@@ -617,21 +728,10 @@ pub fn census_each(
             in_each_namespace(&namespaces, |ns| {
                 for protocol in [Protocol::Tcp, Protocol::Udp] {
                     // An interrupted dump may show a socket twice: a view is a snapshot anyway.
-                    records.here(ns, protocol, sock_diag::ALL_STATES, &mut |found| {
-                        let Some((socket, record)) = found else {
-                            return;
-                        };
-                        let _ = tx.send(LiveSocket {
-                            cookie: socket.cookie,
-                            protocol,
-                            state: record,
-                            kernel: Some(KernelView {
-                                state: socket.state,
-                                local: socket.src(),
-                                peer: socket.dst(),
-                                netns: ns.inode,
-                            }),
-                        });
+                    records.live_here(ns, protocol, &mut |found| {
+                        if let Some(socket) = found {
+                            let _ = tx.send(socket);
+                        }
                     })?;
                 }
                 Ok(())

@@ -122,8 +122,10 @@ fn live_records(
                 source,
             };
             let file = sys::iter_create(link.as_fd()).map_err(iter_err)?;
-            for_each_entry(file, |e| *here.entry(e.state.cgroup_id).or_default() += 1)
-                .map_err(iter_err)?;
+            for_each_entry(file, |e: &lb_common::UdpSocketEntry| {
+                *here.entry(e.state.cgroup_id).or_default() += 1;
+            })
+            .map_err(iter_err)?;
         }
         Ok(here)
     })?;
