@@ -243,7 +243,7 @@ pub const MAPS: [MapDescriptor; 14] = [
         capacity_flag: None,
         preallocated: true,
         per_socket: true,
-        help: "translated TCP connections by socket cookie (a slot each, freed when the socket closes; a socket whose slot is taken keeps its record in SOCKETS)",
+        help: "translated connects (TCP connections and connected UDP sockets) by socket cookie (a slot each, freed when the socket closes; a socket whose slot is taken keeps its record in SOCKETS)",
     },
     MapDescriptor {
         id: MapId::SocketQuota,
@@ -674,10 +674,18 @@ pub struct SockAddrs {
     pub family: u16,
     /// `skc_state`: a TCP state number (a connected UDP socket is `TCP_ESTABLISHED`).
     pub tcp_state: u8,
-    pub _pad: u8,
+    /// Where its records are: `HOLDS_STORAGE`, `HOLDS_SLOT` or both (each counts once
+    /// against its pod's bound).
+    pub holds: u8,
 }
 
-/// What the UDP iterator writes for each UDP socket with a `SOCKETS` value.
+/// `SockAddrs::holds`: the socket has a `SOCKETS` value.
+pub const HOLDS_STORAGE: u8 = 1;
+/// `SockAddrs::holds`: the socket holds its `CONNECTIONS` slot.
+pub const HOLDS_SLOT: u8 = 2;
+
+/// What the UDP iterator writes for each UDP socket with a record (a `SOCKETS` value, a
+/// `CONNECTIONS` slot, or both: the state then holds the slot's record too).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UdpSocketEntry {
@@ -705,8 +713,8 @@ pub struct DatapathConfig {
     pub flags: u32,
 }
 
-/// `DatapathConfig::flags`: TCP connections take a slot in `CONNECTIONS` (the release program
-/// is attached and frees it).
+/// `DatapathConfig::flags`: connects (TCP, and connected UDP sockets) take a slot in
+/// `CONNECTIONS` (the release program is attached and frees it).
 pub const CONFIG_CONNECTION_SLOTS: u32 = 1;
 
 impl Default for DatapathConfig {
@@ -725,14 +733,16 @@ impl Default for DatapathConfig {
 /// whose slot another live connection holds keeps its record in `SOCKETS` instead.
 pub const CONNECTION_SLOTS: u32 = 1 << 17;
 
-/// `CONNECTIONS` value: one translated TCP connection, in the slot of its socket cookie. The
-/// same facts as a `SockState` with one record, without an allocation per socket.
+/// `CONNECTIONS` value: one translated connect (a TCP connection or a connected UDP socket), in
+/// the slot of its socket cookie. The same facts as a `SockState` with one record, without an
+/// allocation per socket. A UDP socket's slot counts against its pod's bound (thousands of
+/// connected UDP sockets cost a pod nothing to make); a TCP connection's does not.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnRecord {
     /// The socket's cookie; 0: the slot is free. Written last, cleared by the release program.
     pub cookie: u64,
-    /// The cgroup v2 id of the process that connected.
+    /// The cgroup v2 id of the process that connected (UDP: of its pod, the one charged).
     pub cgroup_id: u64,
     /// `bpf_ktime_get_ns()` at connect.
     pub created_ns: u64,

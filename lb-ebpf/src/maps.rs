@@ -46,8 +46,8 @@ pub(crate) static PORTS: Array<u64, { size(MapId::Ports) }> = Array::new();
 #[btf_map]
 pub(crate) static SOCKETS: SkStorage<SockState> = SkStorage::new();
 
-/// Translated TCP connections, one slot per socket cookie (its low bits): taken at connect when
-/// free, freed by the release program. Preallocated, so a connection costs no allocation; a
+/// Translated connects (TCP connections and connected UDP sockets), one slot per socket cookie
+/// (its low bits): taken at connect when free, freed by the release program. Preallocated, so a connection costs no allocation; a
 /// connection whose slot another live one holds keeps its record in `SOCKETS` instead. The
 /// agent reads it in place (mmap).
 #[btf_map]

@@ -140,19 +140,36 @@ pub(crate) fn try_translate(
     }
     let wants_record = udp || read_flag(&RECORD_TCP);
     let config = CONFIG.get(0);
-    // A TCP connection's record goes in its `CONNECTIONS` slot when that is free (no
-    // allocation); otherwise, and for UDP, in the socket's own storage.
-    let mut slot = core::ptr::null_mut::<ConnRecord>();
-    let mut cookie = 0;
-    if wants_record && !udp && slots_on(config) {
-        // SAFETY: the hook's own socket.
-        cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-        if let Some(s) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
-            // SAFETY: a value of the array, valid while this program runs.
-            let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*s).cookie)) };
-            if holder == 0 || holder == cookie {
-                slot = s;
+    // A connect's record (TCP, or a connected UDP socket) goes in the socket's `CONNECTIONS`
+    // slot when that is free (no allocation); otherwise, and at sendmsg (an unconnected UDP
+    // socket; the sendmsg programs have no slot code), in the socket's own storage.
+    let (slot, cookie, held) = if wants_record && hook == Hook::Connect && slots_on(config) {
+        connection_slot(ctx)
+    } else {
+        (core::ptr::null_mut(), 0, false)
+    };
+    // Whom the record is listed under: for a TCP connection the process's cgroup; a connected
+    // UDP socket's slot counts against its pod's bound as a record in storage does (thousands
+    // cost a pod nothing to make, unlike TCP connections), so it names the pod charged.
+    let mut owner = 0;
+    if udp && !slot.is_null() {
+        if held {
+            // SAFETY: this socket's own slot (its cookie), charged when it was taken.
+            owner = unsafe { (*slot).cgroup_id };
+        } else {
+            let (pod, max) = pod_bound(config);
+            if !charge(pod, max) {
+                count(Counter::RecordQuota);
+                emit(
+                    hook,
+                    event::RECORD_QUOTA,
+                    &key,
+                    &Backend::default(),
+                    frontend.service_id,
+                );
+                return Ok(refuse(ENOBUFS));
             }
+            owner = pod;
         }
     }
     let mut state = core::ptr::null_mut::<SockState>();
@@ -167,7 +184,11 @@ pub(crate) fn try_translate(
     }
     let choice = choose(ctx, hook, &key, &frontend, state)?;
     if !slot.is_null() {
-        take_slot(slot, cookie, &key, &choice, frontend.service_id);
+        if !udp {
+            // SAFETY: plain helper call.
+            owner = unsafe { bpf_get_current_cgroup_id() };
+        }
+        take_slot(slot, cookie, owner, &key, &choice, frontend.service_id);
     } else if wants_record && !choice.recorded {
         remember(state, &key, &choice, frontend.service_id);
     }
@@ -191,7 +212,7 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     if !backend_port_in_use(udp, peer.port_be) {
         return ALLOW;
     }
-    if !udp && slots_on(CONFIG.get(0)) {
+    if slots_on(CONFIG.get(0)) {
         // SAFETY: the hook's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
         if let Some(slot) = CONNECTIONS.get(cookie as u32 & SLOT_MASK)
@@ -296,11 +317,7 @@ fn socket_state(
     if !state.is_null() {
         return Ok(state);
     }
-    let (pod, max) = match config {
-        Some(c) => (pod_of(c), c.max_sockets_per_pod),
-        // SAFETY: plain helper call.
-        None => (unsafe { bpf_get_current_cgroup_id() }, u64::MAX),
-    };
+    let (pod, max) = pod_bound(config);
     if !charge(pod, max) {
         count(Counter::RecordQuota);
         return Err(event::RECORD_QUOTA);
@@ -319,6 +336,16 @@ fn socket_state(
         (*state).created_ns = bpf_ktime_get_ns();
     }
     Ok(state)
+}
+
+/// The calling process's pod and the bound on its records.
+#[inline(always)]
+fn pod_bound(config: Option<&DatapathConfig>) -> (u64, u64) {
+    match config {
+        Some(c) => (pod_of(c), c.max_sockets_per_pod),
+        // SAFETY: plain helper call.
+        None => (unsafe { bpf_get_current_cgroup_id() }, u64::MAX),
+    }
 }
 
 /// The pod the calling process belongs to: its cgroup's ancestor at the pods' level (one level
@@ -395,11 +422,28 @@ fn uncharge(pod: u64, max: u64) {
     }
 }
 
-/// Writes a TCP connection's record in its slot, the cookie last (readers match on it).
+/// The socket's cookie and its `CONNECTIONS` slot when that is free or already the socket's
+/// own (then `true`); a null slot when another live connection holds it.
+#[inline(always)]
+fn connection_slot(ctx: &SockAddrContext) -> (*mut ConnRecord, u64, bool) {
+    // SAFETY: the hook's own socket.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+    if let Some(s) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
+        // SAFETY: a value of the array, valid while this program runs.
+        let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*s).cookie)) };
+        if holder == 0 || holder == cookie {
+            return (s, cookie, holder == cookie);
+        }
+    }
+    (core::ptr::null_mut(), cookie, false)
+}
+
+/// Writes a connection's record in its slot, the cookie last (readers match on it).
 #[inline(always)]
 fn take_slot(
     slot: *mut ConnRecord,
     cookie: u64,
+    cgroup_id: u64,
     key: &FrontendKey,
     choice: &Choice,
     service_id: u32,
@@ -408,7 +452,7 @@ fn take_slot(
     // for the same slot (cookies equal in their low bits, at the same moment) can only make
     // this one's getpeername report its backend.
     unsafe {
-        (*slot).cgroup_id = bpf_get_current_cgroup_id();
+        (*slot).cgroup_id = cgroup_id;
         (*slot).created_ns = bpf_ktime_get_ns();
         (*slot).frontend = *key;
         (*slot).backend = choice.backend;
@@ -418,8 +462,8 @@ fn take_slot(
     }
 }
 
-/// `cgroup/sock_release`: a closing socket's record comes off its pod's count, and a TCP
-/// connection frees its slot. Runs for every socket closed in the cgroup tree; a socket that
+/// `cgroup/sock_release`: a closing socket's record comes off its pod's count, and a
+/// connected socket frees its slot. Runs for every socket closed in the cgroup tree; a socket that
 /// was never translated costs a storage lookup that finds nothing.
 #[inline(always)]
 pub(crate) fn release(ctx: &SockContext) -> i32 {
@@ -444,15 +488,26 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
     // Only a connection to a port in the backend port bitmap can hold a slot: the bitmap only
-    // grows, and a new generation (a layout migration) starts with the old one's bits.
-    if !udp && slots_on(config) && port_be != 0 && backend_port_in_use(false, port_be) {
+    // grows, and a new generation (a layout migration) starts with the old one's bits. A UDP
+    // socket disconnected (`connect(AF_UNSPEC)`, which no hook sees) has no port any more but
+    // may still hold its slot, so a UDP socket without a peer is looked at too.
+    let may_hold = if udp {
+        port_be == 0 || backend_port_in_use(true, port_be)
+    } else {
+        port_be != 0 && backend_port_in_use(false, port_be)
+    };
+    if slots_on(config) && may_hold {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
         if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
             // SAFETY: a value of the array; only a matching cookie is cleared.
             unsafe {
                 if core::ptr::read_volatile(core::ptr::addr_of!((*slot).cookie)) == cookie {
+                    let pod = (*slot).cgroup_id;
                     core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).cookie), 0);
+                    if udp {
+                        uncharge(pod, max);
+                    }
                 }
             }
         }
@@ -774,13 +829,36 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
         }
         let map = core::ptr::from_ref(&SOCKETS).cast_mut().cast();
         let value = bpf_sk_storage_get(map, sk, core::ptr::null_mut(), 0).cast::<SockState>();
-        if value.is_null() {
+        let mut addrs = sock_addrs(sk);
+        if !value.is_null() {
+            addrs.holds = lb_common::HOLDS_STORAGE;
+        }
+        // A connected socket's record may be in its `CONNECTIONS` slot (only one connected to a
+        // backend port can hold one).
+        let slot = if addrs.peer_port_be != 0 && backend_port_in_use(true, addrs.peer_port_be) {
+            let cookie = bpf_get_socket_cookie(sk);
+            CONNECTIONS
+                .get(cookie as u32 & SLOT_MASK)
+                .filter(|s| s.cookie == cookie)
+        } else {
+            None
+        };
+        if value.is_null() && slot.is_none() {
             return 0;
+        }
+        let mut state = if value.is_null() {
+            SockState::default()
+        } else {
+            *value
+        };
+        if let Some(slot) = slot {
+            with_slot_record(&mut state, slot);
+            addrs.holds |= lb_common::HOLDS_SLOT;
         }
         let entry = lb_common::UdpSocketEntry {
             cookie: bpf_get_socket_cookie(sk),
-            addrs: sock_addrs(sk),
-            state: *value,
+            addrs,
+            state,
         };
         bpf_seq_write(
             ctx.seq().cast(),
@@ -789,6 +867,32 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
         );
     }
     0
+}
+
+/// Adds a slot's record to a socket's state: over the record of the same service address,
+/// else in a free one, else over the first (the slot's is the socket's connection).
+#[inline(always)]
+fn with_slot_record(state: &mut SockState, slot: &ConnRecord) {
+    let mut index = SOCK_DESTINATIONS;
+    for i in 0..SOCK_DESTINATIONS {
+        let frontend = &state.records[slot_of(i)].frontend;
+        if *frontend == slot.frontend || (index == SOCK_DESTINATIONS && frontend.family == 0) {
+            index = i;
+            if *frontend == slot.frontend {
+                break;
+            }
+        }
+    }
+    if state.cgroup_id == 0 {
+        state.cgroup_id = slot.cgroup_id;
+        state.created_ns = slot.created_ns;
+    }
+    state.records[slot_of(index)] = SockRecord {
+        frontend: slot.frontend,
+        backend: slot.backend,
+        service_id: slot.service_id,
+        slot: slot.slot,
+    };
 }
 
 /// The start of `struct sock_common` (which starts `struct sock`, `struct inet_sock` and
@@ -823,7 +927,7 @@ unsafe fn sock_addrs(sk: *const core::ffi::c_void) -> lb_common::SockAddrs {
             local_port: read_volatile(addr_of!((*head).num)),
             family: read_volatile(addr_of!((*head).family)),
             tcp_state: read_volatile(addr_of!((*head).state)),
-            _pad: 0,
+            holds: 0,
         }
     }
 }

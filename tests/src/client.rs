@@ -53,6 +53,10 @@ pub enum Command {
     Close {
         id: u32,
     },
+    /// Disconnects UDP socket `id` (`connect()` to `AF_UNSPEC`), keeping it open.
+    Disconnect {
+        id: u32,
+    },
     /// `count` request/response transactions (connect, one line each way, close), timed:
     /// the reply's `latencies_ns` holds each `connect()`'s duration, `elapsed_ns` the total.
     Bench {
@@ -238,6 +242,16 @@ impl ClientState {
                     ..Reply::default()
                 }
             }
+            Command::Disconnect { id } => match self.conns.get(&id) {
+                Some(Conn::Udp(s)) => match disconnect(s) {
+                    Ok(()) => Reply {
+                        ok: true,
+                        ..Reply::default()
+                    },
+                    Err(e) => Reply::error(format!("disconnect: {e}")),
+                },
+                _ => Reply::error(format!("connection {id} is not a UDP socket")),
+            },
         }
     }
 
@@ -418,6 +432,27 @@ fn unconnected_udp(target: SocketAddr) -> std::io::Result<UdpSocket> {
     let socket = UdpSocket::bind(local)?;
     socket.set_read_timeout(Some(IO_TIMEOUT))?;
     Ok(socket)
+}
+
+/// `connect()` to an `AF_UNSPEC` address: a UDP socket forgets its peer.
+fn disconnect(socket: &UdpSocket) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: an all-zero sockaddr is valid; only its family is set.
+    let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };
+    addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: the socket's own descriptor and a valid address of the given size.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            &raw const addr,
+            size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn send_to(socket: &UdpSocket, target: SocketAddr, count: usize) -> Reply {

@@ -574,6 +574,40 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A connected UDP socket keeps its record in a connection slot, which it gives back when it
+/// closes, also after it was disconnected (`connect(AF_UNSPEC)`, which no hook sees).
+fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
+    let w = World::new(net, true, &[0, 1, 2], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins");
+    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    let mut client = w.client()?;
+    let before = held()?;
+    for id in [1, 2] {
+        let r = client.run(&Command::Open {
+            id,
+            target: net.vip(UDP_PORT),
+            udp: true,
+        })?;
+        assert!(r.ok, "{r:?}");
+    }
+    if !claims.socket_release {
+        // No release program, no slots: the records are in socket storage.
+        assert_eq!(held()?, before);
+        return Ok(());
+    }
+    assert_eq!(held()?, before + 2, "one slot per connected socket");
+    let r = client.run(&Command::Disconnect { id: 1 })?;
+    assert!(r.ok, "{r:?}");
+    for id in [1, 2] {
+        client.run(&Command::Close { id })?;
+    }
+    assert_eq!(held()?, before, "both slots freed at close");
+    Ok(())
+}
+
 /// A process outside the cgroup, in the same namespace, is never translated.
 fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -617,6 +651,7 @@ both_families!(
     connected_udp_socket_terminated_without_the_sockets_iterator,
     connected_udp_socket_terminated_across_a_restart,
     connected_udp_sockets_listed,
+    connected_udp_slot_freed,
     outside_cgroup_untouched,
 );
 

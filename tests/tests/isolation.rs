@@ -416,8 +416,11 @@ fn nofile_hard_limit() -> anyhow::Result<u64> {
 }
 
 /// When a pod's sockets cannot hold a record (here: its network namespace allows almost no
-/// socket option memory), its connects fail with ENOBUFS, counted, rather than let replies come
-/// back from an address it never dialled; the other pod is untouched.
+/// socket option memory), its translations that need one fail with ENOBUFS, counted, rather
+/// than let replies come back from an address it never dialled; the other pod is untouched.
+/// Where the release program runs, a connect (TCP, or a connected UDP socket) keeps its record
+/// in its preallocated slot and needs no socket memory; an unconnected UDP socket's always
+/// needs it.
 #[test]
 fn a_pod_out_of_socket_memory_fails_explicitly_alone() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
@@ -435,31 +438,46 @@ fn a_pod_out_of_socket_memory_fails_explicitly_alone() -> anyhow::Result<()> {
     );
     let mut starved = sandbox.client_in(&starved_pod)?;
     let slots = socklb_tests::features::Claims::of(&agent.status()?).socket_release;
-    let r = starved.connect("10.96.0.10:80".parse()?, 5)?;
-    if slots {
-        // A TCP connection's record goes in its preallocated slot: no socket memory needed.
-        assert_eq!(r.failures(), 0, "TCP in slots: {:?}", r.errors);
-    } else {
-        assert_eq!(
-            r.errors.get("errno 105"),
-            Some(&5),
-            "ENOBUFS: {:?}",
-            r.errors
-        );
-    }
-    let r = starved.run(&Command::Connect {
-        target: format!("{UDP_VIP}:53").parse()?,
+    let enobufs = |r: &socklb_tests::client::Reply, what: &str| {
+        if slots {
+            assert_eq!(r.failures(), 0, "{what} in slots: {:?}", r.errors);
+        } else {
+            assert_eq!(
+                r.errors.get("errno 105"),
+                Some(&5),
+                "{what}: {:?}",
+                r.errors
+            );
+        }
+    };
+    enobufs(&starved.connect("10.96.0.10:80".parse()?, 5)?, "TCP");
+    let udp_vip: std::net::SocketAddr = format!("{UDP_VIP}:53").parse()?;
+    enobufs(
+        &starved.run(&Command::Connect {
+            target: udp_vip,
+            count: 5,
+            udp: true,
+        })?,
+        "connected UDP",
+    );
+    let r = starved.run(&Command::SendTo {
+        target: udp_vip,
         count: 5,
-        udp: true,
+        id: None,
     })?;
-    assert_eq!(r.errors.get("errno 105"), Some(&5), "{:?}", r.errors);
+    assert_eq!(
+        r.errors.get("errno 105"),
+        Some(&5),
+        "unconnected UDP: {:?}",
+        r.errors
+    );
     let failed = agent.metric("socklb_datapath_record_failed_total")?;
-    let refused = if slots { 5.0 } else { 10.0 };
+    let refused = if slots { 5.0 } else { 15.0 };
     assert!(failed >= Some(refused), "{failed:?}");
     let mut other = sandbox.client_in(&other_pod)?;
     translation_is_correct(&mut other)?;
     println!(
-        "FIGURE starved pod: {} of 5 TCP connects failed (a TCP connection's record takes a preallocated slot where the release program runs) and 5 of 5 connected UDP connects failed with ENOBUFS, socklb_datapath_record_failed_total {}; the other pod correct",
+        "FIGURE starved pod: {0} of 5 TCP connects and {0} of 5 connected UDP connects failed (a connect's record takes a preallocated slot where the release program runs), 5 of 5 unconnected UDP datagrams failed with ENOBUFS, socklb_datapath_record_failed_total {1}; the other pod correct",
         if slots { 0 } else { 5 },
         failed.unwrap_or(0.0)
     );

@@ -268,6 +268,7 @@ fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
                 j.args = vec![
                     "connected_udp_socket_terminated".into(),
                     "connected_udp_sockets_listed".into(),
+                    "connected_udp_slot_freed".into(),
                     "udp_reverse_translation".into(),
                     "established_connection_stays".into(),
                     "verifier_accepts_every_program".into(),

@@ -479,11 +479,18 @@ impl Records {
                     .as_ref()
                     .and_then(|m| m.get(&socket.cookie).copied()),
             };
-            found.or_else(|| {
-                self.global
-                    .as_ref()
-                    .and_then(|m| m.get(&socket.cookie).copied())
-            })
+            found
+                .or_else(|| {
+                    self.global
+                        .as_ref()
+                        .and_then(|m| m.get(&socket.cookie).copied())
+                })
+                .or_else(|| {
+                    // A connected UDP socket's slot (the UDP iterator reports those itself).
+                    (protocol == Protocol::Udp && udp_records.is_none() && socket.dst().port() != 0)
+                        .then(|| self.slots.as_ref().and_then(|s| s.get(socket.cookie)))
+                        .flatten()
+                })
         };
         for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
             sock_diag::dump_each(
@@ -705,12 +712,14 @@ pub fn census_each(
         })?;
         if let Some(slots) = Slots::open(pins)? {
             slots.each(|cookie, state| {
-                each(LiveSocket {
-                    cookie,
-                    protocol: Protocol::Tcp,
-                    state,
-                    kernel: None,
-                });
+                if let Some(protocol) = protocol_of(&state) {
+                    each(LiveSocket {
+                        cookie,
+                        protocol,
+                        state,
+                        kernel: None,
+                    });
+                }
             })?;
         }
         return Ok(stats);

@@ -74,6 +74,14 @@ fn live_records(
     let mut live: HashMap<u64, u64> = HashMap::new();
     if listing.global {
         pins.for_each_global(|e| *live.entry(e.state.cgroup_id).or_default() += 1)?;
+        // Connected UDP sockets' slots count too (TCP connections' do not).
+        if let Some(slots) = super::Slots::open(pins)? {
+            slots.each(|_, state| {
+                if super::protocol_of(&state) == Some(crate::vocab::Protocol::Udp) {
+                    *live.entry(state.cgroup_id).or_default() += 1;
+                }
+            })?;
+        }
         return Ok((live, 0));
     }
     let sockets = if listing.tcp_per_namespace {
@@ -122,8 +130,12 @@ fn live_records(
                 source,
             };
             let file = sys::iter_create(link.as_fd()).map_err(iter_err)?;
+            // A UDP socket's value in storage and its slot each count against its pod's bound.
             for_each_entry(file, |e: &lb_common::UdpSocketEntry| {
-                *here.entry(e.state.cgroup_id).or_default() += 1;
+                let held = u64::from(e.addrs.holds.count_ones());
+                if held > 0 {
+                    *here.entry(e.state.cgroup_id).or_default() += held;
+                }
             })
             .map_err(iter_err)?;
         }

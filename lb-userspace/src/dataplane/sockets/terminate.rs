@@ -55,6 +55,9 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
         // One walk over the records first: nothing stale, no namespace to visit.
         let mut any = false;
         pins.for_each_global(|e| any |= records(&e.state).any(|r| is_stale(r, serving)))?;
+        if let Some(slots) = super::Slots::open(pins)? {
+            slots.each(|_, state| any |= records(&state).any(|r| is_stale(r, serving)))?;
+        }
         if !any {
             return Ok(done);
         }
