@@ -445,6 +445,20 @@ impl Records {
         states: u32,
         each: &mut dyn FnMut(Found<'_>),
     ) -> Result<(), NamespaceError> {
+        self.here_where(ns, protocol, states, &|_, _| true, each)
+    }
+
+    /// [`Self::here`], where the UDP iterator runs: only UDP sockets whose record `keep`s
+    /// (given the peer where the iterator read it: an IPv4 socket's) are looked up in the dump,
+    /// and none is dumped when the iterator kept none.
+    pub(crate) fn here_where(
+        &self,
+        ns: &Namespace,
+        protocol: Protocol,
+        states: u32,
+        keep: &dyn Fn(&SockState, Option<SocketAddr>) -> bool,
+        each: &mut dyn FnMut(Found<'_>),
+    ) -> Result<(), NamespaceError> {
         let dump_err = |source| NamespaceError::Dump {
             path: ns.path.clone(),
             source,
@@ -459,15 +473,19 @@ impl Records {
         };
         let udp_records = match (&self.udp_iter, protocol) {
             (Some(link), Protocol::Udp) => {
-                Some(
-                    udp_records(link).map_err(|source| NamespaceError::UdpIterator {
+                Some(udp_records(link, states, keep).map_err(|source| {
+                    NamespaceError::UdpIterator {
                         path: ns.path.clone(),
                         source,
-                    })?,
-                )
+                    }
+                })?)
             }
             _ => None,
         };
+        if udp_records.as_ref().is_some_and(HashMap::is_empty) {
+            // No UDP socket of these states here has a record worth a look.
+            return Ok(());
+        }
         let record = |socket: &sock_diag::DiagSocket| -> Option<SockState> {
             let found = match protocol {
                 Protocol::Tcp => socket
@@ -583,12 +601,21 @@ impl Records {
     }
 }
 
-/// The UDP iterator's records in the calling thread's network namespace, by cookie.
-fn udp_records(link: &OwnedFd) -> io::Result<HashMap<u64, SockState>> {
+/// The UDP iterator's records in the calling thread's network namespace, by cookie: of the
+/// sockets in the `states` mask whose record `keep`s (with its peer, for an IPv4 socket).
+fn udp_records(
+    link: &OwnedFd,
+    states: u32,
+    keep: &dyn Fn(&SockState, Option<SocketAddr>) -> bool,
+) -> io::Result<HashMap<u64, SockState>> {
     let file = sys::iter_create(link.as_fd())?;
     let mut map = HashMap::new();
     for_each_entry(file, |e: &UdpSocketEntry| {
-        map.insert(e.cookie, e.state);
+        if sock_diag::state_bit(e.addrs.tcp_state) & states != 0
+            && keep(&e.state, ipv4_view(&e.addrs, 0).map(|v| v.peer))
+        {
+            map.insert(e.cookie, e.state);
+        }
     })?;
     Ok(map)
 }

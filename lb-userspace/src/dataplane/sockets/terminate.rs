@@ -67,7 +67,14 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
         // Found during the dump, destroyed after it (a destroy during a dump would make the
         // kernel interrupt it).
         let mut stale_sockets = Vec::new();
-        source.here(ns, Protocol::Udp, CONNECTED, &mut |found| {
+        // Where the UDP iterator reads the sockets, only those it finds stale are dumped (an
+        // IPv4 socket's peer is known from it; an IPv6 one's when the dump shows it).
+        let stale_record = |state: &lb_common::SockState, peer: Option<SocketAddr>| {
+            records(state).any(|r| {
+                is_stale(r, serving) && peer.is_none_or(|p| backend_addr(&r.backend) == Some(p))
+            })
+        };
+        source.here_where(ns, Protocol::Udp, CONNECTED, &stale_record, &mut |found| {
             let Some((socket, state)) = found else {
                 stale_sockets.clear();
                 return;
