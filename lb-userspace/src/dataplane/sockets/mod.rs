@@ -541,7 +541,7 @@ impl Records {
         each: &mut dyn FnMut(Option<LiveSocket>),
     ) -> Result<(), NamespaceError> {
         let Some(link) = self.udp_iter.as_ref().filter(|_| protocol == Protocol::Udp) else {
-            return self.here(ns, protocol, sock_diag::ALL_STATES, &mut |found| {
+            return self.here(ns, protocol, sock_diag::RECORD_STATES, &mut |found| {
                 each(found.map(|(socket, state)| LiveSocket {
                     cookie: socket.cookie,
                     protocol,
@@ -576,7 +576,7 @@ impl Records {
         sock_diag::dump_each(
             sock_diag::IPPROTO_UDP,
             sock_diag::AF_INET6,
-            sock_diag::ALL_STATES,
+            sock_diag::RECORD_STATES,
             &[],
             &mut |event| match event {
                 sock_diag::Dumped::Socket(socket) => {

@@ -102,7 +102,7 @@ fn live_records(
                 sock_diag::dump_each(
                     sock_diag::IPPROTO_TCP,
                     family,
-                    sock_diag::ALL_STATES,
+                    sock_diag::RECORD_STATES,
                     &[map.as_fd()],
                     &mut |event| match event {
                         sock_diag::Dumped::Socket(socket) => {

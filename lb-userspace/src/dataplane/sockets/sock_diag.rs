@@ -73,8 +73,19 @@ pub const TCP_ESTABLISHED: u8 = 1;
 pub const TCP_CLOSE: u8 = 7;
 /// `TCP_LISTEN`.
 pub const TCP_LISTEN: u8 = 10;
+/// `TCP_TIME_WAIT`: a closed connection's mini socket.
+pub const TCP_TIME_WAIT: u8 = 6;
+/// `TCP_NEW_SYN_RECV`: a server's request socket.
+pub const TCP_NEW_SYN_RECV: u8 = 12;
 /// A `states` mask that selects every state.
 pub const ALL_STATES: u32 = u32::MAX;
+/// The states a socket with a socklb record can be in: all but a listener's (it never
+/// connects) and the kernel's mini sockets (`TIME_WAIT`, `NEW_SYN_RECV`), which have no socket
+/// storage; a connection's slot is freed when it is closed, before it waits. A node holds tens
+/// of thousands of waiting sockets after a burst of short connections: a dump asking for every
+/// state would hand each over for nothing.
+pub const RECORD_STATES: u32 =
+    ALL_STATES & !(state_bit(TCP_LISTEN) | state_bit(TCP_TIME_WAIT) | state_bit(TCP_NEW_SYN_RECV));
 
 /// The `states` mask bit of one state (`1 << state`), e.g. `state_bit(TCP_ESTABLISHED)` for
 /// connected UDP sockets. Combine several with `|`.
