@@ -83,7 +83,7 @@ pub struct Verifier {
 const WHY_MISSED: &[(&str, &str)] = &[
     (
         "connect4 on a TCP service hit",
-        "cause: the lookups (compare the row without a record), the connection slot's cache line, cold at each connect (an experiment putting every connect on one slot measured 7.17× hot and 14.5× spread against 8.63× and 18.2× in the same hour) and, spread, the lookups' cache misses; tried: a 64-byte slot record (inside the noise, not adopted: a new record layout drops the records of connections made before an upgrade), skipping the frontend filter in the ClusterIP range (no change), loading the slot before the frontend lookup so its miss overlaps the lookup (3 alternating runs each: 889-1004 ns with it against 889-978 without, no change; its ratios 6.0-8.3 against 9.5-9.7 came from floors of 94-161 ns against 81-94)",
+        "cause: the lookups (compare the row without a record), the connection slot's cache line, cold at each connect (an experiment putting every connect on one slot measured 7.17× hot and 14.5× spread against 8.63× and 18.2× in the same hour) and, spread, the lookups' cache misses; tried: a 64-byte slot record (inside the noise, not adopted: a new record layout drops the records of connections made before an upgrade), skipping the frontend filter in the ClusterIP range (no change), loading the slot before the frontend lookup so its miss overlaps the lookup (3 alternating runs each: 889-1004 ns with it against 889-978 without, no change; its ratios 6.0-8.3 against 9.5-9.7 came from floors of 111-161 ns against 94-101)",
     ),
     (
         "connect4, not a service, a live server",
@@ -95,7 +95,7 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "listing",
-        "cause: the UDP iterator's walk, which reads each socket's storage and slot (a UDP sock_diag dump reads neither, and this kernel refuses the sockets iterator); done: the iterator writes an IPv4 socket's addresses, so the census needs no sock_diag dump of its UDP sockets",
+        "cause: what the floor does not do: per pod namespace, an iterator walk of the node's UDP table reading each socket's storage and slot, and the TCP dumps (IPv4 and IPv6, each walking the node's TCP table, waiting sockets included); 1.59-1.82x in a world of 3 namespaces (socklb-bench --only listing), 3.08-3.17x after the data path's runs; not measured apart; done: the iterator writes an IPv4 socket's addresses (no sock_diag dump of UDP sockets), the dumps skip states without a record (TIME_WAIT: 0.39 s to 0.23 s in one run)",
     ),
     (
         "full sync",
