@@ -53,9 +53,11 @@ pub enum Command {
     Close {
         id: u32,
     },
-    /// Disconnects UDP socket `id` (`connect()` to `AF_UNSPEC`), keeping it open.
-    Disconnect {
+    /// Connects UDP socket `id` again: to `target`, or with `None` disconnects it (`connect()`
+    /// to `AF_UNSPEC`); it stays open.
+    Reconnect {
         id: u32,
+        target: Option<SocketAddr>,
     },
     /// `count` request/response transactions (connect, one line each way, close), timed:
     /// the reply's `latencies_ns` holds each `connect()`'s duration, `elapsed_ns` the total.
@@ -242,14 +244,16 @@ impl ClientState {
                     ..Reply::default()
                 }
             }
-            Command::Disconnect { id } => match self.conns.get(&id) {
-                Some(Conn::Udp(s)) => match disconnect(s) {
-                    Ok(()) => Reply {
-                        ok: true,
-                        ..Reply::default()
-                    },
-                    Err(e) => Reply::error(format!("disconnect: {e}")),
-                },
+            Command::Reconnect { id, target } => match self.conns.get(&id) {
+                Some(Conn::Udp(s)) => {
+                    match target.map_or_else(|| disconnect(s), |t| s.connect(t)) {
+                        Ok(()) => Reply {
+                            ok: true,
+                            ..Reply::default()
+                        },
+                        Err(e) => Reply::error(format!("reconnect: {e}")),
+                    }
+                }
                 _ => Reply::error(format!("connection {id} is not a UDP socket")),
             },
         }

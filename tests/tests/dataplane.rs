@@ -575,7 +575,8 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
 }
 
 /// A connected UDP socket keeps its record in a connection slot, which it gives back when it
-/// closes, also after it was disconnected (`connect(AF_UNSPEC)`, which no hook sees).
+/// closes, also after it was disconnected (`connect(AF_UNSPEC)`, which no hook sees) or
+/// connected again to an address no service has.
 fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, true, &[0, 1, 2], &[])?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
@@ -585,7 +586,7 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     let held = || socklb::dataplane::sockets::held_slots(&pins);
     let mut client = w.client()?;
     let before = held()?;
-    for id in [1, 2] {
+    for id in [1, 2, 3] {
         let r = client.run(&Command::Open {
             id,
             target: net.vip(UDP_PORT),
@@ -598,13 +599,30 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
         assert_eq!(held()?, before);
         return Ok(());
     }
-    assert_eq!(held()?, before + 2, "one slot per connected socket");
-    let r = client.run(&Command::Disconnect { id: 1 })?;
+    assert_eq!(held()?, before + 3, "one slot per connected socket");
+    let r = client.run(&Command::Reconnect {
+        id: 1,
+        target: None,
+    })?;
     assert!(r.ok, "{r:?}");
-    for id in [1, 2] {
+    // The pod's own loopback, a port no service or backend uses (a UDP connect sends nothing).
+    let elsewhere = SocketAddr::new(
+        if net.vip.contains(':') {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        },
+        9,
+    );
+    let r = client.run(&Command::Reconnect {
+        id: 2,
+        target: Some(elsewhere),
+    })?;
+    assert!(r.ok, "{r:?}");
+    for id in [1, 2, 3] {
         client.run(&Command::Close { id })?;
     }
-    assert_eq!(held()?, before, "both slots freed at close");
+    assert_eq!(held()?, before, "every slot freed at close");
     Ok(())
 }
 
