@@ -184,10 +184,18 @@ struct Server {
     /// Where it listens.
     addresses: Vec<SocketAddr>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// A second descriptor of each listener, to stop it listening at once.
+    listeners: Vec<std::os::fd::OwnedFd>,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // The listeners stop listening now, so the port can be bound again at once (on other
+        // addresses after the node's changed: a listener still open on `[::]` would refuse
+        // that bind until the aborted tasks are dropped, some time later).
+        for l in &self.listeners {
+            let _ = rustix::net::shutdown(l, rustix::net::Shutdown::Both);
+        }
         // Ending the accept loop drops its listener: the port closes.
         for t in &self.tasks {
             t.abort();
@@ -288,9 +296,13 @@ impl HealthCheckServers {
             on: listen.to_vec(),
             addresses: Vec::new(),
             tasks: Vec::new(),
+            listeners: Vec::new(),
         };
         for l in listeners.into_iter().flatten() {
             server.addresses.push(l.local_addr()?);
+            server
+                .listeners
+                .push(std::os::fd::AsFd::as_fd(&l).try_clone_to_owned()?);
             server.tasks.push(tokio::spawn(http::serve(
                 l,
                 app.clone(),
