@@ -812,7 +812,7 @@ pub(crate) fn write_socket_entry(ctx: *mut crate::programs::SkStorageIterCtx) ->
 }
 
 /// The UDP iterator's step (one network namespace's UDP sockets): writes (cookie, addresses,
-/// state) for a socket that has a `SOCKETS` value.
+/// state) for a socket with a record, in its `SOCKETS` value, its `CONNECTIONS` slot or both.
 #[inline(always)]
 pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
     use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write, bpf_sk_storage_get};
@@ -832,8 +832,11 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
         }
         // A connected socket's record may be in its `CONNECTIONS` slot (only one connected to a
         // backend port can hold one).
+        // The cookie is asked for only here or once a record is found (a socket nobody asked
+        // before gets one made).
+        let mut cookie = 0;
         let slot = if addrs.peer_port_be != 0 && backend_port_in_use(true, addrs.peer_port_be) {
-            let cookie = bpf_get_socket_cookie(sk);
+            cookie = bpf_get_socket_cookie(sk);
             CONNECTIONS
                 .get(cookie as u32 & SLOT_MASK)
                 .filter(|s| s.cookie == cookie)
@@ -842,6 +845,9 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
         };
         if value.is_null() && slot.is_none() {
             return 0;
+        }
+        if cookie == 0 {
+            cookie = bpf_get_socket_cookie(sk);
         }
         let mut state = if value.is_null() {
             SockState::default()
@@ -853,7 +859,7 @@ pub(crate) fn write_udp_entry(ctx: *mut crate::programs::UdpIterCtx) -> i32 {
             addrs.holds |= lb_common::HOLDS_SLOT;
         }
         let entry = lb_common::UdpSocketEntry {
-            cookie: bpf_get_socket_cookie(sk),
+            cookie,
             addrs,
             state,
         };
