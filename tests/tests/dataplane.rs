@@ -180,6 +180,17 @@ fn counter(stats: &Stats, counter: Counter) -> Option<u64> {
 }
 
 /// The single backend that answered, failing if several did.
+/// Opens connected UDP socket `id` to the service's UDP port, which must answer.
+fn open_udp(client: &mut Client, net: &Net, id: u32) -> anyhow::Result<Reply> {
+    let r = client.run(&Command::Open {
+        id,
+        target: net.vip(UDP_PORT),
+        udp: true,
+    })?;
+    assert!(r.ok, "{r:?}");
+    Ok(r)
+}
+
 fn only_backend(reply: &Reply) -> String {
     assert_eq!(
         reply.backends.len(),
@@ -434,12 +445,7 @@ fn udp_termination(net: &Net, agent_args: &[&str], across_restart: bool) -> anyh
     let mut w = World::with_agent(net, true, &[0, 1, 2], &[], agent_args)?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
     let mut client = w.client()?;
-    let opened = client.run(&Command::Open {
-        id: 1,
-        target: net.vip(UDP_PORT),
-        udp: true,
-    })?;
-    assert!(opened.ok, "{opened:?}");
+    let opened = open_udp(&mut client, net, 1)?;
     let pinned = only_backend(&opened);
     let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != pinned).collect();
     let restarted = std::time::Instant::now();
@@ -518,12 +524,7 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
     let mut client = w.client()?;
     let mut opened = std::collections::BTreeMap::<String, usize>::new();
     for id in 1..=6 {
-        let r = client.run(&Command::Open {
-            id,
-            target: net.vip(UDP_PORT),
-            udp: true,
-        })?;
-        assert!(r.ok, "{r:?}");
+        let r = open_udp(&mut client, net, id)?;
         *opened.entry(only_backend(&r)).or_default() += 1;
     }
     // Listed by `inspect` itself (no agent answers on port 1): what the kernel holds now.
@@ -587,12 +588,7 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     let mut client = w.client()?;
     let before = held()?;
     for id in [1, 2, 3] {
-        let r = client.run(&Command::Open {
-            id,
-            target: net.vip(UDP_PORT),
-            udp: true,
-        })?;
-        assert!(r.ok, "{r:?}");
+        open_udp(&mut client, net, id)?;
     }
     if !claims.socket_release {
         // No release program, no slots: the records are in socket storage.
