@@ -3,6 +3,7 @@
 //!
 //! - `vocab`: the typed identities every layer shares (objects, service addresses, backend
 //!   sets, error kinds); depends on nothing else here.
+//! - `hashing` and `vec_set`: the agent's own collections; depend on nothing.
 //! - `model`: Services and EndpointSlices, validated into plain types (from the API or YAML).
 //! - `translate`: pure functions from those objects to the desired tables.
 //! - `reconcile`: writes the difference into the maps, in a safe order.
@@ -25,6 +26,7 @@ pub mod connections;
 pub mod dataplane;
 pub mod explain;
 pub mod fuzzing;
+pub mod hashing;
 pub mod model;
 pub mod reconcile;
 pub mod source;

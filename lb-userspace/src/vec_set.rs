@@ -58,6 +58,11 @@ impl<T: Ord> VecSet<T> {
     pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.0.iter()
     }
+
+    /// Keeps only the elements `keep` accepts (in place: the order stays sorted).
+    pub fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
+        self.0.retain(keep);
+    }
 }
 
 impl<T: Ord> FromIterator<T> for VecSet<T> {

@@ -11,10 +11,14 @@ use std::{
 const ALLOWED: &[(&str, &[&str])] = &[
     ("vocab", &[]),
     ("vec_set", &[]),
-    ("model", &["vocab", "vec_set"]),
-    ("translate", &["model", "vocab", "vec_set"]),
+    ("hashing", &[]),
+    ("model", &["vocab", "vec_set", "hashing"]),
+    ("translate", &["model", "vocab", "vec_set", "hashing"]),
     ("dataplane", &["vocab"]),
-    ("reconcile", &["translate", "dataplane", "vocab", "vec_set"]),
+    (
+        "reconcile",
+        &["translate", "dataplane", "vocab", "vec_set", "hashing"],
+    ),
     ("source", &["model", "dataplane", "vocab"]),
     ("status", &["translate", "dataplane", "vocab"]),
     ("connections", &["model", "dataplane", "vocab"]),
@@ -41,6 +45,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "dataplane",
             "vocab",
             "vec_set",
+            "hashing",
         ],
     ),
     (

@@ -4,12 +4,13 @@
 //! the maps hold but the cluster no longer has. After that, each change recomputes only the
 //! Services it touches, and the Services whose contested addresses change hands with it.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use crate::{
     dataplane::{abi::frontend_key, maps::ServiceMaps},
+    hashing::FastMap,
     model::{EndpointSlice, NodeObject, Store},
     reconcile::{Reconciler, SyncReport},
     source::{Object, SourceEvent, Subject},
@@ -58,7 +59,7 @@ pub struct Engine<M: ServiceMaps> {
     synced: bool,
     full_sync_needed: bool,
     dirty: BTreeSet<ObjectKey>,
-    keys_by_service: HashMap<ObjectKey, VecSet<ServicePortKey>>,
+    keys_by_service: FastMap<ObjectKey, VecSet<ServicePortKey>>,
     /// Claims each backend set lost to another, as last computed.
     conflicts: BTreeMap<ServicePortKey, Vec<Conflict>>,
     pending_since: Option<Instant>,
@@ -66,7 +67,7 @@ pub struct Engine<M: ServiceMaps> {
     /// each since its first unwritten change (kube-proxy's `QueuedUpdate`): a pass that writes
     /// a Service's backend sets clears it, one whose write fails keeps it (kube-proxy counts a
     /// failed sync as not updated).
-    unapplied: HashMap<ObjectKey, Instant>,
+    unapplied: FastMap<ObjectKey, Instant>,
     /// A change of this node's identity (every Service to translate again) not yet written.
     unapplied_node: Option<Instant>,
     /// Latest rejection per subject.
@@ -74,11 +75,11 @@ pub struct Engine<M: ServiceMaps> {
     rejected_total: u64,
     unhealthy: BTreeSet<Kind>,
     /// Slice changes not yet written, by Service: their trigger times (Unix ms).
-    triggers: HashMap<ObjectKey, Vec<i64>>,
+    triggers: FastMap<ObjectKey, Vec<i64>>,
     /// Trigger times before this (Unix ms) are not latencies of ours (as kube-proxy).
     started_ms: i64,
     /// Backend sets whose last write failed: when each is tried again.
-    failing: HashMap<ServicePortKey, Retry>,
+    failing: FastMap<ServicePortKey, Retry>,
     retries: u64,
 }
 
@@ -141,17 +142,17 @@ impl<M: ServiceMaps> Engine<M> {
             synced: false,
             full_sync_needed: true,
             dirty: BTreeSet::new(),
-            keys_by_service: HashMap::new(),
+            keys_by_service: FastMap::default(),
             conflicts: BTreeMap::new(),
             pending_since: None,
-            unapplied: HashMap::new(),
+            unapplied: FastMap::default(),
             unapplied_node: None,
             rejected: BTreeMap::new(),
             rejected_total: 0,
             unhealthy: BTreeSet::new(),
-            triggers: HashMap::new(),
+            triggers: FastMap::default(),
             started_ms: unix_ms(),
-            failing: HashMap::new(),
+            failing: FastMap::default(),
             retries: 0,
         }
     }
@@ -237,7 +238,10 @@ impl<M: ServiceMaps> Engine<M> {
             if self.synced {
                 self.unapplied.entry(key.clone()).or_insert(now);
             }
-            self.dirty.insert(key);
+            // A full sync recomputes every Service and clears the set.
+            if !self.full_sync_needed {
+                self.dirty.insert(key);
+            }
         }
     }
 
@@ -615,7 +619,7 @@ impl<M: ServiceMaps> Engine<M> {
                 t.ports.iter().map(|p| p.key.clone()).collect(),
             );
             for port in t.ports {
-                self.ownership.claim(&port.key, &port.desired);
+                self.ownership.claim_new(&port.key, &port.desired);
                 desired.services.insert(port.key, port.desired);
             }
         }

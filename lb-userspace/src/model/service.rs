@@ -71,7 +71,7 @@ pub struct Service {
     pub key: ObjectKey,
     pub resource_version: String,
     /// `metadata.uid`: with `created`, decides which of two Services claiming one address owns it.
-    pub uid: String,
+    pub uid: Arc<str>,
     /// `metadata.creationTimestamp`, seconds since the epoch.
     pub created: Option<i64>,
     /// `service.kubernetes.io/service-proxy-name`, when labelled.
@@ -159,7 +159,7 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
     Ok(Service {
         key,
         resource_version: meta.resource_version.clone().unwrap_or_default(),
-        uid: meta.uid.clone().unwrap_or_default(),
+        uid: meta.uid.as_deref().unwrap_or_default().into(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         proxy_name: meta
             .labels

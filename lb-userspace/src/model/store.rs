@@ -1,19 +1,19 @@
 //! The current Services and EndpointSlices, indexed so that a change to one object names the
 //! one Service whose translation it affects.
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
-use crate::vec_set::VecSet;
+use crate::{
+    hashing::{FastMap, FastSet},
+    vec_set::VecSet,
+};
 
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     services: BTreeMap<ObjectKey, Arc<Service>>,
     slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// Service key → keys of the slices labelled with it (the Service need not exist).
-    slices_by_service: BTreeMap<ObjectKey, VecSet<ObjectKey>>,
+    slices_by_service: FastMap<ObjectKey, VecSet<ObjectKey>>,
 }
 
 impl Store {
@@ -35,21 +35,37 @@ impl Store {
     /// Adds or replaces a slice; returns the Service keys whose translation changed (the old
     /// owner too, if the slice's service label moved).
     pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<ObjectKey> {
-        let mut affected = self.remove_slice(&slice.key.clone());
-        if let Some(owner) = &slice.service {
+        let key = slice.key.clone();
+        let owner = slice.service.clone();
+        // One search of the slices: the insert hands back the slice it replaces.
+        let old_owner = self
+            .slices
+            .insert(key.clone(), Arc::new(slice))
+            .and_then(|old| old.service.clone());
+        let mut affected = Vec::with_capacity(2);
+        if let Some(old) = old_owner {
+            if owner.as_ref() != Some(&old)
+                && let Some(set) = self.slices_by_service.get_mut(&old)
+            {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.slices_by_service.remove(&old);
+                }
+            }
+            affected.push(old);
+        }
+        if let Some(owner) = owner {
             self.slices_by_service
                 .entry(owner.clone())
                 .or_default()
-                .insert(slice.key.clone());
-            if !affected.contains(owner) {
-                affected.push(owner.clone());
+                .insert(key);
+            if !affected.contains(&owner) {
+                affected.push(owner);
             }
         }
-        self.slices.insert(slice.key.clone(), Arc::new(slice));
         affected
     }
 
-    /// Removes a slice; returns the Service key it belonged to.
     pub fn remove_slice(&mut self, key: &ObjectKey) -> Vec<ObjectKey> {
         let Some(old) = self.slices.remove(key) else {
             return Vec::new();
@@ -74,7 +90,7 @@ impl Store {
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let mut listed: BTreeSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
+        let mut listed: FastSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
         listed.extend(keep.iter().cloned());
         let gone: Vec<ObjectKey> = self
             .services
@@ -101,7 +117,7 @@ impl Store {
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let mut listed: BTreeSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
+        let mut listed: FastSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
         listed.extend(keep.iter().cloned());
         let gone: Vec<ObjectKey> = self
             .slices
@@ -171,5 +187,58 @@ impl FromIterator<ManifestObject> for Store {
             }
         }
         store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{model::AddressType, vocab::Family};
+
+    fn slice(name: &str, service: Option<&str>) -> EndpointSlice {
+        EndpointSlice {
+            key: ObjectKey::new("ns", name),
+            resource_version: String::new(),
+            service: service.map(|s| ObjectKey::new("ns", s)),
+            address_type: AddressType::Ip(Family::IPv4),
+            endpoints: Vec::new(),
+            ports: Vec::new(),
+            proxy_name: None,
+            headless_label: false,
+            notes: Vec::new(),
+            last_change_trigger_ms: None,
+        }
+    }
+
+    fn names(store: &Store, service: &str) -> Vec<String> {
+        store
+            .slices_of(&ObjectKey::new("ns", service))
+            .iter()
+            .map(|s| s.key.name.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_slice_that_changes_service_affects_both_and_is_listed_under_the_new_one() {
+        let mut store = Store::new();
+        let key = |s: &str| ObjectKey::new("ns", s);
+        assert_eq!(store.upsert_slice(slice("s1", Some("a"))), vec![key("a")]);
+        assert_eq!(store.upsert_slice(slice("s2", Some("a"))), vec![key("a")]);
+        // The same owner again: only it is affected, and the slice is listed once.
+        assert_eq!(store.upsert_slice(slice("s1", Some("a"))), vec![key("a")]);
+        assert_eq!(names(&store, "a"), ["s1", "s2"]);
+        // Moved to another Service: both are affected.
+        assert_eq!(
+            store.upsert_slice(slice("s1", Some("b"))),
+            vec![key("a"), key("b")]
+        );
+        assert_eq!(names(&store, "a"), ["s2"]);
+        assert_eq!(names(&store, "b"), ["s1"]);
+        // Its label removed: only the former owner.
+        assert_eq!(store.upsert_slice(slice("s1", None)), vec![key("b")]);
+        assert!(names(&store, "b").is_empty());
+        assert_eq!(store.remove_slice(&key("s2")), vec![key("a")]);
+        assert!(names(&store, "a").is_empty());
+        assert_eq!(store.slice_count(), 1);
     }
 }

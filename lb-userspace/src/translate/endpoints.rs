@@ -10,13 +10,14 @@
 //!   serving and terminating endpoint (topology ignored);
 //! - the local set (internalTrafficPolicy Local): this node's ready endpoints, else this node's
 //!   serving and terminating ones; topology never applies.
-use std::{collections::BTreeMap, net::SocketAddr, sync::Arc};
+use std::{net::SocketAddr, sync::Arc};
 
 use super::{
     NodeInfo,
     types::{Candidacy, EndpointDecision, Exclusion, Rule, Verdict},
 };
 use crate::{
+    hashing::{FastMap, fast_map_with_capacity},
     model::{AddressType, Endpoint, EndpointSlice, ServicePort},
     vocab::Family,
 };
@@ -50,8 +51,9 @@ pub(super) fn merge<'a>(
     family: Family,
     slices: &[&'a EndpointSlice],
 ) -> Merged<'a> {
-    let mut seen = Vec::new();
-    let mut by_addr: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+    let total = slices.iter().map(|s| s.endpoints.len()).sum();
+    let mut seen = Vec::with_capacity(total);
+    let mut by_addr: FastMap<SocketAddr, usize> = fast_map_with_capacity(total);
     for slice in slices {
         let target = target_port(port, slice);
         for endpoint in &slice.endpoints {
@@ -149,11 +151,8 @@ impl Merged<'_> {
     /// The cluster set: ready endpoints narrowed by topology, else the serving terminating ones.
     /// `annotation` is the Service's topology annotation (it matters up to 1.30 only).
     pub(super) fn cluster(&self, node: &NodeInfo, annotation: Option<&str>) -> Chosen {
-        let ready: Vec<usize> = self
-            .usable()
-            .filter(|(_, e)| e.is_ready())
-            .map(|(i, _)| i)
-            .collect();
+        let mut ready: Vec<usize> = Vec::with_capacity(self.seen.len());
+        ready.extend(self.usable().filter(|(_, e)| e.is_ready()).map(|(i, _)| i));
         if ready.is_empty() {
             let members: Vec<usize> = self
                 .usable()

@@ -380,7 +380,7 @@ pub fn translate_service_with(
         service: svc.key.clone(),
         resource_version: svc.resource_version.clone(),
         skipped: None,
-        ports: Vec::new(),
+        ports: Vec::with_capacity(svc.ports.len() * svc.cluster_ips.len()),
         notes: svc.notes.clone(),
         refused: Vec::new(),
     };
@@ -397,7 +397,7 @@ pub fn translate_service_with(
     }
     let seniority = Seniority {
         created: svc.created,
-        uid: Arc::from(svc.uid.as_str()),
+        uid: Arc::clone(&svc.uid),
     };
     for port in &svc.ports {
         let Some(protocol) = port.protocol else {
@@ -466,7 +466,7 @@ impl PortContext<'_> {
     ) -> Vec<PortTranslation> {
         let (svc, port, protocol, family, node) =
             (self.svc, self.port, self.protocol, self.family, self.node);
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(2);
         let merged = endpoints::merge(port, family, self.slices);
         let local_policy = svc.internal_traffic_policy == TrafficPolicy::Local;
         let claims = claims(svc, port, protocol, family, node, notes, refused);
@@ -476,7 +476,7 @@ impl PortContext<'_> {
         // The ClusterIP uses the local set under internalTrafficPolicy Local. Every other
         // frontend uses the cluster set: kube-proxy applies externalTrafficPolicy Local only to
         // traffic from outside the node, and every client socklb serves is on the node.
-        let mut sets = Vec::new();
+        let mut sets = Vec::with_capacity(2);
         if local_policy {
             sets.push((Scope::Local, internal));
             sets.push((Scope::Cluster, external));
@@ -526,7 +526,10 @@ impl PortContext<'_> {
                     },
                     seniority: self.seniority.clone(),
                 },
-                target_port: port.target_port.to_string(),
+                target_port: match self.detail {
+                    Detail::Decisions => port.target_port.to_string(),
+                    Detail::Lean => String::new(),
+                },
                 rule: chosen.rule,
                 endpoints,
             });

@@ -8,7 +8,7 @@
 //! older Service wins (`creationTimestamp`), then the smaller uid. Names and namespaces never
 //! decide. The losing claim is not written and is reported.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
 };
 
@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::types::{ClaimKind, DesiredService, DesiredState, FrontendClaim};
 use crate::{
+    hashing::FastMap,
     vec_set::VecSet,
     vocab::{ServiceAddr, ServicePortKey},
 };
@@ -51,7 +52,7 @@ impl std::fmt::Display for Conflict {
 pub struct Ownership {
     /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
     claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
-    by_key: HashMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
+    by_key: FastMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
 }
 
 impl Ownership {
@@ -62,6 +63,28 @@ impl Ownership {
         key: &ServicePortKey,
         desired: &DesiredService,
     ) -> BTreeSet<ServicePortKey> {
+        let mut affected = self.release(key);
+        self.add(key, desired, Some(&mut affected));
+        affected.insert(key.clone());
+        affected
+    }
+
+    /// [`Self::claim`] without the sets it affects, for a full translation (every owner is
+    /// decided afterwards).
+    pub fn claim_new(&mut self, key: &ServicePortKey, desired: &DesiredService) {
+        if self.by_key.contains_key(key) {
+            self.claim(key, desired);
+        } else {
+            self.add(key, desired, None);
+        }
+    }
+
+    fn add(
+        &mut self,
+        key: &ServicePortKey,
+        desired: &DesiredService,
+        mut affected: Option<&mut BTreeSet<ServicePortKey>>,
+    ) {
         let claimants: Vec<(ServiceAddr, Claimant)> = desired
             .frontends
             .iter()
@@ -76,10 +99,11 @@ impl Ownership {
                 )
             })
             .collect();
-        let mut affected = self.release(key);
         for (addr, claimant) in &claimants {
             let set = self.claims.entry(*addr).or_default();
-            if let Some(first) = set.first() {
+            if let Some(affected) = affected.as_deref_mut()
+                && let Some(first) = set.first()
+            {
                 affected.insert(first.key.clone());
             }
             set.insert(claimant.clone());
@@ -87,8 +111,6 @@ impl Ownership {
         if !claimants.is_empty() {
             self.by_key.insert(key.clone(), claimants);
         }
-        affected.insert(key.clone());
-        affected
     }
 
     /// Forgets the claims of a backend set; returns those whose owned addresses may change.
@@ -121,12 +143,14 @@ impl Ownership {
 
     /// The claims of `desired` that `key` owns.
     pub fn granted(&self, key: &ServicePortKey, desired: &DesiredService) -> VecSet<FrontendClaim> {
-        desired
-            .frontends
-            .iter()
-            .filter(|c| self.owner(&c.addr).is_none_or(|(owner, _)| owner == key))
-            .copied()
-            .collect()
+        let mut granted = desired.frontends.clone();
+        granted.retain(|c| self.owns(key, c));
+        granted
+    }
+
+    fn owns(&self, key: &ServicePortKey, claim: &FrontendClaim) -> bool {
+        self.owner(&claim.addr)
+            .is_none_or(|(owner, _)| owner == key)
     }
 
     /// The claims of `desired` that `key` lost, and to whom.
@@ -149,7 +173,7 @@ impl Ownership {
     /// Leaves each backend set in `desired` with only the addresses it owns.
     pub fn apply(&self, desired: &mut DesiredState) {
         for (key, service) in &mut desired.services {
-            service.frontends = self.granted(key, service);
+            service.frontends.retain(|c| self.owns(key, c));
         }
     }
 }

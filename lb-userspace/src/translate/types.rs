@@ -284,7 +284,7 @@ impl fmt::Display for Rule {
 pub struct PortTranslation {
     pub key: ServicePortKey,
     pub desired: DesiredService,
-    /// The Service's targetPort as written (number or name).
+    /// The Service's targetPort as written (number or name); empty in `Detail::Lean`.
     pub target_port: String,
     pub rule: Rule,
     pub endpoints: Vec<EndpointDecision>,
