@@ -108,7 +108,7 @@ pub fn backend_addr(b: &Backend) -> Option<SocketAddr> {
 /// The metadata entry that names a backend set in the maps.
 pub fn service_meta(key: &ServicePortKey, port: u16) -> ServiceMeta {
     ServiceMeta {
-        name: to_fixed(&key.service.to_string()),
+        name: to_fixed_joined(&[&key.service.namespace, "/", &key.service.name]),
         port_name: to_fixed(&key.port_name),
         port,
         protocol: protocol_number(key.protocol),
@@ -149,6 +149,25 @@ pub fn to_fixed<const N: usize>(s: &str) -> [u8; N] {
     out
 }
 
+/// [`to_fixed`] of the parts joined, without building the joined string (a full sync writes a
+/// name per backend set).
+pub fn to_fixed_joined<const N: usize>(parts: &[&str]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut at = 0;
+    for part in parts {
+        let mut end = part.len().min(N - 1 - at);
+        while !part.is_char_boundary(end) {
+            end -= 1;
+        }
+        out[at..at + end].copy_from_slice(&part.as_bytes()[..end]);
+        at += end;
+        if end < part.len() {
+            break;
+        }
+    }
+    out
+}
+
 pub fn from_fixed(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
@@ -185,5 +204,19 @@ mod tests {
     fn fixed_strings_cut_at_char_boundaries() {
         let f: [u8; 5] = to_fixed("aé€");
         assert_eq!(from_fixed(&f), "aé");
+    }
+
+    #[test]
+    fn joined_parts_cut_as_the_joined_string() {
+        for (ns, name) in [
+            ("ns", "svc"),
+            ("nsé", "€x"),
+            ("abcdefg", "h"),
+            ("a", "bcé€"),
+        ] {
+            let joined: [u8; 8] = to_fixed_joined(&[ns, "/", name]);
+            let whole: [u8; 8] = to_fixed(&format!("{ns}/{name}"));
+            assert_eq!(joined, whole, "{ns}/{name}");
+        }
     }
 }

@@ -6,6 +6,10 @@ use std::{collections::BTreeSet, net::SocketAddr};
 /// `old` is what slots `1..=count` hold now (`None` where a slot is unusable); `desired` the
 /// backends wanted. Returns the new contents of slots `1..=len`.
 pub(super) fn layout(old: &[Option<SocketAddr>], desired: &[SocketAddr]) -> Vec<SocketAddr> {
+    // A new set, or one that did not change (most of a full sync): the desired order as it is.
+    if old.is_empty() || old.iter().copied().eq(desired.iter().copied().map(Some)) {
+        return desired.to_vec();
+    }
     let want: BTreeSet<SocketAddr> = desired.iter().copied().collect();
     let mut seen = BTreeSet::new();
     let mut slots: Vec<Option<SocketAddr>> = old
@@ -58,6 +62,9 @@ mod tests {
     #[test]
     fn growing_appends_and_unusable_slots_are_refilled() {
         assert_eq!(layout(&[], &[a(2), a(1)]), vec![a(2), a(1)]);
+        let same = [Some(a(2)), Some(a(1))];
+        assert_eq!(layout(&same, &[a(2), a(1)]), vec![a(2), a(1)]);
+        assert_eq!(layout(&same, &[a(1), a(2)]), vec![a(2), a(1)]);
         let old = [None, Some(a(2)), Some(a(2))];
         assert_eq!(layout(&old, &[a(2), a(5)]), vec![a(5), a(2)]);
     }
