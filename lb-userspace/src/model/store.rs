@@ -1,6 +1,9 @@
 //! The current Services and EndpointSlices, indexed so that a change to one object names the
 //! one Service whose translation it affects.
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, btree_map::Entry},
+    sync::Arc,
+};
 
 use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
 use crate::{
@@ -38,13 +41,20 @@ impl Store {
         let key = slice.key.clone();
         let owner = slice.service.clone();
         // One search of the slices: the insert hands back the slice it replaces.
-        let old_owner = self
-            .slices
-            .insert(key.clone(), Arc::new(slice))
-            .and_then(|old| old.service.clone());
+        let old = self.slices.insert(key.clone(), Arc::new(slice));
+        self.reindex(key, old.and_then(|o| o.service.clone()), owner)
+    }
+
+    /// Moves a slice from `old` to `new` in the index by Service; returns both (once).
+    fn reindex(
+        &mut self,
+        key: ObjectKey,
+        old: Option<ObjectKey>,
+        new: Option<ObjectKey>,
+    ) -> Vec<ObjectKey> {
         let mut affected = Vec::with_capacity(2);
-        if let Some(old) = old_owner {
-            if owner.as_ref() != Some(&old)
+        if let Some(old) = old {
+            if new.as_ref() != Some(&old)
                 && let Some(set) = self.slices_by_service.get_mut(&old)
             {
                 set.remove(&key);
@@ -54,13 +64,13 @@ impl Store {
             }
             affected.push(old);
         }
-        if let Some(owner) = owner {
+        if let Some(new) = new {
             self.slices_by_service
-                .entry(owner.clone())
+                .entry(new.clone())
                 .or_default()
                 .insert(key);
-            if !affected.contains(&owner) {
-                affected.push(owner);
+            if !affected.contains(&new) {
+                affected.push(new);
             }
         }
         affected
@@ -90,20 +100,21 @@ impl Store {
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let mut listed: FastSet<ObjectKey> = services.iter().map(|s| s.key.clone()).collect();
-        listed.extend(keep.iter().cloned());
-        let gone: Vec<ObjectKey> = self
-            .services
-            .keys()
-            .filter(|k| !listed.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
+        for key in gone(&self.services, services.iter().map(|s| &s.key), keep) {
             affected.extend(self.remove_service(&key));
         }
         for svc in services {
-            if self.services.get(&svc.key).is_none_or(|old| **old != svc) {
-                affected.push(self.upsert_service(svc));
+            // One search: an unchanged Service is left as it is.
+            match self.services.entry(svc.key.clone()) {
+                Entry::Occupied(e) if **e.get() == svc => {}
+                Entry::Occupied(mut e) => {
+                    e.insert(Arc::new(svc));
+                    affected.push(e.key().clone());
+                }
+                Entry::Vacant(e) => {
+                    affected.push(e.key().clone());
+                    e.insert(Arc::new(svc));
+                }
             }
         }
         affected
@@ -117,21 +128,21 @@ impl Store {
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
         let mut affected = Vec::new();
-        let mut listed: FastSet<ObjectKey> = slices.iter().map(|s| s.key.clone()).collect();
-        listed.extend(keep.iter().cloned());
-        let gone: Vec<ObjectKey> = self
-            .slices
-            .keys()
-            .filter(|k| !listed.contains(*k))
-            .cloned()
-            .collect();
-        for key in gone {
+        for key in gone(&self.slices, slices.iter().map(|s| &s.key), keep) {
             affected.extend(self.remove_slice(&key));
         }
         for slice in slices {
-            if self.slices.get(&slice.key).is_none_or(|old| **old != slice) {
-                affected.extend(self.upsert_slice(slice));
-            }
+            let (key, owner) = (slice.key.clone(), slice.service.clone());
+            // One search: an unchanged slice is left as it is.
+            let old = match self.slices.entry(key.clone()) {
+                Entry::Occupied(e) if **e.get() == slice => continue,
+                Entry::Occupied(mut e) => e.insert(Arc::new(slice)).service.clone(),
+                Entry::Vacant(e) => {
+                    e.insert(Arc::new(slice));
+                    None
+                }
+            };
+            affected.extend(self.reindex(key, old, owner));
         }
         affected
     }
@@ -172,6 +183,24 @@ impl Store {
 }
 
 /// The Services and EndpointSlices of parsed manifests (Nodes are not the store's business).
+/// The keys of `map` that are neither listed nor kept (none when the map is empty: the first
+/// listing builds no set of what it lists).
+fn gone<'a, V>(
+    map: &BTreeMap<ObjectKey, V>,
+    listed: impl Iterator<Item = &'a ObjectKey>,
+    keep: &[ObjectKey],
+) -> Vec<ObjectKey> {
+    if map.is_empty() {
+        return Vec::new();
+    }
+    let mut present: FastSet<&ObjectKey> = listed.collect();
+    present.extend(keep);
+    map.keys()
+        .filter(|k| !present.contains(k))
+        .cloned()
+        .collect()
+}
+
 impl FromIterator<ManifestObject> for Store {
     fn from_iter<I: IntoIterator<Item = ManifestObject>>(objects: I) -> Self {
         let mut store = Self::new();
@@ -240,5 +269,34 @@ mod tests {
         assert_eq!(store.remove_slice(&key("s2")), vec![key("a")]);
         assert!(names(&store, "a").is_empty());
         assert_eq!(store.slice_count(), 1);
+    }
+
+    #[test]
+    fn a_listing_names_what_it_changed_removed_or_added_and_keeps_what_it_is_told() {
+        let mut store = Store::new();
+        let key = |s: &str| ObjectKey::new("ns", s);
+        let first = vec![slice("s1", Some("a")), slice("s2", Some("b"))];
+        assert_eq!(store.replace_slices(first, &[]), vec![key("a"), key("b")]);
+        // s1 unchanged, s2 gone, s3 new; s4 (not listed) kept.
+        store.upsert_slice(slice("s4", Some("d")));
+        let mut changed = slice("s5", Some("e"));
+        changed.resource_version = "2".into();
+        let second = vec![slice("s1", Some("a")), slice("s3", Some("c")), changed];
+        let mut affected = store.replace_slices(second, &[key("s4")]);
+        affected.sort();
+        assert_eq!(affected, vec![key("b"), key("c"), key("e")]);
+        assert_eq!(store.slice_count(), 4);
+        assert!(names(&store, "b").is_empty());
+        assert_eq!(names(&store, "d"), ["s4"]);
+        // A listed slice that changed is replaced and names its Service.
+        let mut again = slice("s5", Some("e"));
+        again.resource_version = "3".into();
+        let all = vec![
+            slice("s1", Some("a")),
+            slice("s3", Some("c")),
+            slice("s4", Some("d")),
+            again,
+        ];
+        assert_eq!(store.replace_slices(all, &[]), vec![key("e")]);
     }
 }
