@@ -510,7 +510,13 @@ impl Records {
                         .flatten()
                 })
         };
-        for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+        // TCP: both families in one walk of the node's TCP table (shared by every namespace,
+        // so each walk visits every TCP socket of the node, waiting ones included).
+        let families: &[u8] = match protocol {
+            Protocol::Tcp => &[sock_diag::BOTH_FAMILIES],
+            Protocol::Udp => &[sock_diag::AF_INET, sock_diag::AF_INET6],
+        };
+        for &family in families {
             sock_diag::dump_each(
                 number,
                 family,

@@ -97,32 +97,27 @@ fn live_records(
     let walked = in_each_namespace(&namespaces(cgroup)?, |ns| {
         let mut here: HashMap<u64, u64> = HashMap::new();
         if let Some(map) = &sockets {
-            for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
-                let mut this: HashMap<u64, u64> = HashMap::new();
-                sock_diag::dump_each(
-                    sock_diag::IPPROTO_TCP,
-                    family,
-                    sock_diag::RECORD_STATES,
-                    &[map.as_fd()],
-                    &mut |event| match event {
-                        sock_diag::Dumped::Socket(socket) => {
-                            if let Some(state) =
-                                socket.storages.first().and_then(|s| state_from(&s.value))
-                            {
-                                *this.entry(state.cgroup_id).or_default() += 1;
-                            }
+            // Both families in one walk of the node's TCP table.
+            sock_diag::dump_each(
+                sock_diag::IPPROTO_TCP,
+                sock_diag::BOTH_FAMILIES,
+                sock_diag::RECORD_STATES,
+                &[map.as_fd()],
+                &mut |event| match event {
+                    sock_diag::Dumped::Socket(socket) => {
+                        if let Some(state) =
+                            socket.storages.first().and_then(|s| state_from(&s.value))
+                        {
+                            *here.entry(state.cgroup_id).or_default() += 1;
                         }
-                        sock_diag::Dumped::Restart => this.clear(),
-                    },
-                )
-                .map_err(|source| NamespaceError::Dump {
-                    path: ns.path.clone(),
-                    source,
-                })?;
-                for (pod, n) in this {
-                    *here.entry(pod).or_default() += n;
-                }
-            }
+                    }
+                    sock_diag::Dumped::Restart => here.clear(),
+                },
+            )
+            .map_err(|source| NamespaceError::Dump {
+                path: ns.path.clone(),
+                source,
+            })?;
         }
         if let Some(link) = &udp {
             let iter_err = |source| NamespaceError::UdpIterator {

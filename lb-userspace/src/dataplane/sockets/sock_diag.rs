@@ -63,6 +63,9 @@ use rustix::net::{
 pub const AF_INET: u8 = libc::AF_INET as u8;
 /// `AF_INET6`, as `sdiag_family` and `idiag_family` carry it.
 pub const AF_INET6: u8 = libc::AF_INET6 as u8;
+/// As a dump's family, for TCP only: both families in one walk of the table (`AF_UNSPEC`, the
+/// older `TCPDIAG_GETSOCK` request). Each socket's `family` says which it is.
+pub const BOTH_FAMILIES: u8 = libc::AF_UNSPEC as u8;
 /// `IPPROTO_TCP`, as `sdiag_protocol` carries it.
 pub const IPPROTO_TCP: u8 = libc::IPPROTO_TCP as u8;
 /// `IPPROTO_UDP`, as `sdiag_protocol` carries it.
@@ -137,6 +140,10 @@ const fn netlink_u16(value: libc::c_int) -> u16 {
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 /// `SOCK_DESTROY`: close one socket.
 const SOCK_DESTROY: u16 = 21;
+/// `TCPDIAG_GETSOCK` (`include/uapi/linux/inet_diag.h`): the older TCP dump request, and the type of
+/// each socket in its reply. Its dump covers both families in one walk of the TCP table (the
+/// kernel reads its family as `AF_UNSPEC`), where `SOCK_DIAG_BY_FAMILY` walks it once per family.
+const TCPDIAG_GETSOCK: u16 = 18;
 /// `SK_DIAG_BPF_STORAGE_REQ_MAP_FD`: one map (u32 fd) inside `INET_DIAG_REQ_SK_BPF_STORAGES`.
 const SK_DIAG_BPF_STORAGE_REQ_MAP_FD: u16 = 1;
 /// `SK_DIAG_BPF_STORAGE`: one map's value, nested inside `INET_DIAG_SK_BPF_STORAGES`.
@@ -239,6 +246,25 @@ struct InetDiagReqV2 {
     id: InetDiagSockId,
 }
 
+/// `struct inet_diag_req`: the request body of `TCPDIAG_GETSOCK`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct InetDiagReq {
+    /// `idiag_family`: ignored by a dump (both families).
+    family: u8,
+    /// `idiag_src_len`, `idiag_dst_len`: unused.
+    src_len: u8,
+    dst_len: u8,
+    /// `idiag_ext`: unused here.
+    ext: u8,
+    /// `id`: for a dump only ports act as filters (0 = any).
+    id: InetDiagSockId,
+    /// `idiag_states`: bit N selects TCP state N.
+    states: u32,
+    /// `idiag_dbs`: unused.
+    dbs: u32,
+}
+
 /// `struct inet_diag_msg`: one socket in a dump, followed by attributes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,7 +301,7 @@ struct InetDiagMsg {
 //   `nla_len` (header plus value, without the padding) and `nla_type` (with `NLA_F_NESTED` /
 //   `NLA_F_NET_BYTEORDER` in the top bits).
 
-// SAFETY (all six): #[repr(C)], integer fields and integer arrays only, and no padding: the
+// SAFETY (all seven): #[repr(C)], integer fields and integer arrays only, and no padding: the
 // assertions below show the fields back to back, the last one ending at the type's size.
 unsafe impl Plain for libc::nlmsghdr {}
 // SAFETY: see above.
@@ -288,6 +314,8 @@ unsafe impl Plain for InetDiagSockId {}
 unsafe impl Plain for InetDiagReqV2 {}
 // SAFETY: see above.
 unsafe impl Plain for InetDiagMsg {}
+// SAFETY: see above.
+unsafe impl Plain for InetDiagReq {}
 
 // The kernel ABI: sizes and offsets from the uapi headers (x86_64 and every other Linux target:
 // these structures only hold naturally aligned fixed-width integers).
@@ -322,6 +350,13 @@ const _: () = {
     assert!(offset_of!(InetDiagReqV2, pad) == 3);
     assert!(offset_of!(InetDiagReqV2, states) == 4);
     assert!(offset_of!(InetDiagReqV2, id) == 8);
+
+    assert!(size_of::<InetDiagReq>() == 60);
+    assert!(offset_of!(InetDiagReq, family) == 0);
+    assert!(offset_of!(InetDiagReq, ext) == 3);
+    assert!(offset_of!(InetDiagReq, id) == 4);
+    assert!(offset_of!(InetDiagReq, states) == 52);
+    assert!(offset_of!(InetDiagReq, dbs) == 56);
 
     assert!(size_of::<InetDiagMsg>() == 72);
     assert!(offset_of!(InetDiagMsg, family) == 0);
@@ -626,6 +661,18 @@ fn encode_request(
     request: &InetDiagReqV2,
     storage_maps: &[BorrowedFd<'_>],
 ) -> Result<Vec<u8>, SockDiagError> {
+    encode_request_body(kind, flags, seq, request.as_bytes(), storage_maps)
+}
+
+/// [`encode_request`] with any request body (a multiple of 4 bytes).
+fn encode_request_body(
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    body: &[u8],
+    storage_maps: &[BorrowedFd<'_>],
+) -> Result<Vec<u8>, SockDiagError> {
+    debug_assert_eq!(body.len() % 4, 0);
     let mut attributes = Vec::new();
     if !storage_maps.is_empty() {
         const MAP_FD_LEN: usize = size_of::<libc::nlattr>() + size_of::<u32>();
@@ -648,7 +695,7 @@ fn encode_request(
             attributes.extend_from_slice(&map.as_raw_fd().cast_unsigned().to_ne_bytes());
         }
     }
-    let len = size_of::<libc::nlmsghdr>() + size_of::<InetDiagReqV2>() + attributes.len();
+    let len = size_of::<libc::nlmsghdr>() + body.len() + attributes.len();
     let header = libc::nlmsghdr {
         nlmsg_len: len as u32,
         nlmsg_type: kind,
@@ -658,7 +705,7 @@ fn encode_request(
     };
     let mut message = Vec::with_capacity(len);
     message.extend_from_slice(header.as_bytes());
-    message.extend_from_slice(request.as_bytes());
+    message.extend_from_slice(body);
     message.extend_from_slice(&attributes);
     Ok(message)
 }
@@ -698,6 +745,7 @@ pub enum Dumped<'a> {
 /// Like [`dump`], but hands each socket to `each` as it is read instead of collecting them:
 /// the memory does not grow with the sockets. When the kernel interrupts the dump it starts
 /// again, after handing over `Dumped::Restart`: what came before is to be forgotten.
+/// `family` may be [`BOTH_FAMILIES`] for TCP.
 pub fn dump_each(
     protocol: u8,
     family: u8,
@@ -723,27 +771,94 @@ fn dump_each_with(
     storage_maps: &[BorrowedFd<'_>],
     each: &mut dyn FnMut(Dumped<'_>),
 ) -> Result<(), SockDiagError> {
-    let request = InetDiagReqV2 {
-        family,
-        protocol,
-        states,
-        ..InetDiagReqV2::default()
+    let v2 = |family| {
+        let request = InetDiagReqV2 {
+            family,
+            protocol,
+            states,
+            ..InetDiagReqV2::default()
+        };
+        request.as_bytes().to_vec()
     };
+    if family != BOTH_FAMILIES || protocol != IPPROTO_TCP {
+        let body = v2(family);
+        return dump_request(
+            transport,
+            SOCK_DIAG_BY_FAMILY,
+            &body,
+            protocol,
+            storage_maps,
+            each,
+        );
+    }
+    // Both families of TCP: the older request, one walk of the table.
+    let request = InetDiagReq {
+        states,
+        ..InetDiagReq::default()
+    };
+    match dump_request(
+        transport,
+        TCPDIAG_GETSOCK,
+        request.as_bytes(),
+        protocol,
+        storage_maps,
+        each,
+    ) {
+        // A kernel without the older request (or without storages in it): a dump per family.
+        Err(SockDiagError::Netlink { errno, .. })
+            if [libc::EINVAL, libc::ENOENT, libc::EOPNOTSUPP].contains(&errno) =>
+        {
+            tracing::debug!(errno, "TCPDIAG_GETSOCK refused: one TCP dump per family");
+            // A restart forgets everything handed over so far: both families again.
+            'pair: for _ in 0..DUMP_ATTEMPTS {
+                each(Dumped::Restart);
+                for family in [AF_INET, AF_INET6] {
+                    let mut restarted = false;
+                    let body = v2(family);
+                    dump_request(
+                        transport,
+                        SOCK_DIAG_BY_FAMILY,
+                        &body,
+                        protocol,
+                        storage_maps,
+                        &mut |event| match event {
+                            Dumped::Restart => restarted = true,
+                            socket @ Dumped::Socket(_) => each(socket),
+                        },
+                    )?;
+                    if restarted {
+                        continue 'pair;
+                    }
+                }
+                return Ok(());
+            }
+            Err(SockDiagError::DumpInterrupted {
+                attempts: DUMP_ATTEMPTS,
+            })
+        }
+        other => other,
+    }
+}
+
+/// One dump request of type `kind`, its replies (of the same type) handed to `each`; started
+/// again when the kernel interrupts it.
+fn dump_request(
+    transport: &mut impl Transport,
+    kind: u16,
+    body: &[u8],
+    protocol: u8,
+    storage_maps: &[BorrowedFd<'_>],
+    each: &mut dyn FnMut(Dumped<'_>),
+) -> Result<(), SockDiagError> {
     for attempt in 0..DUMP_ATTEMPTS {
         if attempt > 0 {
             each(Dumped::Restart);
         }
         let seq = next_seq();
         let flags = NLM_F_REQUEST | NLM_F_DUMP;
-        transport.send(&encode_request(
-            SOCK_DIAG_BY_FAMILY,
-            flags,
-            seq,
-            &request,
-            storage_maps,
-        )?)?;
+        transport.send(&encode_request_body(kind, flags, seq, body, storage_maps)?)?;
         let end = read_replies(transport, seq, "dump", |header, payload| {
-            if header.nlmsg_type != SOCK_DIAG_BY_FAMILY {
+            if header.nlmsg_type != kind {
                 return Err(SockDiagError::UnexpectedMessage {
                     op: "dump",
                     kind: header.nlmsg_type,
@@ -1241,6 +1356,49 @@ mod tests {
         assert_eq!(s.src(), "10.0.0.1:1001".parse().unwrap());
         assert_eq!(s.dst(), "10.96.0.10:53".parse().unwrap());
         assert!(s.storages.is_empty());
+    }
+
+    #[test]
+    fn both_tcp_families_in_one_older_request_else_one_v2_dump_per_family() {
+        // The kernel answers the older request: one request, its replies of its own type.
+        let mut script = Script::new(vec![Box::new(|seq| {
+            [nlmsg(TCPDIAG_GETSOCK, 0x02, seq, &udp4(1)), done(seq)].concat()
+        })]);
+        let sockets =
+            dump_with(&mut script, IPPROTO_TCP, BOTH_FAMILIES, RECORD_STATES, &[]).unwrap();
+        assert_eq!(cookies(&sockets), [1]);
+        assert_eq!(script.sent.len(), 1);
+        assert_eq!(script.header(0).nlmsg_type, 18, "TCPDIAG_GETSOCK");
+        let body = InetDiagReq::read(&script.sent[0][16..]).unwrap();
+        assert_eq!((body.family, body.states), (0, RECORD_STATES));
+        assert_eq!(script.sent[0].len(), 16 + 60);
+
+        // A kernel that refuses it: a v2 dump per family, what came before forgotten.
+        let mut script = Script::new(vec![
+            Box::new(|seq| error(seq, libc::EINVAL)),
+            Box::new(|seq| [sock_msg(seq, &udp4(2)), done(seq)].concat()),
+            Box::new(|seq| [sock_msg(seq, &udp4(3)), done(seq)].concat()),
+        ]);
+        let sockets =
+            dump_with(&mut script, IPPROTO_TCP, BOTH_FAMILIES, RECORD_STATES, &[]).unwrap();
+        assert_eq!(cookies(&sockets), [2, 3]);
+        let sent: Vec<(u16, u8, u8)> = (0..3)
+            .map(|n| {
+                let body = InetDiagReqV2::read(&script.sent[n][16..]).unwrap();
+                (script.header(n).nlmsg_type, body.family, body.protocol)
+            })
+            .collect();
+        assert_eq!(
+            sent[1..],
+            [(20, AF_INET, IPPROTO_TCP), (20, AF_INET6, IPPROTO_TCP)]
+        );
+        assert_eq!(sent[0].0, 18);
+
+        // Any other error is the dump's.
+        let mut script = Script::new(vec![Box::new(|seq| error(seq, libc::EPERM))]);
+        let err = dump_with(&mut script, IPPROTO_TCP, BOTH_FAMILIES, RECORD_STATES, &[]);
+        assert!(matches!(err, Err(SockDiagError::Netlink { errno, .. }) if errno == libc::EPERM));
+        assert_eq!(script.sent.len(), 1);
     }
 
     #[test]
@@ -1893,6 +2051,34 @@ mod tests {
             let twice = [map.fd.as_fd(), map.fd.as_fd()];
             let err = dump(IPPROTO_TCP, AF_INET, established, &twice).unwrap_err();
             assert_eq!(err.errno(), Some(libc::EEXIST), "{err:?}");
+        });
+    }
+
+    #[test]
+    fn one_tcp_dump_lists_both_families() {
+        kernel::in_new_netns(|| {
+            let mut held = Vec::new();
+            let mut cookies = Vec::new();
+            for local in ["127.0.0.1:0", "[::1]:0"] {
+                let listener = std::net::TcpListener::bind(local).unwrap();
+                let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+                let (accepted, _) = listener.accept().unwrap();
+                cookies.push((kernel::cookie(&client), local.starts_with('[')));
+                cookies.push((kernel::cookie(&accepted), local.starts_with('[')));
+                held.push((listener, client, accepted));
+            }
+            let established = state_bit(TCP_ESTABLISHED);
+            let both = dump(IPPROTO_TCP, BOTH_FAMILIES, established, &[]).unwrap();
+            assert_eq!(both.len(), 4, "{both:?}");
+            for (cookie, v6) in cookies {
+                let socket = kernel::find(&both, cookie);
+                assert_eq!(socket.family, if v6 { AF_INET6 } else { AF_INET });
+                assert_eq!(socket.protocol, IPPROTO_TCP);
+            }
+            let v4 = dump(IPPROTO_TCP, AF_INET, established, &[]).unwrap();
+            let v6 = dump(IPPROTO_TCP, AF_INET6, established, &[]).unwrap();
+            assert_eq!((v4.len(), v6.len()), (2, 2));
+            drop(held);
         });
     }
 
