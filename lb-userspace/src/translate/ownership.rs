@@ -53,6 +53,9 @@ pub struct Ownership {
     /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
     claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
     by_key: FastMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
+    /// Addresses with more than one claim: while there is none, every claim is granted and no
+    /// conflict needs looking for.
+    contested: usize,
 }
 
 impl Ownership {
@@ -106,7 +109,9 @@ impl Ownership {
             {
                 affected.insert(first.key.clone());
             }
-            set.insert(claimant.clone());
+            if set.insert(claimant.clone()) && set.len() == 2 {
+                self.contested += 1;
+            }
         }
         if !claimants.is_empty() {
             self.by_key.insert(key.clone(), claimants);
@@ -121,7 +126,9 @@ impl Ownership {
         };
         for (addr, claimant) in old {
             if let Some(set) = self.claims.get_mut(&addr) {
-                set.remove(&claimant);
+                if set.remove(&claimant) && set.len() == 1 {
+                    self.contested -= 1;
+                }
                 if let Some(next) = set.first() {
                     affected.insert(next.key.clone());
                 }
@@ -155,6 +162,9 @@ impl Ownership {
 
     /// The claims of `desired` that `key` lost, and to whom.
     pub fn conflicts(&self, key: &ServicePortKey, desired: &DesiredService) -> Vec<Conflict> {
+        if self.contested == 0 {
+            return Vec::new();
+        }
         desired
             .frontends
             .iter()
@@ -172,8 +182,99 @@ impl Ownership {
 
     /// Leaves each backend set in `desired` with only the addresses it owns.
     pub fn apply(&self, desired: &mut DesiredState) {
+        if self.contested == 0 {
+            return;
+        }
         for (key, service) in &mut desired.services {
             service.frontends.retain(|c| self.owns(key, c));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vocab::{Family, ObjectKey, Protocol, Scope};
+
+    fn key(name: &str) -> ServicePortKey {
+        ServicePortKey {
+            service: ObjectKey::new("ns", name),
+            port_name: "http".into(),
+            protocol: Protocol::Tcp,
+            family: Family::IPv4,
+            scope: Scope::Cluster,
+        }
+    }
+
+    fn wants(created: i64, addrs: &[(&str, ClaimKind)]) -> DesiredService {
+        DesiredService {
+            frontends: addrs
+                .iter()
+                .map(|(a, kind)| FrontendClaim {
+                    addr: ServiceAddr::new(a.parse().unwrap(), 80, Protocol::Tcp),
+                    kind: *kind,
+                })
+                .collect(),
+            seniority: super::super::types::Seniority {
+                created: Some(created),
+                uid: format!("uid-{created}").into(),
+            },
+            ..DesiredService::default()
+        }
+    }
+
+    /// Whatever the order claims come and go in, an address two Services claim goes to the
+    /// older one, the other's claim is a conflict, and once one leaves nothing is contested.
+    #[test]
+    fn a_shared_address_is_contested_only_while_two_claim_it() {
+        let (old, new) = (key("old"), key("new"));
+        let own = wants(
+            1,
+            &[
+                ("10.96.0.1", ClaimKind::ClusterIp),
+                ("192.0.2.9", ClaimKind::ExternalIp),
+            ],
+        );
+        let theirs = wants(
+            2,
+            &[
+                ("10.96.0.2", ClaimKind::ClusterIp),
+                ("192.0.2.9", ClaimKind::ExternalIp),
+            ],
+        );
+        let mut o = Ownership::default();
+        o.claim_new(&new, &theirs);
+        assert!(
+            o.conflicts(&new, &theirs).is_empty(),
+            "alone, it owns all it claims"
+        );
+        o.claim_new(&old, &own);
+        let lost = o.conflicts(&new, &theirs);
+        assert_eq!(lost.len(), 1);
+        assert_eq!(
+            (lost[0].owner.clone(), lost[0].kind),
+            (old.clone(), ClaimKind::ExternalIp)
+        );
+        assert!(o.conflicts(&old, &own).is_empty());
+        let mut desired = DesiredState::default();
+        desired.services.insert(old.clone(), own.clone());
+        desired.services.insert(new.clone(), theirs.clone());
+        o.apply(&mut desired);
+        assert_eq!(
+            desired.services[&new].frontends.len(),
+            1,
+            "only its ClusterIP"
+        );
+        assert_eq!(desired.services[&old].frontends.len(), 2);
+        // The older one leaves: the newer one gets the address, and nothing is contested.
+        o.release(&old);
+        assert!(o.conflicts(&new, &theirs).is_empty());
+        assert_eq!(o.granted(&new, &theirs).len(), 2);
+        // Back, then its claim replaced by one without the address.
+        o.claim(&old, &own);
+        assert_eq!(o.conflicts(&new, &theirs).len(), 1);
+        o.claim(&old, &wants(1, &[("10.96.0.1", ClaimKind::ClusterIp)]));
+        assert!(o.conflicts(&new, &theirs).is_empty());
+        assert_eq!(o.granted(&new, &theirs).len(), 2);
     }
 }
