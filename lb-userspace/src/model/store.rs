@@ -6,17 +6,15 @@ use std::{
 };
 
 use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
-use crate::{
-    hashing::{FastMap, FastSet},
-    vec_set::VecSet,
-};
+use crate::hashing::{FastMap, FastSet};
 
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     services: BTreeMap<ObjectKey, Arc<Service>>,
     slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
-    /// Service key → keys of the slices labelled with it (the Service need not exist).
-    slices_by_service: FastMap<ObjectKey, VecSet<ObjectKey>>,
+    /// Service key → the slices labelled with it, in key order (the Service need not exist):
+    /// a translation reads them without a search of `slices` each.
+    slices_by_service: FastMap<ObjectKey, Vec<Arc<EndpointSlice>>>,
 }
 
 impl Store {
@@ -38,42 +36,44 @@ impl Store {
     /// Adds or replaces a slice; returns the Service keys whose translation changed (the old
     /// owner too, if the slice's service label moved).
     pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<ObjectKey> {
-        let key = slice.key.clone();
-        let owner = slice.service.clone();
+        let slice = Arc::new(slice);
         // One search of the slices: the insert hands back the slice it replaces.
-        let old = self.slices.insert(key.clone(), Arc::new(slice));
-        self.reindex(key, old.and_then(|o| o.service.clone()), owner)
+        let old = self.slices.insert(slice.key.clone(), Arc::clone(&slice));
+        self.reindex(&slice, old.and_then(|o| o.service.clone()))
     }
 
-    /// Moves a slice from `old` to `new` in the index by Service; returns both (once).
-    fn reindex(
-        &mut self,
-        key: ObjectKey,
-        old: Option<ObjectKey>,
-        new: Option<ObjectKey>,
-    ) -> Vec<ObjectKey> {
+    /// Files `slice` under its Service in the index, and out of `old`'s (its former Service);
+    /// returns both (once).
+    fn reindex(&mut self, slice: &Arc<EndpointSlice>, old: Option<ObjectKey>) -> Vec<ObjectKey> {
         let mut affected = Vec::with_capacity(2);
+        let new = slice.service.as_ref();
         if let Some(old) = old {
-            if new.as_ref() != Some(&old)
-                && let Some(set) = self.slices_by_service.get_mut(&old)
-            {
-                set.remove(&key);
-                if set.is_empty() {
-                    self.slices_by_service.remove(&old);
-                }
+            if new != Some(&old) {
+                self.unindex(&old, &slice.key);
             }
             affected.push(old);
         }
         if let Some(new) = new {
-            self.slices_by_service
-                .entry(new.clone())
-                .or_default()
-                .insert(key);
-            if !affected.contains(&new) {
-                affected.push(new);
+            let list = self.slices_by_service.entry(new.clone()).or_default();
+            match list.binary_search_by(|s| s.key.cmp(&slice.key)) {
+                Ok(i) => list[i] = Arc::clone(slice),
+                Err(i) => list.insert(i, Arc::clone(slice)),
+            }
+            if !affected.contains(new) {
+                affected.push(new.clone());
             }
         }
         affected
+    }
+
+    /// Takes the slice `key` out of `owner`'s list.
+    fn unindex(&mut self, owner: &ObjectKey, key: &ObjectKey) {
+        if let Some(list) = self.slices_by_service.get_mut(owner) {
+            list.retain(|s| s.key != *key);
+            if list.is_empty() {
+                self.slices_by_service.remove(owner);
+            }
+        }
     }
 
     pub fn remove_slice(&mut self, key: &ObjectKey) -> Vec<ObjectKey> {
@@ -83,12 +83,7 @@ impl Store {
         let Some(owner) = old.service.clone() else {
             return Vec::new();
         };
-        if let Some(set) = self.slices_by_service.get_mut(&owner) {
-            set.remove(key);
-            if set.is_empty() {
-                self.slices_by_service.remove(&owner);
-            }
-        }
+        self.unindex(&owner, key);
         vec![owner]
     }
 
@@ -132,17 +127,17 @@ impl Store {
             affected.extend(self.remove_slice(&key));
         }
         for slice in slices {
-            let (key, owner) = (slice.key.clone(), slice.service.clone());
             // One search: an unchanged slice is left as it is.
-            let old = match self.slices.entry(key.clone()) {
+            let (slice, old) = match self.slices.entry(slice.key.clone()) {
                 Entry::Occupied(e) if **e.get() == slice => continue,
-                Entry::Occupied(mut e) => e.insert(Arc::new(slice)).service.clone(),
-                Entry::Vacant(e) => {
-                    e.insert(Arc::new(slice));
-                    None
+                Entry::Occupied(mut e) => {
+                    let slice = Arc::new(slice);
+                    let old = e.insert(Arc::clone(&slice));
+                    (slice, old.service.clone())
                 }
+                Entry::Vacant(e) => (Arc::clone(e.insert(Arc::new(slice))), None),
             };
-            affected.extend(self.reindex(key, old, owner));
+            affected.extend(self.reindex(&slice, old));
         }
         affected
     }
@@ -167,10 +162,8 @@ impl Store {
     pub fn slices_of(&self, service: &ObjectKey) -> Vec<&EndpointSlice> {
         self.slices_by_service
             .get(service)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.slices.get(k).map(AsRef::as_ref))
-            .collect()
+            .map(|list| list.iter().map(AsRef::as_ref).collect())
+            .unwrap_or_default()
     }
 
     pub fn service_count(&self) -> usize {
@@ -298,5 +291,13 @@ mod tests {
             again,
         ];
         assert_eq!(store.replace_slices(all, &[]), vec![key("e")]);
+        // The Service's list holds the slice as it is now, not as it was.
+        let listed = store.slices_of(&key("e"));
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].resource_version, "3");
+        let mut moved = slice("s5", Some("e"));
+        moved.resource_version = "4".into();
+        store.upsert_slice(moved);
+        assert_eq!(store.slices_of(&key("e"))[0].resource_version, "4");
     }
 }
