@@ -493,11 +493,8 @@ impl PortContext<'_> {
                 Scope::Cluster => merged.cluster(node, svc.topology_annotation.as_deref()),
                 Scope::Local => merged.local(node),
             };
-            let mut backends: Vec<_> = chosen
-                .members
-                .iter()
-                .filter_map(|i| merged.addr(*i))
-                .collect();
+            let mut backends = Vec::with_capacity(chosen.members.len());
+            backends.extend(chosen.members.iter().filter_map(|i| merged.addr(*i)));
             crate::vocab::canonical(&mut backends);
             backends.dedup();
             let endpoints = if self.detail == Detail::Decisions {
@@ -605,7 +602,7 @@ fn claims(
     notes: &mut Vec<String>,
     refused: &mut Vec<Refusal>,
 ) -> VecSet<FrontendClaim> {
-    let mut out: Vec<FrontendClaim> = Vec::new();
+    let mut out: Vec<FrontendClaim> = Vec::with_capacity(4);
     let claim = |ip: IpAddr, p: u16, kind: ClaimKind| FrontendClaim {
         addr: ServiceAddr::new(ip, p, protocol),
         kind,
