@@ -771,21 +771,17 @@ fn dump_each_with(
     storage_maps: &[BorrowedFd<'_>],
     each: &mut dyn FnMut(Dumped<'_>),
 ) -> Result<(), SockDiagError> {
-    let v2 = |family| {
-        let request = InetDiagReqV2 {
-            family,
-            protocol,
-            states,
-            ..InetDiagReqV2::default()
-        };
-        request.as_bytes().to_vec()
+    let v2 = |family| InetDiagReqV2 {
+        family,
+        protocol,
+        states,
+        ..InetDiagReqV2::default()
     };
     if family != BOTH_FAMILIES || protocol != IPPROTO_TCP {
-        let body = v2(family);
         return dump_request(
             transport,
             SOCK_DIAG_BY_FAMILY,
-            &body,
+            v2(family).as_bytes(),
             protocol,
             storage_maps,
             each,
@@ -814,11 +810,10 @@ fn dump_each_with(
                 each(Dumped::Restart);
                 for family in [AF_INET, AF_INET6] {
                     let mut restarted = false;
-                    let body = v2(family);
                     dump_request(
                         transport,
                         SOCK_DIAG_BY_FAMILY,
-                        &body,
+                        v2(family).as_bytes(),
                         protocol,
                         storage_maps,
                         &mut |event| match event {
