@@ -1,22 +1,22 @@
 //! The reconciler's copy of what the maps hold, with the indexes a diff needs. It changes only
 //! through `apply`, after the same write succeeded on the maps, so it never drifts from them.
-use std::collections::HashMap;
 
 use lb_common::FrontendKey;
 
 use crate::{
     dataplane::maps::{MapSnapshot, MapWrite},
+    hashing::FastMap,
     vec_set::VecSet,
 };
 
 #[derive(Clone, Debug, Default)]
 pub struct Mirror {
     pub snap: MapSnapshot,
-    frontends_of: HashMap<u32, VecSet<FrontendKey>>,
+    frontends_of: FastMap<u32, VecSet<FrontendKey>>,
     /// How many frontends set each (UDP?, frontend filter bit): the filter must hold these.
-    filter_users: HashMap<(bool, u32), u32>,
+    filter_users: FastMap<(bool, u32), u32>,
     /// How many frontends use each (UDP?, port): the frontend port bitmap must hold these.
-    port_users: HashMap<(bool, u16), u32>,
+    port_users: FastMap<(bool, u16), u32>,
     /// Frontends in `FRONTENDS4` and `FRONTENDS6`.
     counts: [usize; 2],
 }
@@ -52,6 +52,12 @@ impl Mirror {
         }
         mirror.snap = snap;
         mirror
+    }
+
+    /// Room for `sets` backend sets' frontends (a first full sync adds them all).
+    pub fn reserve(&mut self, sets: usize) {
+        self.frontends_of
+            .reserve(sets.saturating_sub(self.frontends_of.len()));
     }
 
     pub fn apply(&mut self, write: &MapWrite) {
@@ -125,7 +131,7 @@ fn family_index(key: &FrontendKey) -> usize {
 }
 
 /// One user fewer of `key`; forgotten at none.
-fn release<K: std::hash::Hash + Eq>(users: &mut HashMap<K, u32>, key: &K) {
+fn release<K: std::hash::Hash + Eq>(users: &mut FastMap<K, u32>, key: &K) {
     if let Some(n) = users.get_mut(key) {
         *n -= 1;
         if *n == 0 {

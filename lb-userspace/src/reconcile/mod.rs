@@ -110,7 +110,7 @@ pub struct Reconciler<M: ServiceMaps> {
     /// By key, unordered: a full sync looks each set up several times, and a hash of its names
     /// costs less than the string comparisons of an ordered map's search.
     sets: FastMap<ServicePortKey, SetState>,
-    keys: HashMap<u32, ServicePortKey>,
+    keys: FastMap<u32, ServicePortKey>,
     next_service_id: u32,
     ranges: Ranges,
     failed: BTreeMap<ServicePortKey, WriteFailed>,
@@ -137,7 +137,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         let capacity = maps.capacities().get(MapId::Backends);
         let mut ranges = Ranges::new(capacity, grace);
         let mut sets = FastMap::default();
-        let mut keys = HashMap::new();
+        let mut keys = FastMap::default();
         for (id, meta) in &snap.meta {
             if let Some(key) = service_port_key(meta) {
                 keys.insert(*id, key.clone());
@@ -269,6 +269,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         // maps full, as on a running agent.
         // `desired` is in key order and the sort is stable: equal ages stay in key order.
         let mut order: Vec<(&ServicePortKey, &DesiredService)> = desired.services.iter().collect();
+        // Room for every set at once: a first full sync adds them all, and a table that grows
+        // as it goes hashes each key again at every doubling.
+        self.sets
+            .reserve(order.len().saturating_sub(self.sets.len()));
+        self.keys
+            .reserve(order.len().saturating_sub(self.keys.len()));
+        self.mirror.reserve(order.len());
         order.sort_by(|a, b| a.1.seniority.age().cmp(&b.1.seniority.age()));
         for (key, service) in order {
             self.sync_one_into(key, Some(service), &mut report);
