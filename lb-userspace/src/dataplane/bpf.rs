@@ -176,7 +176,7 @@ impl ServiceMaps for BpfServiceMaps {
                 sys::array_update_batch(self.backends_fd.as_fd(), *base, backends)
                     .map_err(|source| MapWriteError::Io { map, source })
             }
-            MapWrite::PutMeta(id, m) => put(self.meta.insert(id, m, 0)),
+            MapWrite::PutMeta(id, m) => put(self.meta.insert(id, m.as_ref(), 0)),
             MapWrite::DeleteMeta(id) => removed(map, cap, self.meta.remove(id)),
             MapWrite::PutPorts { word, bits } => put(self.ports.set(*word, bits, 0)),
         }
@@ -204,7 +204,7 @@ impl ServiceMaps for BpfServiceMaps {
         }
         for entry in &self.meta {
             let (k, v) = entry.map_err(|e| read_error(MapId::ServiceMeta, e))?;
-            snap.meta.insert(k, v);
+            snap.meta.insert(k, Box::new(v));
         }
         let words = sys::array_lookup_range::<u64>(
             self.ports_fd.as_fd(),

@@ -20,7 +20,9 @@ pub enum MapWrite {
         base: u32,
         backends: Vec<Backend>,
     },
-    PutMeta(u32, ServiceMeta),
+    /// Boxed: 200 bytes, where the other writes take at most 32 (a write list is mostly
+    /// frontends and backends).
+    PutMeta(u32, Box<ServiceMeta>),
     DeleteMeta(u32),
     /// One word of `PORTS` (the frontend filter or the backend port bitmap).
     PutPorts {
@@ -223,7 +225,9 @@ impl Eq for BackendSlots {}
 pub struct MapSnapshot {
     pub frontends: BTreeMap<FrontendKey, Frontend>,
     pub backends: BackendSlots,
-    pub meta: BTreeMap<u32, ServiceMeta>,
+    /// Boxed: a 200-byte value in a B-tree node takes its room in each of the node's eleven
+    /// slots, filled or not (half, as ids are added in order).
+    pub meta: BTreeMap<u32, Box<ServiceMeta>>,
     /// Non-zero words of `PORTS`.
     pub ports: BTreeMap<u32, u64>,
 }
@@ -244,7 +248,7 @@ impl MapSnapshot {
                 }
             }
             MapWrite::PutMeta(id, m) => {
-                self.meta.insert(*id, *m);
+                self.meta.insert(*id, m.clone());
             }
             MapWrite::DeleteMeta(id) => {
                 self.meta.remove(id);
@@ -283,7 +287,7 @@ impl MapSnapshot {
 
     /// The backend set a service id is, from its metadata.
     pub fn service_port(&self, service_id: u32) -> Option<ServicePortKey> {
-        self.meta.get(&service_id).and_then(service_port_key)
+        self.meta.get(&service_id).and_then(|m| service_port_key(m))
     }
 
     /// Whether the prefilters pass this service address: its port's bit in the frontend port
@@ -525,5 +529,19 @@ mod tests {
         assert_eq!(snap.backends, other);
         other.remove(5);
         assert_ne!(snap.backends, other);
+    }
+
+    #[test]
+    fn a_write_is_small_and_the_metadata_it_carries_is_mirrored_whole() {
+        // A full sync's write list holds one write per frontend, range and metadata entry.
+        assert!(std::mem::size_of::<MapWrite>() <= 40);
+        let mut meta = ServiceMeta::default();
+        meta.name[..7].copy_from_slice(b"ns/name");
+        meta.port = 80;
+        let mut snap = MapSnapshot::default();
+        snap.apply(&MapWrite::PutMeta(7, Box::new(meta)));
+        assert_eq!(snap.meta.get(&7).map(|m| **m), Some(meta));
+        snap.apply(&MapWrite::DeleteMeta(7));
+        assert!(snap.meta.is_empty());
     }
 }

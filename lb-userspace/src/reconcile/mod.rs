@@ -516,8 +516,8 @@ impl<M: ServiceMaps> Reconciler<M> {
         // 3. Metadata, before any frontend points at the id.
         if let Some(d) = desired {
             let meta = service_meta(key, d.port);
-            if self.mirror.snap.meta.get(&id) != Some(&meta) {
-                writes.push(MapWrite::PutMeta(id, meta));
+            if self.mirror.snap.meta.get(&id).is_none_or(|m| **m != meta) {
+                writes.push(MapWrite::PutMeta(id, Box::new(meta)));
             }
         }
 
@@ -869,10 +869,11 @@ impl<M: ServiceMaps> Reconciler<M> {
                 .map_or(MapWrite::DeleteFrontend(*k), |f| {
                     MapWrite::PutFrontend(*k, *f)
                 }),
-            MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => snap
-                .meta
-                .get(id)
-                .map_or(MapWrite::DeleteMeta(*id), |m| MapWrite::PutMeta(*id, *m)),
+            MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => {
+                snap.meta.get(id).map_or(MapWrite::DeleteMeta(*id), |m| {
+                    MapWrite::PutMeta(*id, m.clone())
+                })
+            }
             MapWrite::PutPorts { word, .. } => MapWrite::PutPorts {
                 word: *word,
                 bits: self.word(*word),
