@@ -163,7 +163,7 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     let service = match meta.labels.as_ref().and_then(|l| l.get(LABEL_SERVICE_NAME)) {
         Some(svc) => {
             c.dns_name(&format!("metadata.labels[{LABEL_SERVICE_NAME}]"), svc, 63)?;
-            Some(ObjectKey::new(Arc::clone(&key.namespace), svc.as_str()))
+            Some(ObjectKey::new(Arc::clone(&key.namespace), intern(svc)))
         }
         None => None,
     };
@@ -397,6 +397,29 @@ mod tests {
         }];
         let s = slice_from_api(&slice).unwrap();
         assert_eq!(s.endpoints[0].details, None);
+    }
+
+    #[test]
+    fn a_service_and_the_slices_labelled_with_it_share_one_copy_of_its_name() {
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]},
+        }))
+        .unwrap();
+        let svc = crate::model::service_from_api(&svc).unwrap();
+        let mut slice = slice_with_annotation("");
+        slice.metadata.labels = Some([(LABEL_SERVICE_NAME.to_string(), "web".to_string())].into());
+        let a = slice_from_api(&slice).unwrap();
+        let b = slice_from_api(&slice).unwrap();
+        let (a, b) = (a.service.unwrap(), b.service.unwrap());
+        assert_eq!(a, svc.key);
+        assert!(Arc::ptr_eq(&a.name, &svc.key.name));
+        assert!(Arc::ptr_eq(&b.name, &svc.key.name));
+        // A slice's own name is its own.
+        assert!(!Arc::ptr_eq(
+            &slice_from_api(&slice).unwrap().key.name,
+            &slice_from_api(&slice).unwrap().key.name
+        ));
     }
 
     #[test]

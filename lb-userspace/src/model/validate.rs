@@ -3,6 +3,7 @@
 use std::{
     fmt,
     net::{IpAddr, Ipv4Addr},
+    sync::Arc,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -48,6 +49,14 @@ impl Checker {
         };
         c.dns_name("metadata.name", name, name_max)?;
         c.dns_name("metadata.namespace", namespace, 63)?;
+        // A Service's name is interned too: its slices name it in their label, so the Service
+        // and its slices share one copy, and the index of slices by Service compares it by
+        // pointer.
+        let name: Arc<str> = if kind == Kind::Service {
+            super::intern::intern(name)
+        } else {
+            name.into()
+        };
         let key = ObjectKey::new(super::intern::intern(namespace), name);
         Ok((c, key))
     }
