@@ -265,13 +265,17 @@ impl MapSnapshot {
 
     /// The backends `frontend` chooses among, in slot order.
     pub fn range(&self, frontend: &Frontend) -> Vec<Option<SocketAddr>> {
-        (0..u32::from(frontend.count))
-            .map(|i| {
-                self.backends
-                    .get(frontend.base.wrapping_add(i))
-                    .and_then(backend_addr)
-            })
+        self.slots(frontend.base, u32::from(frontend.count))
             .collect()
+    }
+
+    /// The backends in `len` slots from `base` (`None` for a slot that holds none).
+    pub fn slots(&self, base: u32, len: u32) -> impl Iterator<Item = Option<SocketAddr>> + '_ {
+        (0..len).map(move |i| {
+            self.backends
+                .get(base.wrapping_add(i))
+                .and_then(backend_addr)
+        })
     }
 
     /// What a connect to `addr` would choose among: the one place that reads "which backends a

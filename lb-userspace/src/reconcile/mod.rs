@@ -90,11 +90,12 @@ pub struct ReconcileStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct SetState {
     id: u32,
-    /// Where its frontends point in the backend array (meaningless when `layout` is empty).
+    /// Where its frontends point in the backend array (meaningless when `len` is 0).
     base: u32,
-    /// The backends, in slot order, from `base`.
-    layout: Vec<SocketAddr>,
-    /// The extent of the backend array it holds (start, length): `base` and `layout`, or the
+    /// How many backends, in slot order, from `base`: the backends themselves are the
+    /// mirror's (`Reconciler::layout_of`), not a copy per set.
+    len: u32,
+    /// The extent of the backend array it holds (start, length): `base` and `len`, or the
     /// larger range it was narrowed inside (see `MapWriteError::Narrowed`).
     range: (u32, u32),
     /// UDP: the serving endpoints last written (see `DesiredService::serving`).
@@ -158,13 +159,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         }
         for (id, fe) in &adopted {
             let Some(key) = keys.get(id) else { continue };
-            let layout: Option<Vec<SocketAddr>> = snap.range(fe).into_iter().collect();
-            if let (Some(layout), Some(set)) = (layout, sets.get_mut(key))
+            let whole = snap.range(fe).iter().all(Option::is_some);
+            if let (true, Some(set)) = (whole, sets.get_mut(key))
                 && ranges.reserve(fe.base, u32::from(fe.count))
             {
                 set.base = fe.base;
                 set.range = (fe.base, u32::from(fe.count));
-                set.layout = layout;
+                set.len = u32::from(fe.count);
             }
         }
         let max_id = snap
@@ -363,7 +364,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                     }
                     Some(d) => {
                         let range = if plan.new_range {
-                            (plan.base, plan.layout.len() as u32)
+                            (plan.base, plan.len)
                         } else {
                             old.range
                         };
@@ -372,7 +373,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                             SetState {
                                 id,
                                 base: plan.base,
-                                layout: plan.layout,
+                                len: plan.len,
                                 range,
                                 serving: d.serving.clone(),
                                 seniority: Some(d.seniority.clone()),
@@ -402,7 +403,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                     .collect();
                 self.release_ports(&claimed, report);
                 if plan.new_range {
-                    let len = plan.layout.len() as u32;
+                    let len = plan.len;
                     if undone {
                         // Frontends may have pointed there for a moment: let it wait like any
                         // other.
@@ -479,15 +480,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         }
 
         // 1. The backends, positions kept where they stay; a changed set gets a fresh range.
-        let old_slots: Vec<Option<SocketAddr>> = old.layout.iter().copied().map(Some).collect();
-        let (base, layout, new_range, narrowed) = self.place(
-            key,
-            old,
-            layout::layout(&old_slots, &want.backends),
-            want,
-            now,
-            &mut writes,
-        )?;
+        let (base, layout, new_range, narrowed) = self.place(key, old, want, now, &mut writes)?;
         if desired.is_some() && !self.mirror.snap.meta.contains_key(&id) {
             self.make_meta_room(key, &want.seniority);
         }
@@ -554,7 +547,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         Ok(Plan {
             writes,
             base,
-            layout,
+            len: layout.len() as u32,
             new_range,
             narrowed,
             left_out,
@@ -566,6 +559,11 @@ impl<M: ServiceMaps> Reconciler<M> {
         })
     }
 
+    /// What a set's slots hold, from the mirror (`None` for a slot that holds no backend).
+    fn layout_of(&self, set: &SetState) -> Vec<Option<SocketAddr>> {
+        self.mirror.snap.slots(set.base, set.len).collect()
+    }
+
     /// Where the set's backends go: the current range when they are unchanged, else a fresh
     /// one (with the write that fills it). With no room, backends that left must never be
     /// chosen again: the frontends point at the longest run of the current range that stays
@@ -575,12 +573,17 @@ impl<M: ServiceMaps> Reconciler<M> {
         &mut self,
         key: &ServicePortKey,
         old: &SetState,
-        layout: Vec<SocketAddr>,
         want: &DesiredService,
         now: Instant,
         writes: &mut Vec<MapWrite>,
     ) -> Result<(u32, Vec<SocketAddr>, bool, Option<MapWriteError>), MapWriteError> {
-        if layout == old.layout {
+        let old_slots = self.layout_of(old);
+        let layout = layout::layout(&old_slots, &want.backends);
+        if old_slots
+            .iter()
+            .copied()
+            .eq(layout.iter().copied().map(Some))
+        {
             return Ok((old.base, layout, false, None));
         }
         let len = layout.len() as u32;
@@ -602,8 +605,10 @@ impl<M: ServiceMaps> Reconciler<M> {
                     });
                     return Ok((base, layout, true, None));
                 }
-                let (start, run) = staying_run(&old.layout, &want.backends);
-                if run.len() == old.layout.len() {
+                // What the range holds: a slot that holds no backend ends the runs.
+                let current: Vec<SocketAddr> = old_slots.iter().map_while(|s| *s).collect();
+                let (start, run) = staying_run(&current, &want.backends);
+                if run.len() == old_slots.len() {
                     return Err(MapWriteError::NoRange {
                         wanted: e.wanted,
                         free: e.free,
@@ -967,7 +972,8 @@ fn staying_run(current: &[SocketAddr], wanted: &[SocketAddr]) -> (u32, Vec<Socke
 struct Plan {
     writes: Vec<MapWrite>,
     base: u32,
-    layout: Vec<SocketAddr>,
+    /// Backends from `base`.
+    len: u32,
     /// The set moved to a new range (the old one is released after a successful write).
     new_range: bool,
     /// No room: the set was narrowed in place (written, then reported as failed).
