@@ -16,8 +16,7 @@ pub use service::{
     LbIngress, Service, ServicePort, ServiceType, TargetPort, TrafficPolicy, service_from_api,
 };
 pub use slice::{
-    AddressType, Endpoint, EndpointDetails, EndpointPort, EndpointSlice, Hints, TargetRef,
-    slice_from_api,
+    AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, Place, TargetRef, slice_from_api,
 };
 pub use store::Store;
 pub use validate::{Cidr, ValidationError, parse_ip_sloppy};

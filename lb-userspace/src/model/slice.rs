@@ -42,24 +42,27 @@ pub struct Endpoint {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    /// Interned: many endpoints share a node (and a zone).
-    pub node_name: Option<Arc<str>>,
-    pub zone: Option<Arc<str>>,
-    /// Hints and the target reference, when present: boxed, so an endpoint without them
-    /// takes 64 bytes (the agent holds every endpoint of the cluster).
-    pub details: Option<Box<EndpointDetails>>,
-}
-
-/// The parts of an endpoint that only topology hints and explain read: 56 bytes, one 64-byte
-/// allocation per endpoint.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EndpointDetails {
+    /// `nodeName` and `zone`, interned together: many endpoints share a node and a zone.
+    pub place: Option<Arc<Place>>,
     /// `hints`, when present: interned, as a cluster has a few distinct hint lists (one per
     /// zone, typically) for all its endpoints.
     pub hints: Option<Arc<Hints>>,
-    /// `targetRef`, for explain.
+    /// `targetRef`, for explain and the connection listing. In place, not boxed: an endpoint
+    /// takes 88 bytes and no allocation of its own but its pod's name (the agent holds every
+    /// endpoint of the cluster).
     pub target: Option<TargetRef>,
 }
+
+/// Where an endpoint runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Place {
+    /// `nodeName`.
+    pub node: Option<Arc<str>>,
+    /// `zone`.
+    pub zone: Option<Arc<str>>,
+}
+
+static PLACES: Interner<Place> = Interner::new();
 
 /// An endpoint's topology hints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -87,23 +90,33 @@ impl std::fmt::Display for TargetRef {
 
 impl Endpoint {
     pub fn node_name(&self) -> Option<&str> {
-        self.node_name.as_deref()
+        self.place.as_ref()?.node.as_deref()
+    }
+
+    /// The node's name, shared.
+    pub fn node_name_shared(&self) -> Option<Arc<str>> {
+        self.place.as_ref()?.node.clone()
     }
 
     pub fn zone(&self) -> Option<&str> {
-        self.zone.as_deref()
+        self.place.as_ref()?.zone.as_deref()
+    }
+
+    /// The zone's name, shared.
+    pub fn zone_shared(&self) -> Option<Arc<str>> {
+        self.place.as_ref()?.zone.clone()
     }
 
     pub fn zone_hints(&self) -> Option<&[Arc<str>]> {
-        self.details.as_ref()?.hints.as_ref()?.zones.as_deref()
+        self.hints.as_ref()?.zones.as_deref()
     }
 
     pub fn node_hints(&self) -> Option<&[Arc<str>]> {
-        self.details.as_ref()?.hints.as_ref()?.nodes.as_deref()
+        self.hints.as_ref()?.nodes.as_deref()
     }
 
     pub fn target(&self) -> Option<&TargetRef> {
-        self.details.as_ref()?.target.as_ref()
+        self.target.as_ref()
     }
 
     /// Absent `ready` counts as ready, as the API documents.
@@ -251,9 +264,9 @@ fn endpoints(
             ready: conditions.ready,
             serving: conditions.serving,
             terminating: conditions.terminating,
-            node_name: ep.node_name.as_deref().map(intern),
-            zone: ep.zone.as_deref().map(intern),
-            details: details(ep, namespace),
+            place: place(ep),
+            hints: hints(ep),
+            target: target(ep, namespace),
         });
     }
     endpoints
@@ -299,31 +312,37 @@ fn ports(
     Ok(ports)
 }
 
-fn details(ep: &discovery::Endpoint, namespace: &str) -> Option<Box<EndpointDetails>> {
-    let hints = ep.hints.as_ref().and_then(|h| {
-        let hints = Hints {
-            zones: h
-                .for_zones
-                .as_ref()
-                .map(|z| z.iter().map(|z| intern(&z.name)).collect()),
-            nodes: h
-                .for_nodes
-                .as_ref()
-                .map(|n| n.iter().map(|n| intern(&n.name)).collect()),
-        };
-        (hints != Hints::default()).then(|| HINTS.get(&hints, |h| Arc::new(h.clone())))
-    });
-    let d = EndpointDetails {
-        hints,
-        target: ep.target_ref.as_ref().map(|t| TargetRef {
-            kind: intern(t.kind.as_deref().unwrap_or("Object")),
-            key: ObjectKey::new(
-                intern(t.namespace.as_deref().unwrap_or(namespace)),
-                t.name.as_deref().unwrap_or("?"),
-            ),
-        }),
+fn place(ep: &discovery::Endpoint) -> Option<Arc<Place>> {
+    let place = Place {
+        node: ep.node_name.as_deref().map(intern),
+        zone: ep.zone.as_deref().map(intern),
     };
-    (d != EndpointDetails::default()).then(|| Box::new(d))
+    (place != Place::default()).then(|| PLACES.get(&place, |p| Arc::new(p.clone())))
+}
+
+fn hints(ep: &discovery::Endpoint) -> Option<Arc<Hints>> {
+    let h = ep.hints.as_ref()?;
+    let hints = Hints {
+        zones: h
+            .for_zones
+            .as_ref()
+            .map(|z| z.iter().map(|z| intern(&z.name)).collect()),
+        nodes: h
+            .for_nodes
+            .as_ref()
+            .map(|n| n.iter().map(|n| intern(&n.name)).collect()),
+    };
+    (hints != Hints::default()).then(|| HINTS.get(&hints, |h| Arc::new(h.clone())))
+}
+
+fn target(ep: &discovery::Endpoint, namespace: &str) -> Option<TargetRef> {
+    ep.target_ref.as_ref().map(|t| TargetRef {
+        kind: intern(t.kind.as_deref().unwrap_or("Object")),
+        key: ObjectKey::new(
+            intern(t.namespace.as_deref().unwrap_or(namespace)),
+            t.name.as_deref().unwrap_or("?"),
+        ),
+    })
 }
 
 #[cfg(test)]
@@ -350,10 +369,9 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_with_hints_and_a_target_takes_one_small_allocation_and_shares_its_hints() {
-        // 56 bytes: one 64-byte chunk of the allocator per endpoint with details.
-        assert!(std::mem::size_of::<EndpointDetails>() <= 56);
-        assert_eq!(std::mem::size_of::<Endpoint>(), 64);
+    fn an_endpoint_allocates_nothing_but_its_pods_name_and_shares_its_place_and_hints() {
+        // No allocation per endpoint but its pod's name.
+        assert!(std::mem::size_of::<Endpoint>() <= 88);
         let endpoint = |zone: &str, pod: &str| discovery::Endpoint {
             addresses: vec!["10.0.0.1".into()],
             zone: Some(zone.into()),
@@ -375,17 +393,13 @@ mod tests {
             endpoint("zone-b", "web-3"),
         ];
         let s = slice_from_api(&slice).unwrap();
-        let hints = |i: usize| {
-            s.endpoints[i]
-                .details
-                .as_ref()
-                .unwrap()
-                .hints
-                .clone()
-                .unwrap()
-        };
+        let hints = |i: usize| s.endpoints[i].hints.clone().unwrap();
+        let place = |i: usize| s.endpoints[i].place.clone().unwrap();
         assert!(Arc::ptr_eq(&hints(0), &hints(1)));
         assert!(!Arc::ptr_eq(&hints(0), &hints(2)));
+        assert!(Arc::ptr_eq(&place(0), &place(1)));
+        assert_eq!(s.endpoints[2].zone(), Some("zone-b"));
+        assert_eq!(s.endpoints[2].node_name(), None);
         assert_eq!(s.endpoints[2].zone_hints().unwrap()[0].as_ref(), "zone-b");
         assert_eq!(s.endpoints[1].node_hints(), None);
         assert_eq!(s.endpoints[1].target().unwrap().key.name.as_ref(), "web-2");
@@ -396,7 +410,8 @@ mod tests {
             ..Default::default()
         }];
         let s = slice_from_api(&slice).unwrap();
-        assert_eq!(s.endpoints[0].details, None);
+        assert_eq!(s.endpoints[0].hints, None);
+        assert_eq!(s.endpoints[0].place, None);
     }
 
     #[test]

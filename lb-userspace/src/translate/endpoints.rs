@@ -279,8 +279,8 @@ impl Merged<'_> {
                     ready: s.endpoint.ready,
                     serving: s.endpoint.serving,
                     terminating: s.endpoint.terminating,
-                    node_name: s.endpoint.node_name.clone(),
-                    zone: s.endpoint.zone.clone(),
+                    node_name: s.endpoint.node_name_shared(),
+                    zone: s.endpoint.zone_shared(),
                     target: s.endpoint.target().cloned(),
                     verdict,
                 }
@@ -291,7 +291,7 @@ impl Merged<'_> {
     fn why_out(e: &Endpoint, chosen: &Chosen, node: &NodeInfo, local: bool) -> Exclusion {
         if local && !is_local(e, node) {
             return Exclusion::OtherNode {
-                node: e.node_name.clone(),
+                node: e.node_name_shared(),
             };
         }
         if !usable(e) {
