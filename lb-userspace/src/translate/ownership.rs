@@ -52,7 +52,8 @@ impl std::fmt::Display for Conflict {
 pub struct Ownership {
     /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
     claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
-    by_key: FastMap<ServicePortKey, Vec<(ServiceAddr, Claimant)>>,
+    /// The addresses each backend set claims (its claimants are in `claims`).
+    by_key: FastMap<ServicePortKey, Vec<ServiceAddr>>,
     /// Addresses with more than one claim: while there is none, every claim is granted and no
     /// conflict needs looking for.
     contested: usize,
@@ -88,33 +89,26 @@ impl Ownership {
         desired: &DesiredService,
         mut affected: Option<&mut BTreeSet<ServicePortKey>>,
     ) {
-        let claimants: Vec<(ServiceAddr, Claimant)> = desired
-            .frontends
-            .iter()
-            .map(|c| {
-                (
-                    c.addr,
-                    Claimant {
-                        rank: desired.seniority.rank(c.kind),
-                        kind: c.kind,
-                        key: key.clone(),
-                    },
-                )
-            })
-            .collect();
-        for (addr, claimant) in &claimants {
-            let set = self.claims.entry(*addr).or_default();
+        let mut addrs = Vec::with_capacity(desired.frontends.len());
+        for c in &desired.frontends {
+            let claimant = Claimant {
+                rank: desired.seniority.rank(c.kind),
+                kind: c.kind,
+                key: key.clone(),
+            };
+            let set = self.claims.entry(c.addr).or_default();
             if let Some(affected) = affected.as_deref_mut()
                 && let Some(first) = set.first()
             {
                 affected.insert(first.key.clone());
             }
-            if set.insert(claimant.clone()) && set.len() == 2 {
+            if set.insert(claimant) && set.len() == 2 {
                 self.contested += 1;
             }
+            addrs.push(c.addr);
         }
-        if !claimants.is_empty() {
-            self.by_key.insert(key.clone(), claimants);
+        if !addrs.is_empty() {
+            self.by_key.insert(key.clone(), addrs);
         }
     }
 
@@ -124,9 +118,12 @@ impl Ownership {
         let Some(old) = self.by_key.remove(key) else {
             return affected;
         };
-        for (addr, claimant) in old {
+        for addr in old {
             if let Some(set) = self.claims.get_mut(&addr) {
-                if set.remove(&claimant) && set.len() == 1 {
+                // Every claim of this set on the address (it may claim one address two ways).
+                let before = set.len();
+                set.retain(|c| c.key != *key);
+                if before >= 2 && set.len() < 2 {
                     self.contested -= 1;
                 }
                 if let Some(next) = set.first() {
@@ -221,6 +218,34 @@ mod tests {
             },
             ..DesiredService::default()
         }
+    }
+
+    /// A set that claims one address two ways (an externalIP equal to its ClusterIP) leaves it
+    /// whole when it goes: nothing of it stays claimed or counted as contested.
+    #[test]
+    fn a_set_claiming_an_address_two_ways_releases_both_claims() {
+        let (a, b) = (key("a"), key("b"));
+        let twice = wants(
+            1,
+            &[
+                ("10.96.0.1", ClaimKind::ClusterIp),
+                ("10.96.0.1", ClaimKind::ExternalIp),
+            ],
+        );
+        let other = wants(2, &[("10.96.0.1", ClaimKind::ExternalIp)]);
+        let mut o = Ownership::default();
+        o.claim_new(&a, &twice);
+        o.claim_new(&b, &other);
+        assert_eq!(o.conflicts(&b, &other).len(), 1, "a holds it");
+        let affected = o.release(&a);
+        assert!(affected.contains(&b), "the address passes to b");
+        assert!(o.conflicts(&b, &other).is_empty());
+        assert_eq!(o.contested, 0);
+        let addr = ServiceAddr::new("10.96.0.1".parse().unwrap(), 80, Protocol::Tcp);
+        assert_eq!(o.owner(&addr).map(|(k, _)| k.clone()), Some(b.clone()));
+        o.release(&b);
+        assert!(o.claims.is_empty() && o.by_key.is_empty());
+        assert_eq!(o.contested, 0);
     }
 
     /// Whatever the order claims come and go in, an address two Services claim goes to the
