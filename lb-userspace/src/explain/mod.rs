@@ -196,10 +196,14 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         return e.broken_at(Link::Service, format!("Service {key}: {why}"));
     };
     let slices = store.slices_of(&key);
-    e.selector = svc.selector.as_ref().map(|s| s.iter().cloned().collect());
+    e.selector = svc.selector.as_ref().map(|s| {
+        s.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    });
     e.resource_versions.push(ObjectVersion {
         object: ObjectRef::service(key.clone()),
-        resource_version: svc.resource_version.clone(),
+        resource_version: svc.resource_version.to_string(),
     });
     e.summarize_slices(&slices);
     let translation = translate_service(svc, &slices, node);

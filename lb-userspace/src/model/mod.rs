@@ -13,7 +13,8 @@ pub use manifest::{
     parse_manifests,
 };
 pub use service::{
-    LbIngress, Service, ServicePort, ServiceType, TargetPort, TrafficPolicy, service_from_api,
+    LbIngress, Selector, Service, ServicePort, ServiceType, TargetPort, TrafficPolicy,
+    service_from_api,
 };
 pub use slice::{
     AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, Place, TargetRef, slice_from_api,

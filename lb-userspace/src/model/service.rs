@@ -66,46 +66,51 @@ pub struct LbIngress {
     pub proxy_mode: bool,
 }
 
+/// `spec.selector`'s pairs, sorted by key.
+pub type Selector = Box<[(Box<str>, Box<str>)]>;
+
+/// Lists and strings are boxed slices, not vectors: the agent holds every Service of the
+/// cluster, and a Service is not changed in place (each version replaces the last).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub key: ObjectKey,
-    pub resource_version: String,
+    pub resource_version: Box<str>,
     /// `metadata.uid`: with `created`, decides which of two Services claiming one address owns it.
     pub uid: Arc<str>,
     /// `metadata.creationTimestamp`, seconds since the epoch.
     pub created: Option<i64>,
     /// `service.kubernetes.io/service-proxy-name`, when labelled.
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
     /// Labelled `service.kubernetes.io/headless` (kube-proxy ignores such Services).
     pub headless_label: bool,
     pub type_: ServiceType,
     /// `clusterIP: None`.
     pub headless: bool,
     /// `spec.clusterIPs` (or `spec.clusterIP`), one per family.
-    pub cluster_ips: Vec<IpAddr>,
-    pub external_ips: Vec<IpAddr>,
-    pub lb_ingress: Vec<LbIngress>,
+    pub cluster_ips: Box<[IpAddr]>,
+    pub external_ips: Box<[IpAddr]>,
+    pub lb_ingress: Box<[LbIngress]>,
     /// `spec.loadBalancerSourceRanges`, parsed; entries that do not parse are left out (noted).
-    pub source_ranges: Vec<Cidr>,
-    pub ports: Vec<ServicePort>,
+    pub source_ranges: Box<[Cidr]>,
+    pub ports: Box<[ServicePort]>,
     /// `spec.selector`, sorted by key; explain shows it. Pairs, not a map: a one-entry
     /// `BTreeMap` allocates a node for eleven, and the agent holds every Service.
-    pub selector: Option<Vec<(String, String)>>,
+    pub selector: Option<Selector>,
     /// sessionAffinity ClientIP timeout, when affinity is on.
     pub affinity_timeout_s: Option<u32>,
     pub internal_traffic_policy: TrafficPolicy,
     pub external_traffic_policy: TrafficPolicy,
     /// Applied by the EndpointSlice controller (endpoints arrive ready); kept for explain.
     pub publish_not_ready_addresses: bool,
-    pub traffic_distribution: Option<String>,
+    pub traffic_distribution: Option<Box<str>>,
     /// `spec.healthCheckNodePort` (LoadBalancer, externalTrafficPolicy Local).
     pub health_check_node_port: Option<u16>,
     /// The topology annotation's value: `service.kubernetes.io/topology-aware-hints` when
     /// present (it wins, as in kube-proxy), else `service.kubernetes.io/topology-mode`.
-    pub topology_annotation: Option<String>,
+    pub topology_annotation: Option<Box<str>>,
     /// Parts of the Service that were left out without rejecting it (an externalIP that does
     /// not parse, say), as kube-proxy skips them one by one.
-    pub notes: Vec<String>,
+    pub notes: Box<[String]>,
 }
 
 impl Service {
@@ -158,29 +163,30 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
 
     Ok(Service {
         key,
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.as_deref().unwrap_or_default().into(),
         uid: meta.uid.as_deref().unwrap_or_default().into(),
         created: meta.creation_timestamp.as_ref().map(|t| t.0.as_second()),
         proxy_name: meta
             .labels
             .as_ref()
             .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
-            .cloned(),
+            .map(|n| n.as_str().into()),
         headless_label: meta
             .labels
             .as_ref()
             .is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
         type_,
         headless,
-        cluster_ips,
-        external_ips,
-        lb_ingress,
-        source_ranges,
-        ports,
-        selector: spec
-            .selector
-            .as_ref()
-            .map(|s| s.iter().map(|(k, v)| (k.clone(), v.clone())).collect()),
+        cluster_ips: cluster_ips.into(),
+        external_ips: external_ips.into(),
+        lb_ingress: lb_ingress.into(),
+        source_ranges: source_ranges.into(),
+        ports: ports.into(),
+        selector: spec.selector.as_ref().map(|s| {
+            s.iter()
+                .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                .collect()
+        }),
         affinity_timeout_s,
         internal_traffic_policy: policy(
             &c,
@@ -193,7 +199,7 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
             spec.external_traffic_policy.as_deref(),
         )?,
         publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
-        traffic_distribution: spec.traffic_distribution.clone(),
+        traffic_distribution: spec.traffic_distribution.as_deref().map(Into::into),
         health_check_node_port: spec
             .health_check_node_port
             .and_then(|p| u16::try_from(p).ok())
@@ -204,9 +210,9 @@ pub fn service_from_api(svc: &core::Service) -> Result<Service, ValidationError>
             a.get(ANNOTATION_TOPOLOGY_AWARE_HINTS)
                 .filter(|v| !v.is_empty())
                 .or_else(|| a.get(ANNOTATION_TOPOLOGY_MODE))
-                .cloned()
+                .map(|v| v.as_str().into())
         }),
-        notes,
+        notes: notes.into(),
     })
 }
 

@@ -378,10 +378,10 @@ pub fn translate_service_with(
 ) -> ServiceTranslation {
     let mut out = ServiceTranslation {
         service: svc.key.clone(),
-        resource_version: svc.resource_version.clone(),
+        resource_version: svc.resource_version.to_string(),
         skipped: None,
         ports: Vec::with_capacity(svc.ports.len() * svc.cluster_ips.len()),
-        notes: svc.notes.clone(),
+        notes: svc.notes.to_vec(),
         refused: Vec::new(),
     };
     if let Some(skip) = skip_reason(svc, node) {
@@ -539,7 +539,7 @@ impl PortContext<'_> {
 /// decide.
 fn skip_reason(svc: &Service, node: &NodeInfo) -> Option<String> {
     if let Some(proxy) = &svc.proxy_name
-        && *proxy != node.proxy_name
+        && **proxy != *node.proxy_name
     {
         return Some(format!(
             "labelled {LABEL_SERVICE_PROXY_NAME}={proxy}: handled by another proxy"
