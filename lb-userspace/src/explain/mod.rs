@@ -444,11 +444,11 @@ impl Explanation {
         for s in slices {
             self.resource_versions.push(ObjectVersion {
                 object: ObjectRef::slice(s.key.clone()),
-                resource_version: s.resource_version.clone(),
+                resource_version: s.resource_version.to_string(),
             });
             self.slices.push(SliceSummary {
                 name: s.key.name.to_string(),
-                resource_version: s.resource_version.clone(),
+                resource_version: s.resource_version.to_string(),
                 address_type: s.address_type.to_string(),
                 ports: s
                     .ports

@@ -5,6 +5,7 @@ use k8s_openapi::{api::core::v1 as core, apimachinery::pkg::util::intstr::IntOrS
 
 use super::{
     LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, ValidationError,
+    intern::intern,
     validate::{Checker, Cidr, parse_ip_sloppy},
 };
 use crate::vocab::{Family, Kind, ObjectKey, Protocol};
@@ -46,13 +47,14 @@ impl std::fmt::Display for TargetPort {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
-    /// Empty for the single unnamed port of a one-port Service.
-    pub name: String,
+    /// Empty for the single unnamed port of a one-port Service. Interned, as the protocol
+    /// name: a cluster has a few port names for all its Services.
+    pub name: Arc<str>,
     /// The name used in keys and output: the port name, or the port number when unnamed.
     pub name_or_number: Arc<str>,
     /// None for protocols socklb does not translate (SCTP), kept so explain can say so.
     pub protocol: Option<Protocol>,
-    pub protocol_name: String,
+    pub protocol_name: Arc<str>,
     pub port: u16,
     pub target_port: TargetPort,
     pub node_port: Option<u16>,
@@ -399,12 +401,12 @@ fn validate_ports(
             None | Some(0) => None,
             Some(n) => Some(c.port(&field("nodePort"), n)?),
         };
-        if out.iter().any(|o| o.name == name) {
+        if out.iter().any(|o| *o.name == *name) {
             return Err(c.error(field("name"), format!("duplicate port name {name:?}")));
         }
         if out
             .iter()
-            .any(|o| o.port == port && o.protocol_name == protocol_name)
+            .any(|o| o.port == port && *o.protocol_name == *protocol_name)
         {
             return Err(c.error(
                 field("port"),
@@ -414,7 +416,7 @@ fn validate_ports(
         if let Some(n) = node_port
             && out
                 .iter()
-                .any(|o| o.node_port == Some(n) && o.protocol_name == protocol_name)
+                .any(|o| o.node_port == Some(n) && *o.protocol_name == *protocol_name)
         {
             // As the API server's validation: one node port serves one service port.
             return Err(c.error(
@@ -422,15 +424,16 @@ fn validate_ports(
                 format!("duplicate node port {n}/{protocol_name}"),
             ));
         }
+        let name = intern(&name);
         out.push(ServicePort {
             name_or_number: if name.is_empty() {
                 Arc::from(port.to_string())
             } else {
-                Arc::from(name.as_str())
+                Arc::clone(&name)
             },
             name,
             protocol,
-            protocol_name,
+            protocol_name: intern(&protocol_name),
             port,
             target_port,
             node_port,

@@ -136,9 +136,10 @@ impl Endpoint {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointPort {
-    /// The Service port's name this entry is for (empty for an unnamed port).
-    pub name: String,
-    pub protocol: String,
+    /// The Service port's name this entry is for (empty for an unnamed port). Interned, as
+    /// the protocol: a cluster has a few port names for all its slices.
+    pub name: Arc<str>,
+    pub protocol: Arc<str>,
     /// None: the API's "all ports", which a Service cannot use.
     pub port: Option<u16>,
 }
@@ -152,18 +153,19 @@ impl EndpointPort {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointSlice {
     pub key: ObjectKey,
-    pub resource_version: String,
+    pub resource_version: Box<str>,
     /// The Service it belongs to (`kubernetes.io/service-name`), in the slice's namespace.
     pub service: Option<ObjectKey>,
     pub address_type: AddressType,
-    pub endpoints: Vec<Endpoint>,
-    pub ports: Vec<EndpointPort>,
+    /// Boxed slices, as the other lists: a slice is replaced whole, never grown.
+    pub endpoints: Box<[Endpoint]>,
+    pub ports: Box<[EndpointPort]>,
     /// `service.kubernetes.io/service-proxy-name`, when labelled.
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
     /// Labelled `service.kubernetes.io/headless` (kube-proxy ignores such slices).
     pub headless_label: bool,
     /// Endpoints left out without rejecting the slice (an address that does not parse, say).
-    pub notes: Vec<String>,
+    pub notes: Box<[String]>,
     /// `endpoints.kubernetes.io/last-change-trigger-time`, in Unix milliseconds, when present
     /// and valid (for the network programming latency metric).
     pub last_change_trigger_ms: Option<i64>,
@@ -206,16 +208,16 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
     let labels = meta.labels.as_ref();
     Ok(EndpointSlice {
         key,
-        resource_version: meta.resource_version.clone().unwrap_or_default(),
+        resource_version: meta.resource_version.as_deref().unwrap_or_default().into(),
         service,
         address_type,
-        endpoints,
-        ports,
+        endpoints: endpoints.into(),
+        ports: ports.into(),
         proxy_name: labels
             .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
-            .cloned(),
+            .map(|n| n.as_str().into()),
         headless_label: labels.is_some_and(|l| l.contains_key(LABEL_HEADLESS)),
-        notes,
+        notes: notes.into(),
         last_change_trigger_ms: meta
             .annotations
             .as_ref()
@@ -304,8 +306,8 @@ fn ports(
             .map(|n| c.port(&format!("ports[{i}].port"), n))
             .transpose()?;
         ports.push(EndpointPort {
-            name,
-            protocol,
+            name: intern(&name),
+            protocol: intern(&protocol),
             port,
         });
     }

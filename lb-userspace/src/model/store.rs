@@ -220,14 +220,14 @@ mod tests {
     fn slice(name: &str, service: Option<&str>) -> EndpointSlice {
         EndpointSlice {
             key: ObjectKey::new("ns", name),
-            resource_version: String::new(),
+            resource_version: "".into(),
             service: service.map(|s| ObjectKey::new("ns", s)),
             address_type: AddressType::Ip(Family::IPv4),
-            endpoints: Vec::new(),
-            ports: Vec::new(),
+            endpoints: Box::default(),
+            ports: Box::default(),
             proxy_name: None,
             headless_label: false,
-            notes: Vec::new(),
+            notes: Box::default(),
             last_change_trigger_ms: None,
         }
     }
@@ -294,10 +294,10 @@ mod tests {
         // The Service's list holds the slice as it is now, not as it was.
         let listed = store.slices_of(&key("e"));
         assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].resource_version, "3");
+        assert_eq!(&*listed[0].resource_version, "3");
         let mut moved = slice("s5", Some("e"));
         moved.resource_version = "4".into();
         store.upsert_slice(moved);
-        assert_eq!(store.slices_of(&key("e"))[0].resource_version, "4");
+        assert_eq!(&*store.slices_of(&key("e"))[0].resource_version, "4");
     }
 }

@@ -66,7 +66,7 @@ pub(super) fn merge<'a>(
                     None,
                     Some(Exclusion::PortNameMissing {
                         port_name: Arc::clone(&port.name_or_number),
-                        protocol: port.protocol_name.clone(),
+                        protocol: port.protocol_name.to_string(),
                     }),
                 ),
                 _ => (

@@ -570,7 +570,11 @@ fn own_slices<'a>(
 ) -> Vec<&'a EndpointSlice> {
     let mut out = Vec::with_capacity(slices.len());
     for slice in slices {
-        if let Some(proxy) = slice.proxy_name.as_ref().filter(|p| **p != node.proxy_name) {
+        if let Some(proxy) = slice
+            .proxy_name
+            .as_ref()
+            .filter(|p| ***p != *node.proxy_name)
+        {
             notes.push(format!(
                 "EndpointSlice {} is labelled {LABEL_SERVICE_PROXY_NAME}={proxy}: ignored",
                 slice.key.name

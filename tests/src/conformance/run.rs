@@ -165,7 +165,7 @@ fn backends_of(cases: &[&Case]) -> BTreeSet<(SocketAddr, bool)> {
                 let Some(port) = p.port else { continue };
                 for e in &s.endpoints {
                     if let Some(ip) = e.address {
-                        out.insert((SocketAddr::new(ip, port), p.protocol == "UDP"));
+                        out.insert((SocketAddr::new(ip, port), &*p.protocol == "UDP"));
                     }
                 }
             }
