@@ -94,6 +94,15 @@ impl Store {
         services: Vec<Service>,
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
+        if self.services.is_empty() {
+            // A first listing, built in one go: full B-tree nodes, where inserts in key order
+            // (the API's) leave them half full.
+            self.services = services
+                .into_iter()
+                .map(|s| (s.key.clone(), Arc::new(s)))
+                .collect();
+            return self.services.keys().cloned().collect();
+        }
         let mut affected = Vec::new();
         for key in gone(&self.services, services.iter().map(|s| &s.key), keep) {
             affected.extend(self.remove_service(&key));
@@ -122,6 +131,18 @@ impl Store {
         slices: Vec<EndpointSlice>,
         keep: &[ObjectKey],
     ) -> Vec<ObjectKey> {
+        if self.slices.is_empty() {
+            // A first listing, built in one go (as Services').
+            self.slices = slices
+                .into_iter()
+                .map(|s| (s.key.clone(), Arc::new(s)))
+                .collect();
+            let listed: Vec<Arc<EndpointSlice>> = self.slices.values().cloned().collect();
+            return listed
+                .iter()
+                .flat_map(|slice| self.reindex(slice, None))
+                .collect();
+        }
         let mut affected = Vec::new();
         for key in gone(&self.slices, slices.iter().map(|s| &s.key), keep) {
             affected.extend(self.remove_slice(&key));
@@ -299,5 +320,36 @@ mod tests {
         moved.resource_version = "4".into();
         store.upsert_slice(moved);
         assert_eq!(&*store.slices_of(&key("e"))[0].resource_version, "4");
+    }
+
+    #[test]
+    fn a_first_listing_in_any_order_is_indexed_as_upserts_would_index_it() {
+        let key = |s: &str| ObjectKey::new("ns", s);
+        let listing = vec![
+            slice("s3", Some("a")),
+            slice("s2", Some("b")),
+            slice("s1", Some("a")),
+            slice("s0", None),
+        ];
+        let mut listed = Store::new();
+        let mut affected = listed.replace_slices(listing.clone(), &[]);
+        affected.sort();
+        affected.dedup();
+        assert_eq!(affected, vec![key("a"), key("b")]);
+        let mut upserted = Store::new();
+        for s in listing {
+            upserted.upsert_slice(s);
+        }
+        for svc in ["a", "b", "c"] {
+            assert_eq!(names(&listed, svc), names(&upserted, svc), "{svc}");
+        }
+        assert_eq!(names(&listed, "a"), ["s1", "s3"]);
+        assert_eq!(listed.slice_count(), 4);
+        assert!(
+            listed
+                .slices()
+                .map(|s| &s.key)
+                .eq(upserted.slices().map(|s| &s.key))
+        );
     }
 }
