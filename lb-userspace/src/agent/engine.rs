@@ -561,8 +561,7 @@ impl<M: ServiceMaps> Engine<M> {
         if self.full_sync_needed {
             let desired = self.translate_everything();
             pass.services = self.keys_by_service.len();
-            pass.report = self.reconciler.sync_all(&desired);
-            drop(desired);
+            pass.report = self.reconciler.sync_all_owned(desired);
             super::memory::release_free_memory();
             pass.full = true;
             let all: Vec<ObjectKey> = self.triggers.keys().cloned().collect();

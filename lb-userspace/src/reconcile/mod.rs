@@ -252,6 +252,13 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// the maps hold that it lacks is removed, as are orphaned entries. Call it only with a
     /// complete view of the cluster (after the initial lists), never with a partial one.
     pub fn sync_all(&mut self, desired: &DesiredState) -> SyncReport {
+        self.sync_all_owned(desired.clone())
+    }
+
+    /// [`Self::sync_all`], dropping each backend set's desired state once it is written: the
+    /// reconciler's own state grows as the desired state shrinks (the agent's peak memory is
+    /// at its first full sync).
+    pub fn sync_all_owned(&mut self, desired: DesiredState) -> SyncReport {
         let mut report = SyncReport::default();
         self.failed.retain(|k, _| desired.services.contains_key(k));
         let mut stale: Vec<ServicePortKey> = self
@@ -269,17 +276,24 @@ impl<M: ServiceMaps> Reconciler<M> {
         // a fresh node, after a restart or a migration, the newest is the one that finds the
         // maps full, as on a running agent.
         // `desired` is in key order and the sort is stable: equal ages stay in key order.
-        let mut order: Vec<(&ServicePortKey, &DesiredService)> = desired.services.iter().collect();
+        let mut sets: Vec<Option<(ServicePortKey, DesiredService)>> =
+            desired.services.into_iter().map(Some).collect();
         // Room for every set at once: a first full sync adds them all, and a table that grows
         // as it goes hashes each key again at every doubling.
         self.sets
-            .reserve(order.len().saturating_sub(self.sets.len()));
+            .reserve(sets.len().saturating_sub(self.sets.len()));
         self.keys
-            .reserve(order.len().saturating_sub(self.keys.len()));
-        self.mirror.reserve(order.len());
-        order.sort_by(|a, b| a.1.seniority.age().cmp(&b.1.seniority.age()));
-        for (key, service) in order {
-            self.sync_one_into(key, Some(service), &mut report);
+            .reserve(sets.len().saturating_sub(self.keys.len()));
+        self.mirror.reserve(sets.len());
+        // Sorted as positions, so the sort moves 4 bytes an entry, not the entries.
+        let age = |i: &u32| sets[*i as usize].as_ref().map(|(_, d)| d.seniority.age());
+        let mut order: Vec<u32> = (0..sets.len() as u32).collect();
+        order.sort_by_key(age);
+        for i in order {
+            // Taken out, so it is dropped once written.
+            if let Some((key, service)) = sets[i as usize].take() {
+                self.sync_one_into(&key, Some(&service), &mut report);
+            }
         }
         self.sweep_ports(&mut report);
         self.release_stranded();
