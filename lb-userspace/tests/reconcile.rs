@@ -300,6 +300,15 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
         reached(r.snapshot(), "10.96.0.1").unwrap(),
         Vec::<String>::new()
     );
+    // The Service goes: the range it still held (narrowed to nothing) waits out its grace with
+    // the other, and no entry of the array is lost.
+    let report = r.sync_all(&DesiredState::default());
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        r.ranges().free_len() + r.ranges().waiting_len(),
+        3,
+        "every entry free or waiting"
+    );
     assert_no_problems(&problems);
 }
 
@@ -602,4 +611,55 @@ fn a_frontend_that_does_not_fit_never_holds_back_the_rest_of_the_change() {
         report.failed
     );
     assert_no_problems(&problems);
+}
+
+/// Issue 27's room-making under a write that keeps failing: a newer set whose removal fails
+/// still holds its room, so the older one's sync stops making room and reports (it never
+/// picks the same set again without end), and the newer set keeps serving.
+#[test]
+fn a_set_whose_removal_fails_is_not_evicted_again_and_again() {
+    let caps = Capacities::default().with(MapId::Backends, 2);
+    let maps = InMemoryMaps::with_capacities(caps);
+    let mut r = Reconciler::new(maps).unwrap();
+    let newer = aged(
+        service("10.96.0.2", &["10.244.1.1:80", "10.244.1.2:80"]),
+        2025,
+        "newer",
+    );
+    let report = r.sync_all(&DesiredState {
+        services: [(key("newer"), newer.clone())].into_iter().collect(),
+    });
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    r.maps_mut()
+        .fail_when(|_, w, _| matches!(w, MapWrite::DeleteFrontend(_) | MapWrite::DeleteMeta(_)));
+    let both = DesiredState {
+        services: [
+            (key("newer"), newer),
+            (
+                key("older"),
+                aged(service("10.96.0.1", &["10.244.0.1:80"]), 2019, "older"),
+            ),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    // On its own thread: before the fix this sync never returned.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let report = r.sync_all(&both);
+        tx.send((report, r)).ok();
+    });
+    let (report, r) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the sync returns");
+    assert!(
+        report.failed.contains_key(&key("older")),
+        "no room: {:?}",
+        report.failed
+    );
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.2").unwrap(),
+        ["10.244.1.1:80", "10.244.1.2:80"],
+        "the set whose removal failed still serves"
+    );
 }

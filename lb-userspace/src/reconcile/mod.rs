@@ -360,7 +360,9 @@ impl<M: ServiceMaps> Reconciler<M> {
         report.writes += writes;
         match result {
             Ok(()) => {
-                if plan.new_range {
+                // A removed set gives its range back too when it had narrowed to nothing (its
+                // empty layout is "unchanged", no new range).
+                if plan.new_range || desired.is_none() {
                     self.ranges.release(old.range.0, old.range.1, now);
                 }
 
@@ -668,7 +670,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             return None;
         }
         while let Some(victim) = self.newest_newer(key, seniority, |_, s| s.range.1 > 0) {
-            self.evict(&victim, key, MapId::Backends);
+            if !self.evict(&victim, key, MapId::Backends) {
+                return None;
+            }
             if self.maps.barrier() {
                 self.ranges.reclaim_waiting();
             }
@@ -686,7 +690,9 @@ impl<M: ServiceMaps> Reconciler<M> {
             let Some(victim) = self.newest_newer(key, seniority, |_, _| true) else {
                 return;
             };
-            self.evict(&victim, key, MapId::ServiceMeta);
+            if !self.evict(&victim, key, MapId::ServiceMeta) {
+                return;
+            }
         }
     }
 
@@ -724,7 +730,9 @@ impl<M: ServiceMaps> Reconciler<M> {
                 }) else {
                     break;
                 };
-                self.evict(&victim, key, map);
+                if !self.evict(&victim, key, map) {
+                    break;
+                }
             }
             let fits = room(self);
             for (i, c) in new.iter().enumerate() {
@@ -770,9 +778,14 @@ impl<M: ServiceMaps> Reconciler<M> {
 
     /// Takes a set out of the maps for `by` (its frontends, metadata and range go, as when it is
     /// removed); it is reported with `by`'s write and retried like any failed set.
-    fn evict(&mut self, victim: &ServicePortKey, by: &ServicePortKey, map: MapId) {
+    /// Takes `victim` out of the maps for `by`. False when its removal failed (it still holds
+    /// its room): callers stop making room then, or they would pick it again without end.
+    fn evict(&mut self, victim: &ServicePortKey, by: &ServicePortKey, map: MapId) -> bool {
         let mut scratch = SyncReport::default();
         self.sync_one_into(victim, None, &mut scratch);
+        if self.sets.contains_key(victim) {
+            return false;
+        }
         tracing::warn!(service = %victim, by = %by, map = map.name(), "taken out of the maps to make room for an older Service");
         self.evictions.push((
             victim.clone(),
@@ -781,6 +794,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 by: by.clone(),
             },
         ));
+        true
     }
 
     fn word(&self, word: u32) -> u64 {
