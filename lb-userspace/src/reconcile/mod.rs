@@ -159,7 +159,9 @@ impl<M: ServiceMaps> Reconciler<M> {
         }
         for (id, fe) in &adopted {
             let Some(key) = keys.get(id) else { continue };
-            let whole = snap.range(fe).iter().all(Option::is_some);
+            let whole = snap
+                .slots(fe.base, u32::from(fe.count))
+                .all(|s| s.is_some());
             if let (true, Some(set)) = (whole, sets.get_mut(key))
                 && ranges.reserve(fe.base, u32::from(fe.count))
             {
@@ -777,9 +779,9 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     /// Takes a set out of the maps for `by` (its frontends, metadata and range go, as when it is
-    /// removed); it is reported with `by`'s write and retried like any failed set.
-    /// Takes `victim` out of the maps for `by`. False when its removal failed (it still holds
-    /// its room): callers stop making room then, or they would pick it again without end.
+    /// removed); it is reported with `by`'s write and retried like any failed set. False when
+    /// its removal failed (it still holds its room): callers stop making room then, or they
+    /// would pick it again without end.
     fn evict(&mut self, victim: &ServicePortKey, by: &ServicePortKey, map: MapId) -> bool {
         let mut scratch = SyncReport::default();
         self.sync_one_into(victim, None, &mut scratch);
