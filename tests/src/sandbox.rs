@@ -1,7 +1,7 @@
 //! A throwaway world for one test or demo run: a client "pod" (network namespace) inside a
-//! child cgroup of its own, backend pods each in their own network namespace, all joined by
-//! veth pairs to a bridge, a private bpf filesystem for socklb's pins, and the processes started
-//! in them. `teardown` (run by `Drop`, on success, failure or panic, and by the demo's signal
+//! child cgroup of its own, backend pods each in their own network namespace (or many backends
+//! in one, for a suite of hundreds), all joined by veth pairs to a bridge, a private bpf
+//! filesystem for socklb's pins, and the processes started in them. `teardown` (run by `Drop`, on success, failure or panic, and by the demo's signal
 //! handler) removes all of it; what a killed run left behind is swept by the next one (names
 //! carry the owning PID).
 //!
@@ -34,6 +34,15 @@ use crate::{
 };
 
 pub const CLIENT_V4: &str = "10.244.0.2";
+
+/// A pod address with the prefix of the sandbox's pod network.
+fn pod_cidr(addr: IpAddr) -> String {
+    if addr.is_ipv4() {
+        format!("{addr}/16")
+    } else {
+        format!("{addr}/64")
+    }
+}
 pub const CLIENT_V6: &str = "fd00:244::2";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -314,14 +323,44 @@ impl Sandbox {
         let n = pods.len() + 1;
         let ns = format!("{}p{n}", self.id);
         self.add_netns(&ns)?;
-        let cidr = if addr.is_ipv4() {
-            format!("{addr}/16")
-        } else {
-            format!("{addr}/64")
-        };
-        self.plug(&ns, &format!("pod{n}"), &[cidr])?;
+        self.plug(&ns, &format!("pod{n}"), &[pod_cidr(addr)])?;
         pods.insert(addr, ns.clone());
         Ok(ns)
+    }
+
+    /// Starts a backend for each of `backends` (address, UDP or TCP), all in one pod namespace
+    /// holding every address: one bridge port for all of them. A suite with hundreds of
+    /// backends needs it. The bridge copies each ARP or neighbour-discovery broadcast to every
+    /// port at once, and with a port per backend the copies of a few broadcasts overflow the
+    /// CPU's backlog (`net.core.netdev_max_backlog`, 1,000 by default): a backend whose copy
+    /// is dropped three times in a row is unreachable, and the client's connect fails with
+    /// EHOSTUNREACH (CI saw it with 209 backends, 1,900 packets dropped in two seconds).
+    pub fn add_backends_in_one_pod(
+        &self,
+        backends: &std::collections::BTreeSet<(SocketAddr, bool)>,
+    ) -> anyhow::Result<()> {
+        let ns = {
+            let mut pods = lock(&self.pods);
+            let ips: std::collections::BTreeSet<IpAddr> =
+                backends.iter().map(|(a, _)| a.ip()).collect();
+            if let Some(ip) = ips.iter().find(|ip| pods.contains_key(ip)) {
+                bail!("{ip} already has a pod of its own");
+            }
+            let n = pods.len() + 1;
+            let ns = format!("{}p{n}", self.id);
+            self.add_netns(&ns)?;
+            let cidrs: Vec<String> = ips.iter().map(|ip| pod_cidr(*ip)).collect();
+            self.plug(&ns, &format!("pod{n}"), &cidrs)?;
+            for ip in ips {
+                pods.insert(ip, ns.clone());
+            }
+            ns
+        };
+        for (addr, udp) in backends {
+            self.serve_in(&ns, *addr, udp.then_some("--udp"), *udp)
+                .with_context(|| format!("backend {addr}"))?;
+        }
+        Ok(())
     }
 
     /// Sets a sysctl (`name=value`) inside one of this sandbox's network namespaces.

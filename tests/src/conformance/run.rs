@@ -223,11 +223,9 @@ fn listen_in_client_pod(sandbox: &Sandbox, addr: SocketAddr, udp: bool) -> anyho
 /// line per case that failed (all cases are checked).
 pub fn end_to_end(node: &Node, cases: &[&Case]) -> anyhow::Result<Vec<String>> {
     let sandbox = Sandbox::new()?;
-    for (addr, udp) in backends_of(cases) {
-        sandbox
-            .add_backend(addr, udp)
-            .with_context(|| format!("backend {addr}"))?;
-    }
+    // One namespace for all of them: a node identity has up to some 200 backends, and a port
+    // on the bridge for each loses ARP requests (see `add_backends_in_one_pod`).
+    sandbox.add_backends_in_one_pod(&backends_of(cases))?;
     // Kept until the end: dropping one stops its server.
     let loopback_servers = untouched_loopback(cases)?
         .into_iter()
