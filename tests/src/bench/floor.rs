@@ -54,6 +54,31 @@ pub const EMPTY_PROGRAM: [u64; 2] = [
     u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
 ];
 
+/// A program that reads one word of an array and allows the call: `word[0] = key; r0 =
+/// lookup(map, &word); if r0 { r0 = *r0 }; r0 = 1; exit`. What any prefilter must do at the
+/// least, so a miss's cost over it is the program's own work beyond one array read.
+fn word_reader(map_fd: u32, key: u32) -> [u64; 10] {
+    let k = key.to_le_bytes();
+    let f = map_fd.to_le_bytes();
+    [
+        // *(u32 *)(r10 - 4) = key: BPF_ST | BPF_MEM | BPF_W.
+        u64::from_le_bytes([0x62, 0x0a, 0xfc, 0xff, k[0], k[1], k[2], k[3]]),
+        // r2 = r10; r2 += -4
+        u64::from_le_bytes([0xbf, 0xa2, 0, 0, 0, 0, 0, 0]),
+        u64::from_le_bytes([0x07, 0x02, 0, 0, 0xfc, 0xff, 0xff, 0xff]),
+        // r1 = the map (BPF_LD | BPF_IMM | BPF_DW, src BPF_PSEUDO_MAP_FD), two slots.
+        u64::from_le_bytes([0x18, 0x11, 0, 0, f[0], f[1], f[2], f[3]]),
+        0,
+        // call bpf_map_lookup_elem (the verifier inlines it for an array)
+        u64::from_le_bytes([0x85, 0, 0, 0, 1, 0, 0, 0]),
+        // if r0 == 0 goto +1; r0 = *(u64 *)(r0 + 0)
+        u64::from_le_bytes([0x15, 0x00, 1, 0, 0, 0, 0, 0]),
+        u64::from_le_bytes([0x79, 0x00, 0, 0, 0, 0, 0, 0]),
+        EMPTY_PROGRAM[0],
+        EMPTY_PROGRAM[1],
+    ]
+}
+
 /// An empty program attached to a cgroup; detached and unloaded when dropped.
 pub struct Floor {
     pub hook: Hook,
@@ -64,17 +89,40 @@ pub struct Floor {
 impl Floor {
     /// Loads `r0 = 1; exit` for `hook` and attaches it (a cgroup link, beside socklb's).
     pub fn attach(hook: Hook, cgroup: &Path) -> anyhow::Result<Self> {
+        Self::attach_program(hook, cgroup, &EMPTY_PROGRAM, "an empty program")
+    }
+
+    /// Loads a program that reads word `key` of the array pinned at `array` (socklb's `PORTS`,
+    /// say) for `hook` and attaches it beside socklb's.
+    pub fn attach_word_reader(
+        hook: Hook,
+        cgroup: &Path,
+        array: &Path,
+        key: u32,
+    ) -> anyhow::Result<Self> {
+        let map = sys::obj_get(array, true).with_context(|| array.display().to_string())?;
+        let fd = u32::try_from(std::os::fd::AsRawFd::as_raw_fd(&map))?;
+        // The program holds its own reference to the map once loaded.
+        Self::attach_program(hook, cgroup, &word_reader(fd, key), "a one-word program")
+    }
+
+    fn attach_program(
+        hook: Hook,
+        cgroup: &Path,
+        insns: &[u64],
+        what: &str,
+    ) -> anyhow::Result<Self> {
         let prog = sys::prog_load(
             hook.prog_type(),
             hook.attach_type(),
             0,
-            &EMPTY_PROGRAM,
+            insns,
             "bench_floor",
         )
-        .map_err(|(e, log)| anyhow::anyhow!("loading an empty program: {e}: {log}"))?;
+        .map_err(|(e, log)| anyhow::anyhow!("loading {what}: {e}: {log}"))?;
         let cg = std::fs::File::open(cgroup).with_context(|| cgroup.display().to_string())?;
         let link = sys::cgroup_link(prog.as_fd(), cg.as_fd(), hook.attach_type())
-            .context("attaching an empty program")?;
+            .with_context(|| format!("attaching {what}"))?;
         Ok(Self {
             hook,
             prog,

@@ -5,6 +5,7 @@
 use std::{net::SocketAddr, path::Path};
 
 use anyhow::Context as _;
+use lb_common::{MapId, ports};
 use serde::Serialize;
 use socklb::dataplane::{loader::attached_programs, pins::PinFolder};
 
@@ -23,6 +24,11 @@ pub struct KernelCost {
     pub socklb_ns: Spread,
     pub floor_ns: Spread,
     pub ratio: Spread,
+    /// connect4 only: a program that reads one word of socklb's `PORTS` array (a line of its
+    /// own, as cold as socklb's), run by the same calls: what any prefilter costs at the least.
+    pub word_floor_ns: Option<Spread>,
+    /// socklb ÷ that program, per pass.
+    pub word_ratio: Option<Spread>,
     /// socklb program runs per pass (checks the workload reached the program).
     pub runs: u64,
 }
@@ -184,14 +190,25 @@ pub fn program_costs(
     .map(|h| Floor::attach(h, &cgroup))
     .collect::<anyhow::Result<_>>()?;
     let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
+    // Word 0x8000 / 64 away from the live server's port word: another line of the same
+    // array, 4 KiB off, so socklb's read does not warm it.
+    let word_floor = Floor::attach_word_reader(
+        Hook::Connect4,
+        &cgroup,
+        &pins
+            .current()
+            .context("no map generation pinned")?
+            .join(MapId::Ports.name()),
+        ports::frontend_port_word(false, BACKEND_TCP ^ 0x8000),
+    )?;
     let _stats = BpfStats::enable()?;
     let mut loads = workloads(world.services, count, tcp_label);
     loads.retain(|w| release || !w.hooks.contains(&Hook::SockRelease));
     if only_first {
         loads.truncate(2);
     }
-    // (workload, hook) → per pass (socklb ns, floor ns, runs)
-    let mut samples: Vec<Vec<(f64, f64, u64)>> =
+    // (workload, hook) → per pass (socklb ns, floor ns, runs, one-word program ns)
+    let mut samples: Vec<Vec<(f64, f64, u64, f64)>> =
         vec![Vec::new(); loads.iter().map(|w| w.hooks.len()).sum()];
     let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
     client.run(&loads[0].command)?;
@@ -200,15 +217,20 @@ pub fn program_costs(
         for w in &loads {
             let mut before = Vec::new();
             for &h in &w.hooks {
-                before.push((socklb_counters(&pins, h)?, floor(h)?.counters()?));
+                before.push((
+                    socklb_counters(&pins, h)?,
+                    floor(h)?.counters()?,
+                    word_floor.counters()?,
+                ));
             }
             let reply = client.run(&w.command)?;
             anyhow::ensure!(reply.ok, "{}: {:?}", w.name, reply.error);
             for (i, &h) in w.hooks.iter().enumerate() {
                 let (runs, s_ns) = per_run(before[i].0, socklb_counters(&pins, h)?);
                 let (_, f_ns) = per_run(before[i].1, floor(h)?.counters()?);
+                let (_, w_ns) = per_run(before[i].2, word_floor.counters()?);
                 anyhow::ensure!(runs > 0, "{}: {} did not run", w.name, h.socklb_program());
-                samples[slot].push((s_ns, f_ns, runs));
+                samples[slot].push((s_ns, f_ns, runs, w_ns));
                 slot += 1;
             }
         }
@@ -230,6 +252,10 @@ pub fn program_costs(
                 socklb_ns: Spread::of(&s.iter().map(|x| x.0).collect::<Vec<_>>()),
                 floor_ns: Spread::of(&s.iter().map(|x| x.1).collect::<Vec<_>>()),
                 ratio: Spread::of(&s.iter().map(|x| x.0 / x.1).collect::<Vec<_>>()),
+                word_floor_ns: (h == Hook::Connect4)
+                    .then(|| Spread::of(&s.iter().map(|x| x.3).collect::<Vec<_>>())),
+                word_ratio: (h == Hook::Connect4)
+                    .then(|| Spread::of(&s.iter().map(|x| x.0 / x.3).collect::<Vec<_>>())),
                 runs: s.first().map_or(0, |x| x.2),
             });
         }
