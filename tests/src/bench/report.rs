@@ -87,7 +87,7 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "connect4, not a service, a live server",
-        "cause: the same program path as a port no service uses (one bitmap word), with a whole TCP connection's kernel work between calls; not that word's cache miss: a program reading one word of the same array (the note's floor) cost 1.09-1.22x the empty program in three --only kernel runs, socklb's 1.72-1.91x it; what the connection adds to socklb's program and not to the small ones (its place first in the cgroup's program list, its code's cache and TLB footprint) is not measured apart",
+        "cause: the same program path as a port no service uses (one bitmap word), with a whole TCP connection's kernel work between calls; not that word's cache miss: a program reading one word of the same array (the note's floor) cost 1.09-1.22x the empty program in three --only kernel runs, socklb's 1.72-1.91x it; order seems most of it: the floors run after socklb's program, and the first program after a connection pays for what it left cold (with the floors attached first, an experiment: 1.43-1.70x the empty program and 1.11-1.31x the one-word one, against 1.73-1.87x and 1.60-1.62x in the usual order in alternating runs)",
     ),
     (
         "connect4, not a service, a port services use",
