@@ -1,5 +1,5 @@
 //! Where the binaries under test are: next to the running executable (target/<profile>/, or its
-//! parent when running from deps/), unless `SOCKLB_BIN` / `SBX_BIN` say otherwise.
+//! parent when running from deps/ or examples/), unless `SOCKLB_BIN` / `SBX_BIN` say otherwise.
 use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
@@ -7,8 +7,10 @@ use anyhow::{Context as _, bail};
 fn bin_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("executable without a folder")?;
-    Ok(if dir.ends_with("deps") {
-        dir.parent().context("deps without a parent")?.to_path_buf()
+    Ok(if dir.ends_with("deps") || dir.ends_with("examples") {
+        dir.parent()
+            .context("deps or examples without a parent")?
+            .to_path_buf()
     } else {
         dir.to_path_buf()
     })
