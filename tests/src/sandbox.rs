@@ -1,8 +1,8 @@
 //! A throwaway world for one test or demo run: a client "pod" (network namespace) inside a
 //! child cgroup of its own, backend pods each in their own network namespace (or many backends
 //! in one, for a suite of hundreds), all joined by veth pairs to a bridge, a private bpf
-//! filesystem for socklb's pins, and the processes started in them. `teardown` (run by `Drop`, on success, failure or panic, and by the demo's signal
-//! handler) removes all of it; what a killed run left behind is swept by the next one (names
+//! filesystem for socklb's pins, and the processes started in them. `teardown` (run by `Drop`,
+//! on success, failure or panic, and by the demo's signal handler) removes all of it; what a killed run left behind is swept by the next one (names
 //! carry the owning PID).
 //!
 //! Addresses: the client is 10.244.0.2/16 and `fd00:244::2/64`; backends get addresses in the same
@@ -10,7 +10,7 @@
 //! namespace, so a connect that socklb does not translate fails with ENETUNREACH and never
 //! leaves the sandbox.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, BufReader, Write as _},
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
@@ -34,6 +34,7 @@ use crate::{
 };
 
 pub const CLIENT_V4: &str = "10.244.0.2";
+pub const CLIENT_V6: &str = "fd00:244::2";
 
 /// A pod address with the prefix of the sandbox's pod network.
 fn pod_cidr(addr: IpAddr) -> String {
@@ -43,7 +44,6 @@ fn pod_cidr(addr: IpAddr) -> String {
         format!("{addr}/64")
     }
 }
-pub const CLIENT_V6: &str = "fd00:244::2";
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -320,11 +320,23 @@ impl Sandbox {
         if let Some(ns) = pods.get(&addr) {
             return Ok(ns.clone());
         }
+        self.new_pod(&mut pods, &BTreeSet::from([addr]))
+    }
+
+    /// A new pod namespace holding `ips`, plugged into the bridge and recorded as their pod.
+    fn new_pod(
+        &self,
+        pods: &mut BTreeMap<IpAddr, String>,
+        ips: &BTreeSet<IpAddr>,
+    ) -> anyhow::Result<String> {
         let n = pods.len() + 1;
         let ns = format!("{}p{n}", self.id);
         self.add_netns(&ns)?;
-        self.plug(&ns, &format!("pod{n}"), &[pod_cidr(addr)])?;
-        pods.insert(addr, ns.clone());
+        let cidrs: Vec<String> = ips.iter().map(|ip| pod_cidr(*ip)).collect();
+        self.plug(&ns, &format!("pod{n}"), &cidrs)?;
+        for ip in ips {
+            pods.insert(*ip, ns.clone());
+        }
         Ok(ns)
     }
 
@@ -337,27 +349,19 @@ impl Sandbox {
     /// EHOSTUNREACH (CI saw it with 209 backends, 1,900 packets dropped in two seconds).
     pub fn add_backends_in_one_pod(
         &self,
-        backends: &std::collections::BTreeSet<(SocketAddr, bool)>,
+        backends: &BTreeSet<(SocketAddr, bool)>,
     ) -> anyhow::Result<()> {
-        let ns = {
+        {
             let mut pods = lock(&self.pods);
-            let ips: std::collections::BTreeSet<IpAddr> =
-                backends.iter().map(|(a, _)| a.ip()).collect();
+            let ips: BTreeSet<IpAddr> = backends.iter().map(|(a, _)| a.ip()).collect();
             if let Some(ip) = ips.iter().find(|ip| pods.contains_key(ip)) {
                 bail!("{ip} already has a pod of its own");
             }
-            let n = pods.len() + 1;
-            let ns = format!("{}p{n}", self.id);
-            self.add_netns(&ns)?;
-            let cidrs: Vec<String> = ips.iter().map(|ip| pod_cidr(*ip)).collect();
-            self.plug(&ns, &format!("pod{n}"), &cidrs)?;
-            for ip in ips {
-                pods.insert(ip, ns.clone());
-            }
-            ns
-        };
+            self.new_pod(&mut pods, &ips)?;
+        }
+        // Each address's pod is now the shared one.
         for (addr, udp) in backends {
-            self.serve_in(&ns, *addr, udp.then_some("--udp"), *udp)
+            self.add_backend(*addr, *udp)
                 .with_context(|| format!("backend {addr}"))?;
         }
         Ok(())
