@@ -90,11 +90,11 @@ impl Cluster for FromObjects<'_> {
         }
         for slice in self.store.slices() {
             for ep in &slice.endpoints {
-                if let (Some(addr), Some(target)) = (ep.address, ep.target())
-                    && &*target.kind == "Pod"
+                if let (Some(addr), Some(target)) = (ep.address, slice.target_of(ep))
+                    && target.kind == "Pod"
                     && ips.contains(&addr)
                 {
-                    pods.insert(addr, target.key.to_string());
+                    pods.insert(addr, format!("{}/{}", target.namespace, target.name));
                 }
             }
         }

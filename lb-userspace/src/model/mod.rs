@@ -17,7 +17,8 @@ pub use service::{
     service_from_api,
 };
 pub use slice::{
-    AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, Place, TargetRef, slice_from_api,
+    AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, Place, TargetRef, TargetView,
+    slice_from_api,
 };
 pub use store::Store;
 pub use validate::{Cidr, ValidationError, parse_ip_sloppy};

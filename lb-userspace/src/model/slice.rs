@@ -47,11 +47,30 @@ pub struct Endpoint {
     /// `hints`, when present: interned, as a cluster has a few distinct hint lists (one per
     /// zone, typically) for all its endpoints.
     pub hints: Option<Arc<Hints>>,
-    /// `targetRef`, for explain and the connection listing. In place, not boxed: an endpoint
-    /// takes 88 bytes and no allocation of its own but its pod's name (the agent holds every
-    /// endpoint of the cluster).
-    pub target: Option<TargetRef>,
+    /// `targetRef`, for explain and the connection listing: its kind and namespace interned,
+    /// its name in the slice's `target_names` ([`EndpointSlice::target_of`]). An endpoint
+    /// takes 56 bytes and no allocation of its own (the agent holds every endpoint of the
+    /// cluster).
+    target: Option<TargetSlot>,
 }
+
+/// Where an endpoint's `targetRef` is: its interned kind and namespace, and its name's bytes in
+/// the slice's `target_names`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TargetSlot {
+    scope: Arc<TargetScope>,
+    name_start: u32,
+    name_len: u32,
+}
+
+/// A `targetRef`'s kind and namespace: a cluster has a few (Pod, in each namespace).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TargetScope {
+    kind: Arc<str>,
+    namespace: Arc<str>,
+}
+
+static TARGET_SCOPES: Interner<TargetScope> = Interner::new();
 
 /// Where an endpoint runs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -80,6 +99,24 @@ static HINTS: Interner<Hints> = Interner::new();
 pub struct TargetRef {
     pub kind: Arc<str>,
     pub key: ObjectKey,
+}
+
+/// An endpoint's `targetRef` as its slice holds it (no allocation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TargetView<'a> {
+    pub kind: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+impl TargetView<'_> {
+    /// An owned copy (explain's decisions carry one).
+    pub fn to_target_ref(self) -> TargetRef {
+        TargetRef {
+            kind: intern(self.kind),
+            key: ObjectKey::new(intern(self.namespace), self.name),
+        }
+    }
 }
 
 impl std::fmt::Display for TargetRef {
@@ -113,10 +150,6 @@ impl Endpoint {
 
     pub fn node_hints(&self) -> Option<&[Arc<str>]> {
         self.hints.as_ref()?.nodes.as_deref()
-    }
-
-    pub fn target(&self) -> Option<&TargetRef> {
-        self.target.as_ref()
     }
 
     /// Absent `ready` counts as ready, as the API documents.
@@ -159,6 +192,8 @@ pub struct EndpointSlice {
     pub address_type: AddressType,
     /// Boxed slices, as the other lists: a slice is replaced whole, never grown.
     pub endpoints: Box<[Endpoint]>,
+    /// The endpoints' `targetRef` names, one after the other (one allocation per slice).
+    pub(super) target_names: Box<str>,
     pub ports: Box<[EndpointPort]>,
     /// `service.kubernetes.io/service-proxy-name`, when labelled.
     pub proxy_name: Option<Box<str>>,
@@ -169,6 +204,22 @@ pub struct EndpointSlice {
     /// `endpoints.kubernetes.io/last-change-trigger-time`, in Unix milliseconds, when present
     /// and valid (for the network programming latency metric).
     pub last_change_trigger_ms: Option<i64>,
+}
+
+impl EndpointSlice {
+    /// The `targetRef` of `endpoint`, one of this slice's endpoints.
+    pub fn target_of<'a>(&'a self, endpoint: &'a Endpoint) -> Option<TargetView<'a>> {
+        let t = endpoint.target.as_ref()?;
+        let start = t.name_start as usize;
+        Some(TargetView {
+            kind: &t.scope.kind,
+            namespace: &t.scope.namespace,
+            name: self
+                .target_names
+                .get(start..start + t.name_len as usize)
+                .unwrap_or("?"),
+        })
+    }
 }
 
 /// Validates an EndpointSlice from the API (or a manifest) into socklb's model.
@@ -203,7 +254,7 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         ));
     }
     let mut notes = Vec::new();
-    let endpoints = endpoints(address_type, slice, &key.namespace, &mut notes);
+    let (endpoints, target_names) = endpoints(address_type, slice, &key.namespace, &mut notes);
     let ports = ports(&c, slice)?;
     let labels = meta.labels.as_ref();
     Ok(EndpointSlice {
@@ -212,6 +263,7 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
         service,
         address_type,
         endpoints: endpoints.into(),
+        target_names: target_names.into(),
         ports: ports.into(),
         proxy_name: labels
             .and_then(|l| l.get(LABEL_SERVICE_PROXY_NAME))
@@ -229,14 +281,20 @@ pub fn slice_from_api(slice: &discovery::EndpointSlice) -> Result<EndpointSlice,
 
 /// The slice's endpoints, as kube-proxy reads them: the first address only; an endpoint without
 /// an address, or whose address does not parse or is of the other family, is left out with a
-/// note while the others stay.
+/// note while the others stay. With them, their `targetRef` names one after the other.
 fn endpoints(
     address_type: AddressType,
     slice: &discovery::EndpointSlice,
     namespace: &str,
     notes: &mut Vec<String>,
-) -> Vec<Endpoint> {
+) -> (Vec<Endpoint>, String) {
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
+    let names_len = slice
+        .endpoints
+        .iter()
+        .filter_map(|e| e.target_ref.as_ref()?.name.as_ref().map(String::len))
+        .sum();
+    let mut names = String::with_capacity(names_len);
     for (i, ep) in slice.endpoints.iter().enumerate() {
         let address = match (address_type, ep.addresses.first()) {
             (_, None) => {
@@ -268,10 +326,10 @@ fn endpoints(
             terminating: conditions.terminating,
             place: place(ep),
             hints: hints(ep),
-            target: target(ep, namespace),
+            target: target(ep, namespace, &mut names),
         });
     }
-    endpoints
+    (endpoints, names)
 }
 
 fn ports(
@@ -337,13 +395,27 @@ fn hints(ep: &discovery::Endpoint) -> Option<Arc<Hints>> {
     (hints != Hints::default()).then(|| HINTS.get(&hints, |h| Arc::new(h.clone())))
 }
 
-fn target(ep: &discovery::Endpoint, namespace: &str) -> Option<TargetRef> {
-    ep.target_ref.as_ref().map(|t| TargetRef {
+fn target(ep: &discovery::Endpoint, namespace: &str, names: &mut String) -> Option<TargetSlot> {
+    let t = ep.target_ref.as_ref()?;
+    let scope = TargetScope {
         kind: intern(t.kind.as_deref().unwrap_or("Object")),
-        key: ObjectKey::new(
-            intern(t.namespace.as_deref().unwrap_or(namespace)),
-            t.name.as_deref().unwrap_or("?"),
-        ),
+        namespace: intern(t.namespace.as_deref().unwrap_or(namespace)),
+    };
+    let name = t.name.as_deref().unwrap_or("?");
+    // A slice holds at most 1,000 endpoints with names of at most 253 bytes (validated or
+    // not, an object from the API server is far below 4 GiB).
+    let name_start = u32::try_from(names.len()).ok()?;
+    let name_len = u32::try_from(name.len()).ok()?;
+    names.push_str(name);
+    Some(TargetSlot {
+        scope: TARGET_SCOPES.get(&scope, |s| {
+            Arc::new(TargetScope {
+                kind: Arc::clone(&s.kind),
+                namespace: Arc::clone(&s.namespace),
+            })
+        }),
+        name_start,
+        name_len,
     })
 }
 
@@ -371,9 +443,9 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_allocates_nothing_but_its_pods_name_and_shares_its_place_and_hints() {
-        // No allocation per endpoint but its pod's name.
-        assert!(std::mem::size_of::<Endpoint>() <= 88);
+    fn an_endpoint_allocates_nothing_and_shares_its_place_hints_and_target_scope() {
+        // No allocation per endpoint: its pod's name is in the slice's one buffer.
+        assert!(std::mem::size_of::<Endpoint>() <= 56);
         let endpoint = |zone: &str, pod: &str| discovery::Endpoint {
             addresses: vec!["10.0.0.1".into()],
             zone: Some(zone.into()),
@@ -404,7 +476,17 @@ mod tests {
         assert_eq!(s.endpoints[2].node_name(), None);
         assert_eq!(s.endpoints[2].zone_hints().unwrap()[0].as_ref(), "zone-b");
         assert_eq!(s.endpoints[1].node_hints(), None);
-        assert_eq!(s.endpoints[1].target().unwrap().key.name.as_ref(), "web-2");
+        let target = |i: usize| s.target_of(&s.endpoints[i]).unwrap();
+        assert_eq!(target(1).name, "web-2");
+        assert_eq!(target(2).name, "web-3");
+        assert_eq!((target(0).kind, target(0).namespace), ("Pod", "default"));
+        let scope = |i: usize| Arc::clone(&s.endpoints[i].target.as_ref().unwrap().scope);
+        assert!(Arc::ptr_eq(&scope(0), &scope(2)));
+        assert_eq!(
+            target(1).to_target_ref().to_string(),
+            "Pod default/web-2",
+            "explain's owned copy"
+        );
         // Hints present but naming nothing read as no hints, with nothing allocated for them.
         slice.endpoints = vec![discovery::Endpoint {
             addresses: vec!["10.0.0.1".into()],
@@ -414,6 +496,7 @@ mod tests {
         let s = slice_from_api(&slice).unwrap();
         assert_eq!(s.endpoints[0].hints, None);
         assert_eq!(s.endpoints[0].place, None);
+        assert_eq!(s.target_of(&s.endpoints[0]), None);
     }
 
     #[test]

@@ -245,6 +245,7 @@ mod tests {
             service: service.map(|s| ObjectKey::new("ns", s)),
             address_type: AddressType::Ip(Family::IPv4),
             endpoints: Box::default(),
+            target_names: Box::default(),
             ports: Box::default(),
             proxy_name: None,
             headless_label: false,

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     hashing::{FastMap, fast_map_with_capacity},
-    model::{AddressType, Endpoint, EndpointSlice, ServicePort},
+    model::{AddressType, Endpoint, EndpointSlice, ServicePort, TargetView},
     vocab::Family,
 };
 
@@ -281,7 +281,7 @@ impl Merged<'_> {
                     terminating: s.endpoint.terminating,
                     node_name: s.endpoint.node_name_shared(),
                     zone: s.endpoint.zone_shared(),
-                    target: s.endpoint.target().cloned(),
+                    target: s.slice.target_of(s.endpoint).map(TargetView::to_target_ref),
                     verdict,
                 }
             })
