@@ -9,7 +9,7 @@ use lb_common::{Frontend, MapId, ports};
 use socklb::{
     dataplane::{
         abi::{frontend_key, service_meta},
-        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite, MapWriteError},
+        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite, MapWriteError, PackedMeta},
     },
     reconcile::{Reconciler, SyncReport, invariants},
     translate::{ClaimKind, DesiredService, DesiredState, FrontendClaim},
@@ -171,7 +171,7 @@ fn the_first_full_sync_sweeps_what_the_cluster_no_longer_has() {
     // And metadata of a set nothing uses.
     maps.content
         .meta
-        .insert(78, Box::new(service_meta(&key("forgotten"), 80)));
+        .insert(78, PackedMeta::pack(&service_meta(&key("forgotten"), 80)));
 
     let mut r = Reconciler::new(maps).unwrap();
     r.sync_all(&world(&[("kept", "10.96.0.1", &["10.244.0.1:80"])]));

@@ -12,7 +12,9 @@ use lb_common::{
 };
 
 use super::{
-    maps::{Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps},
+    maps::{
+        Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, PackedMeta, ServiceMaps,
+    },
     sys,
 };
 
@@ -204,7 +206,7 @@ impl ServiceMaps for BpfServiceMaps {
         }
         for entry in &self.meta {
             let (k, v) = entry.map_err(|e| read_error(MapId::ServiceMeta, e))?;
-            snap.meta.insert(k, Box::new(v));
+            snap.meta.insert(k, PackedMeta::pack(&v));
         }
         let words = sys::array_lookup_range::<u64>(
             self.ports_fd.as_fd(),

@@ -46,7 +46,7 @@ pub fn services(snap: &MapSnapshot) -> Vec<ServiceView> {
     let view = |id: u32| ServiceView {
         id,
         service: snap.service_port(id),
-        port: snap.meta.get(&id).map(|m| m.port),
+        port: snap.meta.get(&id).map(|m| m.unpack().port),
         frontends: Vec::new(),
         base: 0,
         backends: Vec::new(),

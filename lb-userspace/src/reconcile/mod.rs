@@ -140,7 +140,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         let mut sets = FastMap::default();
         let mut keys = FastMap::default();
         for (id, meta) in &snap.meta {
-            if let Some(key) = service_port_key(meta) {
+            if let Some(key) = service_port_key(&meta.unpack()) {
                 keys.insert(*id, key.clone());
                 sets.insert(
                     key,
@@ -527,7 +527,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         // 3. Metadata, before any frontend points at the id.
         if let Some(d) = desired {
             let meta = service_meta(key, d.port);
-            if self.mirror.snap.meta.get(&id).is_none_or(|m| **m != meta) {
+            if self
+                .mirror
+                .snap
+                .meta
+                .get(&id)
+                .is_none_or(|m| m.unpack() != meta)
+            {
                 writes.push(MapWrite::PutMeta(id, Box::new(meta)));
             }
         }
@@ -906,7 +912,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 }),
             MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => {
                 snap.meta.get(id).map_or(MapWrite::DeleteMeta(*id), |m| {
-                    MapWrite::PutMeta(*id, m.clone())
+                    MapWrite::PutMeta(*id, Box::new(m.unpack()))
                 })
             }
             MapWrite::PutPorts { word, .. } => MapWrite::PutPorts {
