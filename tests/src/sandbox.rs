@@ -2,8 +2,9 @@
 //! child cgroup of its own, backend pods each in their own network namespace (or many backends
 //! in one, for a suite of hundreds), all joined by veth pairs to a bridge, a private bpf
 //! filesystem for socklb's pins, and the processes started in them. `teardown` (run by `Drop`,
-//! on success, failure or panic, and by the demo's signal handler) removes all of it; what a killed run left behind is swept by the next one (names
-//! carry the owning PID).
+//! on success, failure or panic, and by the signal handler of `teardown_on_signal` for every
+//! sandbox made with `Sandbox::shared`) removes all of it; what a killed run left behind is
+//! swept by the next one (names carry the owning PID).
 //!
 //! Addresses: the client is 10.244.0.2/16 and `fd00:244::2/64`; backends get addresses in the same
 //! subnets. Service addresses (10.96.0.0/12, `fd00:96::/64`) have no route in the client
@@ -16,7 +17,7 @@ use std::{
     path::{Path, PathBuf},
     process::{ChildStdin, ChildStdout, Command as Process, Stdio},
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, OnceLock, Weak,
         atomic::{AtomicU32, Ordering},
     },
     time::{Duration, Instant},
@@ -89,11 +90,37 @@ impl Made {
 impl Sandbox {
     /// Builds the client and switch namespaces, the cgroup and the bpf filesystem.
     pub fn new() -> anyhow::Result<Self> {
+        let sandbox = Self::unbuilt()?;
+        sandbox.build()?;
+        Ok(sandbox)
+    }
+
+    /// The same, shared, and torn down by the handler of [`teardown_on_signal`] when the
+    /// process is signalled, whichever phase of a run it is in (a run that makes several
+    /// sandboxes, one after another or side by side, registers each). It is registered before
+    /// anything is made, so a signal while it is being built tears down what was made so far;
+    /// once a signal's teardown has begun, no new sandbox is made.
+    pub fn shared() -> anyhow::Result<Arc<Self>> {
+        let sandbox = Arc::new(Self::unbuilt()?);
+        {
+            let mut live = lock(&LIVE);
+            if interrupted() {
+                bail!("interrupted: no new sandbox");
+            }
+            live.retain(|s| s.strong_count() > 0);
+            live.push(Arc::downgrade(&sandbox));
+        }
+        sandbox.build()?;
+        Ok(sandbox)
+    }
+
+    /// Names only; nothing is made yet.
+    fn unbuilt() -> anyhow::Result<Self> {
         crate::system::sweep_stale();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 256;
         let id = format!("slb{:x}x{n:02x}", std::process::id());
         let cg2 = cgroup2_mount().context("no cgroup2 mount")?;
-        let sandbox = Self {
+        Ok(Self {
             client_ns: format!("{id}c"),
             switch_ns: format!("{id}s"),
             cgroup: cg2.join(&id),
@@ -104,9 +131,7 @@ impl Sandbox {
             servers: Mutex::new(Vec::new()),
             processes: Registry::default(),
             made: Made::default(),
-        };
-        sandbox.build()?;
-        Ok(sandbox)
+        })
     }
 
     fn add_netns(&self, name: &str) -> anyhow::Result<()> {
@@ -666,28 +691,46 @@ pub fn wait_if_interrupted() {
     }
 }
 
-/// Tears the sandbox down and exits when the process gets SIGINT (Ctrl-C), SIGTERM or SIGHUP
-/// (the terminal closed). The handler holds the sandbox weakly: when the demo ends on its own
-/// (done, failed or panicked), dropping its last handle tears it down.
-pub fn teardown_on_signal(sandbox: &Arc<Sandbox>) -> anyhow::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ])?;
-    let sandbox = Arc::downgrade(sandbox);
-    std::thread::spawn(move || {
-        if let Some(signal) = signals.forever().next() {
-            INTERRUPTED.store(true, Ordering::SeqCst);
-            // Stdout may be a closed terminal now: say it on stderr, ignore failures.
-            let _ = writeln!(std::io::stderr(), "\ninterrupted: cleaning up the sandbox");
-            if let Some(sandbox) = sandbox.upgrade() {
-                sandbox.teardown();
-            }
-            std::process::exit(128 + signal);
-        }
-    });
-    Ok(())
+/// The sandboxes made by [`Sandbox::shared`] that may still be alive.
+static LIVE: Mutex<Vec<Weak<Sandbox>>> = Mutex::new(Vec::new());
+
+/// Tears down every live sandbox made by [`Sandbox::shared`] and exits when the process gets
+/// SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed). Call it once, before the first
+/// sandbox; later calls do nothing. One handler for the whole process: a run that makes its
+/// sandboxes phase by phase (the bench) needs no handler per sandbox, which would race to exit.
+/// The handler holds the sandboxes weakly: one that ends on its own (done, failed or panicked)
+/// is torn down when its last handle drops.
+pub fn teardown_on_signal() -> anyhow::Result<()> {
+    static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALLED
+        .get_or_init(|| {
+            let mut signals = signal_hook::iterator::Signals::new([
+                signal_hook::consts::SIGINT,
+                signal_hook::consts::SIGTERM,
+                signal_hook::consts::SIGHUP,
+            ])
+            .map_err(|e| format!("installing the signal handler: {e}"))?;
+            std::thread::spawn(move || {
+                if let Some(signal) = signals.forever().next() {
+                    let live: Vec<Arc<Sandbox>> = {
+                        // Under the registry's lock: a sandbox registered after this sees
+                        // `interrupted` and is never built.
+                        let live = lock(&LIVE);
+                        INTERRUPTED.store(true, Ordering::SeqCst);
+                        live.iter().filter_map(Weak::upgrade).collect()
+                    };
+                    // Stdout may be a closed terminal now: say it on stderr, ignore failures.
+                    let _ = writeln!(std::io::stderr(), "\ninterrupted: cleaning up the sandbox");
+                    for sandbox in &live {
+                        sandbox.teardown();
+                    }
+                    std::process::exit(128 + signal);
+                }
+            });
+            Ok(())
+        })
+        .clone()
+        .map_err(|e| anyhow::anyhow!(e))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -5,6 +5,7 @@
 use std::{
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -129,7 +130,8 @@ pub struct Runner {
 }
 
 pub struct World {
-    pub sandbox: Sandbox,
+    /// Shared, so a signal tears it down (`sandbox::teardown_on_signal`).
+    pub sandbox: Arc<Sandbox>,
     agent: Option<AgentProcess>,
     pub runners: Vec<Runner>,
     direct_pod: crate::sandbox::ClientPod,
@@ -149,7 +151,7 @@ pub struct LoadTimes {
 
 impl World {
     pub fn new() -> anyhow::Result<Self> {
-        let sandbox = Sandbox::new()?;
+        let sandbox = Sandbox::shared()?;
         for ip in backend_ips() {
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_TCP), false)?;
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_UDP), true)?;

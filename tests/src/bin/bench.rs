@@ -5,6 +5,7 @@
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
+    sync::Arc,
 };
 
 use socklb_tests::{
@@ -146,7 +147,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match run(&settings, &out, criterion.as_deref()) {
+    // Ctrl-C, a stop or a closed terminal tears down whichever sandbox the run is in.
+    if let Err(e) = socklb_tests::sandbox::teardown_on_signal() {
+        eprintln!("socklb-bench: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let result = run(&settings, &out, criterion.as_deref());
+    // A signal is tearing the sandbox down (and failed the run as it went): let it finish; its
+    // handler ends the process.
+    socklb_tests::sandbox::wait_if_interrupted();
+    match result {
         Ok(report) => {
             println!("\n{}", report.summary());
             println!("report: {}", out.join("report.md").display());
@@ -213,7 +223,7 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         ..Report::default()
     };
     let sandbox = match s.only {
-        Some(Part::ControlPlane) => socklb_tests::Sandbox::new()?,
+        Some(Part::ControlPlane) => socklb_tests::Sandbox::shared()?,
         Some(Part::Listing) => listing_only(s, &mut report)?,
         _ => data_path(s, &mut report)?,
     };
@@ -238,7 +248,7 @@ fn print_costs(costs: &[kernel::KernelCost]) {
 
 /// The kernel cost of the programs and the data path's latency; hands back the sandbox for the
 /// control plane.
-fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::Sandbox> {
+fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tests::Sandbox>> {
     eprintln!("data path: setting up the sandbox");
     let mut world = World::new()?;
     eprintln!("data path: installing {} other services", s.services);
@@ -329,7 +339,7 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::
 }
 
 /// `--only listing`: the world with its services and the listing's cost, nothing else.
-fn listing_only(s: &Settings, report: &mut Report) -> anyhow::Result<socklb_tests::Sandbox> {
+fn listing_only(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tests::Sandbox>> {
     let mut world = World::new()?;
     report.load = Some(world.set_services(s.services)?);
     eprintln!("listing {} live sockets", s.listing_sockets);
@@ -346,7 +356,7 @@ fn without_tcp_records(
     mut world: World,
     pins: &std::path::Path,
     report: &mut Report,
-) -> anyhow::Result<socklb_tests::Sandbox> {
+) -> anyhow::Result<Arc<socklb_tests::Sandbox>> {
     eprintln!("kernel cost: the hit again while socklb monitor reads the decisions");
     let (costs, seen) = kernel::monitor_costs(&mut world, pins, s.passes, s.kernel_calls)?;
     report.kernel_monitor = costs;

@@ -4,7 +4,6 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command as Process, ExitCode},
-    sync::Arc,
     time::Instant,
 };
 
@@ -79,8 +78,8 @@ fn run(story: &mut Story) -> anyhow::Result<()> {
          A = 10.244.1.21:8080, B = 10.244.2.34:8080, C = 10.244.3.47:8080.\n\
          Service addresses (10.96.0.0/12) have no route here: only socklb can make them work.",
     );
-    let sandbox = Arc::new(Sandbox::new()?);
-    teardown_on_signal(&sandbox)?;
+    teardown_on_signal()?;
+    let sandbox = Sandbox::shared()?;
     for backend in [A, B, C] {
         sandbox.add_backend(backend.parse()?, false)?;
     }
