@@ -258,16 +258,22 @@ pub fn prog_load(
         })
 }
 
-/// Attaches `prog` to the cgroup `cgroup` with a link (beside other links on that hook).
+/// Attaches `prog` to the cgroup `cgroup` with a link, after the programs already on that hook,
+/// or before all of them when `first` (`BPF_F_BEFORE`: kernels with the multi-program API on
+/// cgroups, from 2025; an older one refuses the flag with `EINVAL`).
 pub fn cgroup_link(
     prog: BorrowedFd<'_>,
     cgroup: BorrowedFd<'_>,
     attach_type: bpf_attach_type,
+    first: bool,
 ) -> io::Result<OwnedFd> {
     let mut a = zeroed();
     a.link_create.__bindgen_anon_1.prog_fd = fd_u32(prog)?;
     a.link_create.__bindgen_anon_2.target_fd = fd_u32(cgroup)?;
     a.link_create.attach_type = attach_type as u32;
+    if first {
+        a.link_create.flags = aya_obj::generated::BPF_F_BEFORE;
+    }
     owned(bpf(bpf_cmd::BPF_LINK_CREATE, &mut a)?)
 }
 

@@ -79,11 +79,24 @@ fn word_reader(map_fd: u32, key: u32) -> [u64; 10] {
     ]
 }
 
+/// Where a floor runs on its hook: after socklb's program (as attached) or before it.
+///
+/// Neither is how socklb runs alone: the first program a hook runs after a connection's
+/// kernel work pays for what that work left cold. A floor after socklb's runs warm (socklb's
+/// ratio reads high), one before pays for it (the ratio reads low); the cost of each alone lies
+/// between, so the bench measures both, pass by pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Order {
+    FloorLast,
+    FloorFirst,
+}
+
 /// An empty program attached to a cgroup; detached and unloaded when dropped.
 pub struct Floor {
     pub hook: Hook,
     prog: std::os::fd::OwnedFd,
-    _link: std::os::fd::OwnedFd,
+    cgroup: std::fs::File,
+    link: std::os::fd::OwnedFd,
 }
 
 impl Floor {
@@ -121,13 +134,29 @@ impl Floor {
         )
         .map_err(|(e, log)| anyhow::anyhow!("loading {what}: {e}: {log}"))?;
         let cg = std::fs::File::open(cgroup).with_context(|| cgroup.display().to_string())?;
-        let link = sys::cgroup_link(prog.as_fd(), cg.as_fd(), hook.attach_type())
+        let link = sys::cgroup_link(prog.as_fd(), cg.as_fd(), hook.attach_type(), false)
             .with_context(|| format!("attaching {what}"))?;
         Ok(Self {
             hook,
             prog,
-            _link: link,
+            cgroup: cg,
+            link,
         })
+    }
+
+    /// Links the program again, at `order` among the hook's programs (its counters go on).
+    /// An error leaves it linked where it was; a kernel that cannot put it first says
+    /// `EINVAL`.
+    pub fn relink(&mut self, order: Order) -> std::io::Result<()> {
+        let link = sys::cgroup_link(
+            self.prog.as_fd(),
+            self.cgroup.as_fd(),
+            self.hook.attach_type(),
+            order == Order::FloorFirst,
+        )?;
+        // The old link goes once the new one runs: the hook never lacks the floor.
+        self.link = link;
+        Ok(())
     }
 
     /// (runs, nanoseconds) so far, from the kernel's counters.

@@ -1,7 +1,9 @@
 //! The kernel cost of socklb's programs, per run, against an empty program on the same hook,
 //! attached to the same cgroup and run by the same system calls in the same pass (see
 //! [`super::floor`]). Each figure is the median over passes of socklb's ns per run ÷ the empty
-//! program's, with the range.
+//! program's, with the range. The floors run after socklb's program in even passes and before
+//! it in odd ones, where the kernel can put them first ([`Order`]): the figure is the median
+//! over both orders, and each order's median is reported beside it.
 use std::{net::SocketAddr, path::Path};
 
 use anyhow::Context as _;
@@ -10,7 +12,7 @@ use serde::Serialize;
 use socklb::dataplane::{loader::attached_programs, pins::PinFolder};
 
 use super::{
-    floor::{BpfStats, Floor, Hook},
+    floor::{BpfStats, Floor, Hook, Order},
     stats::{Spread, median},
     world::{BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, World, all_vips, backends},
 };
@@ -23,7 +25,13 @@ pub struct KernelCost {
     pub hook: Hook,
     pub socklb_ns: Spread,
     pub floor_ns: Spread,
+    /// Over every pass, in both orders.
     pub ratio: Spread,
+    /// The passes with the floors after socklb's program (socklb's ratio reads high).
+    pub ratio_floor_last: Spread,
+    /// The passes with the floors before it (reads low); `None` when the kernel cannot put a
+    /// program first on a cgroup hook (every pass then has the floors last).
+    pub ratio_floor_first: Option<Spread>,
     /// connect4 only: a program that reads one word of socklb's `PORTS` array (a line of its
     /// own, as cold as socklb's), run by the same calls: what any prefilter costs at the least.
     pub word_floor_ns: Option<Spread>,
@@ -178,7 +186,7 @@ pub fn program_costs(
     let release = attached_programs(&pins)?
         .iter()
         .any(|p| p.name == Hook::SockRelease.socklb_program());
-    let floors: Vec<Floor> = [
+    let mut floors: Vec<Floor> = [
         Hook::Connect4,
         Hook::SendMsg4,
         Hook::RecvMsg4,
@@ -189,10 +197,9 @@ pub fn program_costs(
     .filter(|h| release || *h != Hook::SockRelease)
     .map(|h| Floor::attach(h, &cgroup))
     .collect::<anyhow::Result<_>>()?;
-    let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
     // Word 0x8000 / 64 away from the live server's port word: another line of the same
     // array, 4 KiB off, so socklb's read does not warm it.
-    let word_floor = Floor::attach_word_reader(
+    let mut word_floor = Floor::attach_word_reader(
         Hook::Connect4,
         &cgroup,
         &pins
@@ -201,18 +208,38 @@ pub fn program_costs(
             .join(MapId::Ports.name()),
         ports::frontend_port_word(false, BACKEND_TCP ^ 0x8000),
     )?;
+    // Whether the kernel can run the floors first (see `Order`); they start last, as attached.
+    let alternate = match floors[0].relink(Order::FloorFirst) {
+        Ok(()) => {
+            floors[0].relink(Order::FloorLast)?;
+            true
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
+        Err(e) => return Err(e).context("linking an empty program before socklb's"),
+    };
     let _stats = BpfStats::enable()?;
     let mut loads = workloads(world.services, count, tcp_label);
     loads.retain(|w| release || !w.hooks.contains(&Hook::SockRelease));
     if only_first {
         loads.truncate(2);
     }
-    // (workload, hook) → per pass (socklb ns, floor ns, runs, one-word program ns)
-    let mut samples: Vec<Vec<(f64, f64, u64, f64)>> =
-        vec![Vec::new(); loads.iter().map(|w| w.hooks.len()).sum()];
+    // (workload, hook) → per pass
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); loads.iter().map(|w| w.hooks.len()).sum()];
     let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
     client.run(&loads[0].command)?;
-    for _ in 0..passes {
+    for pass in 0..passes {
+        let order = if alternate && pass % 2 == 1 {
+            Order::FloorFirst
+        } else {
+            Order::FloorLast
+        };
+        if alternate {
+            for f in floors.iter_mut().chain([&mut word_floor]) {
+                f.relink(order)
+                    .with_context(|| format!("linking the {:?} floor {order:?}", f.hook))?;
+            }
+        }
+        let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
         let mut slot = 0;
         for w in &loads {
             let mut before = Vec::new();
@@ -230,7 +257,13 @@ pub fn program_costs(
                 let (_, f_ns) = per_run(before[i].1, floor(h)?.counters()?);
                 let (_, w_ns) = per_run(before[i].2, word_floor.counters()?);
                 anyhow::ensure!(runs > 0, "{}: {} did not run", w.name, h.socklb_program());
-                samples[slot].push((s_ns, f_ns, runs, w_ns));
+                samples[slot].push(Sample {
+                    socklb_ns: s_ns,
+                    floor_ns: f_ns,
+                    runs,
+                    word_ns: w_ns,
+                    order,
+                });
                 slot += 1;
             }
         }
@@ -239,25 +272,13 @@ pub fn program_costs(
     let mut slot = 0;
     for w in &loads {
         for &h in &w.hooks {
-            let s = &samples[slot];
-            slot += 1;
             let name = if w.hooks.len() > 1 {
                 format!("{} ({})", w.name, h.socklb_program())
             } else {
                 w.name.clone()
             };
-            out.push(KernelCost {
-                name,
-                hook: h,
-                socklb_ns: Spread::of(&s.iter().map(|x| x.0).collect::<Vec<_>>()),
-                floor_ns: Spread::of(&s.iter().map(|x| x.1).collect::<Vec<_>>()),
-                ratio: Spread::of(&s.iter().map(|x| x.0 / x.1).collect::<Vec<_>>()),
-                word_floor_ns: (h == Hook::Connect4)
-                    .then(|| Spread::of(&s.iter().map(|x| x.3).collect::<Vec<_>>())),
-                word_ratio: (h == Hook::Connect4)
-                    .then(|| Spread::of(&s.iter().map(|x| x.0 / x.3).collect::<Vec<_>>())),
-                runs: s.first().map_or(0, |x| x.2),
-            });
+            out.push(cost_of(name, h, &samples[slot], alternate));
+            slot += 1;
         }
     }
     Ok(out)
@@ -303,6 +324,43 @@ pub fn monitor_costs(
         .join()
         .map_err(|_| anyhow::anyhow!("the monitor's reader panicked"))??;
     Ok((costs?, seen.load(Ordering::Relaxed)))
+}
+
+/// One pass of one workload on one hook.
+#[derive(Clone)]
+struct Sample {
+    socklb_ns: f64,
+    floor_ns: f64,
+    /// socklb program runs.
+    runs: u64,
+    /// The one-word program's ns per run.
+    word_ns: f64,
+    order: Order,
+}
+
+/// One program's figures over its passes (`alternate`: some had the floors first).
+fn cost_of(name: String, hook: Hook, s: &[Sample], alternate: bool) -> KernelCost {
+    let spread = |f: &dyn Fn(&Sample) -> f64| Spread::of(&s.iter().map(f).collect::<Vec<_>>());
+    let ratios_in = |order: Order| {
+        Spread::of(
+            &s.iter()
+                .filter(|x| x.order == order)
+                .map(|x| x.socklb_ns / x.floor_ns)
+                .collect::<Vec<_>>(),
+        )
+    };
+    KernelCost {
+        name,
+        hook,
+        socklb_ns: spread(&|x| x.socklb_ns),
+        floor_ns: spread(&|x| x.floor_ns),
+        ratio: spread(&|x| x.socklb_ns / x.floor_ns),
+        ratio_floor_last: ratios_in(Order::FloorLast),
+        ratio_floor_first: alternate.then(|| ratios_in(Order::FloorFirst)),
+        word_floor_ns: (hook == Hook::Connect4).then(|| spread(&|x| x.word_ns)),
+        word_ratio: (hook == Hook::Connect4).then(|| spread(&|x| x.socklb_ns / x.word_ns)),
+        runs: s.first().map_or(0, |x| x.runs),
+    }
 }
 
 /// `close()` of translated and untranslated UDP sockets, `passes` times, `count` each.
