@@ -88,6 +88,25 @@ fn owner_pid(name: &str) -> Option<u32> {
     u32::from_str_radix(pid, 16).ok()
 }
 
+/// Reads a child's output `lines` until one starts with `prefix` or `limit` has passed; the
+/// text read, that line included (a test then signals the child at a known phase).
+pub fn read_until(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+    prefix: &str,
+    limit: Duration,
+) -> String {
+    let start = Instant::now();
+    let mut seen = String::new();
+    while let Some(Ok(line)) = lines.next() {
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with(prefix) || start.elapsed() > limit {
+            break;
+        }
+    }
+    seen
+}
+
 /// Everything a sandbox of process `pid` made that still exists: network namespaces, cgroups,
 /// bpffs mounts and work folders (by the name prefix every sandbox of that process carries),
 /// and files in /etc/netns.

@@ -4,10 +4,10 @@
 use std::{
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use socklb_tests::system::leftovers_of;
+use socklb_tests::system::{leftovers_of, read_until};
 
 #[test]
 fn a_signalled_bench_leaves_nothing() {
@@ -30,15 +30,7 @@ fn a_signalled_bench_leaves_nothing() {
         let pid = child.id();
         let stderr = child.stderr.take().expect("stderr");
         let mut lines = BufReader::new(stderr).lines();
-        let start = Instant::now();
-        let mut seen = String::new();
-        while let Some(Ok(line)) = lines.next() {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.starts_with(phase) || start.elapsed() > Duration::from_mins(2) {
-                break;
-            }
-        }
+        let seen = read_until(&mut lines, phase, Duration::from_mins(2));
         assert!(
             seen.lines().any(|l| l.starts_with(phase)),
             "--only {only}: the bench never reached {phase:?}:\n{seen}"

@@ -4,10 +4,10 @@
 use std::{
     io::{BufRead as _, BufReader},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use socklb_tests::system::leftovers_of;
+use socklb_tests::system::{leftovers_of, read_until};
 
 fn demo() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_socklb-demo"));
@@ -89,15 +89,7 @@ fn a_signalled_demo_leaves_nothing() {
         // Wait until the sandbox exists and the agent serves (step 3 starts after it).
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
-        let start = Instant::now();
-        let mut seen = String::new();
-        while let Some(Ok(line)) = lines.next() {
-            seen.push_str(&line);
-            seen.push('\n');
-            if line.starts_with("3. ") || start.elapsed() > Duration::from_mins(1) {
-                break;
-            }
-        }
+        let seen = read_until(&mut lines, "3. ", Duration::from_mins(1));
         assert!(seen.contains("3. "), "the demo did not get going:\n{seen}");
         // SAFETY: signalling our own unreaped child by PID.
         unsafe { libc::kill(i32::try_from(pid).expect("pid"), signal) };
