@@ -17,7 +17,7 @@ pub use service::{
     service_from_api,
 };
 pub use slice::{
-    AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, Place, TargetRef, TargetView,
+    AddressType, Endpoint, EndpointPort, EndpointSlice, Hints, TargetRef, TargetView,
     slice_from_api,
 };
 pub use store::Store;

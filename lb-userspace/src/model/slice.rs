@@ -42,46 +42,37 @@ pub struct Endpoint {
     pub ready: Option<bool>,
     pub serving: Option<bool>,
     pub terminating: Option<bool>,
-    /// `nodeName` and `zone`, interned together: many endpoints share a node and a zone.
-    pub place: Option<Arc<Place>>,
-    /// `hints`, when present: interned, as a cluster has a few distinct hint lists (one per
-    /// zone, typically) for all its endpoints.
-    pub hints: Option<Arc<Hints>>,
-    /// `targetRef`, for explain and the connection listing: its kind and namespace interned,
-    /// its name in the slice's `target_names` ([`EndpointSlice::target_of`]). An endpoint
-    /// takes 56 bytes and no allocation of its own (the agent holds every endpoint of the
-    /// cluster).
-    target: Option<TargetSlot>,
-}
-
-/// Where an endpoint's `targetRef` is: its interned kind and namespace, and its name's bytes in
-/// the slice's `target_names`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct TargetSlot {
-    scope: Arc<TargetScope>,
+    /// Its `nodeName`, `zone`, `hints` and `targetRef` kind, interned together: a cluster has
+    /// about one such context per node (hints follow the zone, targets are Pods in the slice's
+    /// namespace), shared by all its endpoints. `None`: none of them is set.
+    context: Option<Arc<Context>>,
+    /// Its `targetRef` name's bytes in the slice's `target_names`
+    /// ([`EndpointSlice::target_of`]). With the context, an endpoint takes 40 bytes and no
+    /// allocation of its own (the agent holds every endpoint of the cluster).
     name_start: u32,
     name_len: u32,
 }
 
-/// A `targetRef`'s kind and namespace: a cluster has a few (Pod, in each namespace).
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// What an endpoint shares with others on its node (see `Endpoint::context`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Context {
+    /// `nodeName`.
+    node: Option<Arc<str>>,
+    zone: Option<Arc<str>>,
+    hints: Hints,
+    /// The `targetRef`, when present: its name is the endpoint's.
+    target: Option<TargetScope>,
+}
+
+static CONTEXTS: Interner<Context> = Interner::new();
+
+/// A `targetRef`'s kind and namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct TargetScope {
     kind: Arc<str>,
-    namespace: Arc<str>,
+    /// `None`: the slice's own (nearly always), so one context serves every namespace.
+    namespace: Option<Arc<str>>,
 }
-
-static TARGET_SCOPES: Interner<TargetScope> = Interner::new();
-
-/// Where an endpoint runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Place {
-    /// `nodeName`.
-    pub node: Option<Arc<str>>,
-    /// `zone`.
-    pub zone: Option<Arc<str>>,
-}
-
-static PLACES: Interner<Place> = Interner::new();
 
 /// An endpoint's topology hints.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -91,8 +82,6 @@ pub struct Hints {
     /// `hints.forNodes` names.
     pub nodes: Option<Box<[Arc<str>]>>,
 }
-
-static HINTS: Interner<Hints> = Interner::new();
 
 /// An endpoint's `targetRef` (usually a Pod).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -127,29 +116,29 @@ impl std::fmt::Display for TargetRef {
 
 impl Endpoint {
     pub fn node_name(&self) -> Option<&str> {
-        self.place.as_ref()?.node.as_deref()
+        self.context.as_ref()?.node.as_deref()
     }
 
     /// The node's name, shared.
     pub fn node_name_shared(&self) -> Option<Arc<str>> {
-        self.place.as_ref()?.node.clone()
+        self.context.as_ref()?.node.clone()
     }
 
     pub fn zone(&self) -> Option<&str> {
-        self.place.as_ref()?.zone.as_deref()
+        self.context.as_ref()?.zone.as_deref()
     }
 
     /// The zone's name, shared.
     pub fn zone_shared(&self) -> Option<Arc<str>> {
-        self.place.as_ref()?.zone.clone()
+        self.context.as_ref()?.zone.clone()
     }
 
     pub fn zone_hints(&self) -> Option<&[Arc<str>]> {
-        self.hints.as_ref()?.zones.as_deref()
+        self.context.as_ref()?.hints.zones.as_deref()
     }
 
     pub fn node_hints(&self) -> Option<&[Arc<str>]> {
-        self.hints.as_ref()?.nodes.as_deref()
+        self.context.as_ref()?.hints.nodes.as_deref()
     }
 
     /// Absent `ready` counts as ready, as the API documents.
@@ -209,14 +198,14 @@ pub struct EndpointSlice {
 impl EndpointSlice {
     /// The `targetRef` of `endpoint`, one of this slice's endpoints.
     pub fn target_of<'a>(&'a self, endpoint: &'a Endpoint) -> Option<TargetView<'a>> {
-        let t = endpoint.target.as_ref()?;
-        let start = t.name_start as usize;
+        let t = endpoint.context.as_ref()?.target.as_ref()?;
+        let start = endpoint.name_start as usize;
         Some(TargetView {
-            kind: &t.scope.kind,
-            namespace: &t.scope.namespace,
+            kind: &t.kind,
+            namespace: t.namespace.as_deref().unwrap_or(&self.key.namespace),
             name: self
                 .target_names
-                .get(start..start + t.name_len as usize)
+                .get(start..start + endpoint.name_len as usize)
                 .unwrap_or("?"),
         })
     }
@@ -319,14 +308,22 @@ fn endpoints(
             },
         };
         let conditions = ep.conditions.clone().unwrap_or_default();
+        let (target, name_start, name_len) = target(ep, namespace, &mut names).unwrap_or_default();
+        let context = Context {
+            node: ep.node_name.as_deref().map(intern),
+            zone: ep.zone.as_deref().map(intern),
+            hints: hints(ep),
+            target,
+        };
         endpoints.push(Endpoint {
             address,
             ready: conditions.ready,
             serving: conditions.serving,
             terminating: conditions.terminating,
-            place: place(ep),
-            hints: hints(ep),
-            target: target(ep, namespace, &mut names),
+            context: (context != Context::default())
+                .then(|| CONTEXTS.get(&context, |c| Arc::new(c.clone()))),
+            name_start,
+            name_len,
         });
     }
     (endpoints, names)
@@ -372,17 +369,12 @@ fn ports(
     Ok(ports)
 }
 
-fn place(ep: &discovery::Endpoint) -> Option<Arc<Place>> {
-    let place = Place {
-        node: ep.node_name.as_deref().map(intern),
-        zone: ep.zone.as_deref().map(intern),
+/// The endpoint's hints; none when absent or naming nothing.
+fn hints(ep: &discovery::Endpoint) -> Hints {
+    let Some(h) = ep.hints.as_ref() else {
+        return Hints::default();
     };
-    (place != Place::default()).then(|| PLACES.get(&place, |p| Arc::new(p.clone())))
-}
-
-fn hints(ep: &discovery::Endpoint) -> Option<Arc<Hints>> {
-    let h = ep.hints.as_ref()?;
-    let hints = Hints {
+    Hints {
         zones: h
             .for_zones
             .as_ref()
@@ -391,15 +383,23 @@ fn hints(ep: &discovery::Endpoint) -> Option<Arc<Hints>> {
             .for_nodes
             .as_ref()
             .map(|n| n.iter().map(|n| intern(&n.name)).collect()),
-    };
-    (hints != Hints::default()).then(|| HINTS.get(&hints, |h| Arc::new(h.clone())))
+    }
 }
 
-fn target(ep: &discovery::Endpoint, namespace: &str, names: &mut String) -> Option<TargetSlot> {
+/// The endpoint's `targetRef`: its kind and namespace, and where its name went in `names`.
+fn target(
+    ep: &discovery::Endpoint,
+    namespace: &str,
+    names: &mut String,
+) -> Option<(Option<TargetScope>, u32, u32)> {
     let t = ep.target_ref.as_ref()?;
     let scope = TargetScope {
         kind: intern(t.kind.as_deref().unwrap_or("Object")),
-        namespace: intern(t.namespace.as_deref().unwrap_or(namespace)),
+        namespace: t
+            .namespace
+            .as_deref()
+            .filter(|ns| *ns != namespace)
+            .map(intern),
     };
     let name = t.name.as_deref().unwrap_or("?");
     // A slice holds at most 1,000 endpoints with names of at most 253 bytes (validated or
@@ -407,16 +407,7 @@ fn target(ep: &discovery::Endpoint, namespace: &str, names: &mut String) -> Opti
     let name_start = u32::try_from(names.len()).ok()?;
     let name_len = u32::try_from(name.len()).ok()?;
     names.push_str(name);
-    Some(TargetSlot {
-        scope: TARGET_SCOPES.get(&scope, |s| {
-            Arc::new(TargetScope {
-                kind: Arc::clone(&s.kind),
-                namespace: Arc::clone(&s.namespace),
-            })
-        }),
-        name_start,
-        name_len,
-    })
+    Some((Some(scope), name_start, name_len))
 }
 
 #[cfg(test)]
@@ -443,10 +434,11 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_allocates_nothing_and_shares_its_place_hints_and_target_scope() {
-        // No allocation per endpoint: its pod's name is in the slice's one buffer.
-        assert!(std::mem::size_of::<Endpoint>() <= 56);
-        let endpoint = |zone: &str, pod: &str| discovery::Endpoint {
+    fn an_endpoint_allocates_nothing_and_shares_its_node_zone_hints_and_target_kind() {
+        // No allocation per endpoint: its pod's name is in the slice's one buffer, the rest in
+        // a context shared with the endpoints beside it.
+        assert!(std::mem::size_of::<Endpoint>() <= 40);
+        let endpoint = |zone: &str, pod: &str, namespace: Option<&str>| discovery::Endpoint {
             addresses: vec!["10.0.0.1".into()],
             zone: Some(zone.into()),
             hints: Some(discovery::EndpointHints {
@@ -456,22 +448,30 @@ mod tests {
             target_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
                 kind: Some("Pod".into()),
                 name: Some(pod.into()),
+                namespace: namespace.map(Into::into),
                 ..Default::default()
             }),
             ..Default::default()
         };
         let mut slice = slice_with_annotation("");
         slice.endpoints = vec![
-            endpoint("zone-a", "web-1"),
-            endpoint("zone-a", "web-2"),
-            endpoint("zone-b", "web-3"),
+            endpoint("zone-a", "web-1", None),
+            endpoint("zone-a", "web-2", Some("default")),
+            endpoint("zone-b", "web-3", None),
+            endpoint("zone-b", "web-4", Some("elsewhere")),
         ];
         let s = slice_from_api(&slice).unwrap();
-        let hints = |i: usize| s.endpoints[i].hints.clone().unwrap();
-        let place = |i: usize| s.endpoints[i].place.clone().unwrap();
-        assert!(Arc::ptr_eq(&hints(0), &hints(1)));
-        assert!(!Arc::ptr_eq(&hints(0), &hints(2)));
-        assert!(Arc::ptr_eq(&place(0), &place(1)));
+        let context = |i: usize| s.endpoints[i].context.clone().unwrap();
+        // The slice's own namespace, written or not, is one context.
+        assert!(Arc::ptr_eq(&context(0), &context(1)));
+        assert!(!Arc::ptr_eq(&context(0), &context(2)));
+        assert!(!Arc::ptr_eq(&context(2), &context(3)));
+        // Another slice's endpoints in the same place share it too.
+        let other = slice_from_api(&slice).unwrap();
+        assert!(Arc::ptr_eq(
+            &context(2),
+            other.endpoints[2].context.as_ref().unwrap()
+        ));
         assert_eq!(s.endpoints[2].zone(), Some("zone-b"));
         assert_eq!(s.endpoints[2].node_name(), None);
         assert_eq!(s.endpoints[2].zone_hints().unwrap()[0].as_ref(), "zone-b");
@@ -480,22 +480,26 @@ mod tests {
         assert_eq!(target(1).name, "web-2");
         assert_eq!(target(2).name, "web-3");
         assert_eq!((target(0).kind, target(0).namespace), ("Pod", "default"));
-        let scope = |i: usize| Arc::clone(&s.endpoints[i].target.as_ref().unwrap().scope);
-        assert!(Arc::ptr_eq(&scope(0), &scope(2)));
+        assert_eq!((target(1).kind, target(1).namespace), ("Pod", "default"));
+        assert_eq!(
+            (target(3).namespace, target(3).name),
+            ("elsewhere", "web-4")
+        );
         assert_eq!(
             target(1).to_target_ref().to_string(),
             "Pod default/web-2",
             "explain's owned copy"
         );
-        // Hints present but naming nothing read as no hints, with nothing allocated for them.
+        // Hints present but naming nothing read as no hints; with nothing else set, the
+        // endpoint has no context at all.
         slice.endpoints = vec![discovery::Endpoint {
             addresses: vec!["10.0.0.1".into()],
             hints: Some(discovery::EndpointHints::default()),
             ..Default::default()
         }];
         let s = slice_from_api(&slice).unwrap();
-        assert_eq!(s.endpoints[0].hints, None);
-        assert_eq!(s.endpoints[0].place, None);
+        assert!(s.endpoints[0].context.is_none());
+        assert_eq!(s.endpoints[0].zone_hints(), None);
         assert_eq!(s.target_of(&s.endpoints[0]), None);
     }
 
