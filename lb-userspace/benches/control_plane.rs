@@ -9,7 +9,9 @@ use socklb::{
     model::{Store, parse_manifests},
     reconcile::Reconciler,
     translate::{ClaimKind, DesiredService, FrontendClaim, NodeInfo, translate_service},
-    vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey},
+    vocab::{
+        Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey, ServicePortKeyFields,
+    },
 };
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec:\n  clusterIP: 10.96.0.10\n  ports: [{name: http, port: 80, targetPort: 8080}]\n";
@@ -69,13 +71,13 @@ fn desired(backends: impl Iterator<Item = u32>) -> DesiredService {
 }
 
 fn diff(c: &mut Criterion) {
-    let key = ServicePortKey {
+    let key = ServicePortKey::from(ServicePortKeyFields {
         service: ObjectKey::new("default", "web"),
         port_name: "http".into(),
         protocol: Protocol::Tcp,
         family: Family::IPv4,
         scope: Scope::Cluster,
-    };
+    });
     let a = desired(1..=10);
     let b = desired(2..=11);
     // No grace period: in memory no connect can be reading a released range.

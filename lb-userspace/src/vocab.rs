@@ -296,8 +296,103 @@ impl fmt::Display for Scope {
 
 /// One backend set: a Service port, in one family, for one scope. It owns a service id in the
 /// maps, and every frontend of it shares its backends.
+///
+/// Shared, with its hash computed once: the reconciler's, the ownership's and the engine's
+/// tables each hold every key (tens of thousands), so a key there is one pointer, a clone is a
+/// reference count, and hashing or telling two keys apart reads no name. Its fields are read
+/// through `Deref` ([`ServicePortKeyFields`]).
+#[derive(Clone)]
+pub struct ServicePortKey(Arc<HashedKey>);
+
+struct HashedKey {
+    fields: ServicePortKeyFields,
+    /// `fields` hashed with the process's one seed (random, so a tenant choosing Service names
+    /// cannot pick colliding keys ahead of time).
+    hash: u64,
+}
+
+/// A process-wide seed: equal keys hash equal in every table.
+static KEY_HASHER: std::sync::LazyLock<foldhash::fast::RandomState> =
+    std::sync::LazyLock::new(foldhash::fast::RandomState::default);
+
+impl From<ServicePortKeyFields> for ServicePortKey {
+    fn from(fields: ServicePortKeyFields) -> Self {
+        use std::hash::BuildHasher;
+        let hash = KEY_HASHER.hash_one(&fields);
+        Self(Arc::new(HashedKey { fields, hash }))
+    }
+}
+
+impl std::ops::Deref for ServicePortKey {
+    type Target = ServicePortKeyFields;
+    fn deref(&self) -> &ServicePortKeyFields {
+        &self.0.fields
+    }
+}
+
+impl PartialEq for ServicePortKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || (self.0.hash == other.0.hash && **self == **other)
+    }
+}
+
+impl Eq for ServicePortKey {}
+
+impl std::hash::Hash for ServicePortKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0.hash);
+    }
+}
+
+impl Ord for ServicePortKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            std::cmp::Ordering::Equal
+        } else {
+            (**self).cmp(&**other)
+        }
+    }
+}
+
+impl PartialOrd for ServicePortKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Debug for ServicePortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServicePortKey")
+            .field("service", &self.service)
+            .field("port_name", &self.port_name)
+            .field("protocol", &self.protocol)
+            .field("family", &self.family)
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+impl Serialize for ServicePortKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServicePortKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        ServicePortKeyFields::deserialize(deserializer).map(Self::from)
+    }
+}
+
+impl fmt::Display for ServicePortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+/// What a [`ServicePortKey`] names.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ServicePortKey {
+pub struct ServicePortKeyFields {
     pub service: ObjectKey,
     /// The port's name, or its number when the Service's only port is unnamed.
     pub port_name: Arc<str>,
@@ -306,7 +401,7 @@ pub struct ServicePortKey {
     pub scope: Scope,
 }
 
-impl PartialEq for ServicePortKey {
+impl PartialEq for ServicePortKeyFields {
     fn eq(&self, other: &Self) -> bool {
         self.service == other.service
             && shared_eq(&self.port_name, &other.port_name)
@@ -316,9 +411,9 @@ impl PartialEq for ServicePortKey {
     }
 }
 
-impl Eq for ServicePortKey {}
+impl Eq for ServicePortKeyFields {}
 
-impl std::hash::Hash for ServicePortKey {
+impl std::hash::Hash for ServicePortKeyFields {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.service.hash(state);
         self.port_name.hash(state);
@@ -329,7 +424,7 @@ impl std::hash::Hash for ServicePortKey {
 }
 
 /// Field by field, as the fields are declared (what a derived order would be).
-impl Ord for ServicePortKey {
+impl Ord for ServicePortKeyFields {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.service
             .cmp(&other.service)
@@ -340,13 +435,13 @@ impl Ord for ServicePortKey {
     }
 }
 
-impl PartialOrd for ServicePortKey {
+impl PartialOrd for ServicePortKeyFields {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl fmt::Display for ServicePortKey {
+impl fmt::Display for ServicePortKeyFields {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -455,6 +550,52 @@ mod tests {
         let h = std::collections::hash_map::RandomState::new();
         assert_eq!(h.hash_one(&keys[1]), h.hash_one(&keys[2]));
         assert_ne!(keys[1], keys[3]);
+    }
+
+    /// Backend set keys built apart (from the translation and from the maps' metadata, say)
+    /// are equal, hash alike in any table and order by their fields, as one shared copy does;
+    /// their JSON is their fields'.
+    #[test]
+    fn service_port_keys_compare_by_content_whether_shared_or_not() {
+        use std::hash::BuildHasher as _;
+        let key = |name: &str, port: &str, scope: Scope| {
+            ServicePortKey::from(ServicePortKeyFields {
+                service: ObjectKey::new("team-a", name),
+                port_name: port.into(),
+                protocol: Protocol::Tcp,
+                family: Family::IPv4,
+                scope,
+            })
+        };
+        let a = key("web", "http", Scope::Cluster);
+        let b = key("web", "http", Scope::Cluster);
+        assert_eq!(a, b);
+        assert_eq!(a.clone(), a);
+        let h = crate::hashing::fast_map_with_capacity::<(), ()>(0);
+        assert_eq!(h.hasher().hash_one(&a), h.hasher().hash_one(&b));
+        let mut keys = vec![
+            key("web", "metrics", Scope::Cluster),
+            key("web", "http", Scope::Local),
+            key("api", "http", Scope::Cluster),
+            a.clone(),
+        ];
+        keys.sort();
+        let text: Vec<String> = keys.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "team-a/api:http/TCP IPv4 cluster",
+                "team-a/web:http/TCP IPv4 cluster",
+                "team-a/web:http/TCP IPv4 local",
+                "team-a/web:metrics/TCP IPv4 cluster",
+            ]
+        );
+        assert_ne!(a, key("web", "http", Scope::Local));
+        assert_ne!(a, key("web", "https", Scope::Cluster));
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(json, serde_json::to_value(&*a).unwrap());
+        assert_eq!(json["port_name"], "http");
+        assert_eq!(serde_json::from_value::<ServicePortKey>(json).unwrap(), a);
     }
 
     #[test]

@@ -13,17 +13,19 @@ use socklb::{
     },
     reconcile::{Reconciler, SyncReport, invariants},
     translate::{ClaimKind, DesiredService, DesiredState, FrontendClaim},
-    vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey},
+    vocab::{
+        Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey, ServicePortKeyFields,
+    },
 };
 
 fn key(name: &str) -> ServicePortKey {
-    ServicePortKey {
+    ServicePortKey::from(ServicePortKeyFields {
         service: ObjectKey::new("default", name),
         port_name: "http".into(),
         protocol: Protocol::Tcp,
         family: Family::IPv4,
         scope: Scope::Cluster,
-    }
+    })
 }
 
 fn vip(addr: &str) -> ServiceAddr {

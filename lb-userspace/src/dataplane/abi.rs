@@ -8,7 +8,9 @@ use lb_common::{
     SCOPE_LOCAL, ServiceMeta,
 };
 
-use crate::vocab::{Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey};
+use crate::vocab::{
+    Family, ObjectKey, Protocol, Scope, ServiceAddr, ServicePortKey, ServicePortKeyFields,
+};
 
 pub fn protocol_number(p: Protocol) -> u8 {
     match p {
@@ -125,7 +127,7 @@ pub fn service_meta(key: &ServicePortKey, port: u16) -> ServiceMeta {
 pub fn service_port_key(meta: &ServiceMeta) -> Option<ServicePortKey> {
     let name = from_fixed(&meta.name);
     let (namespace, service) = name.split_once('/')?;
-    Some(ServicePortKey {
+    Some(ServicePortKey::from(ServicePortKeyFields {
         service: ObjectKey::new(namespace, service),
         port_name: from_fixed(&meta.port_name).into(),
         protocol: protocol_from(meta.protocol)?,
@@ -134,7 +136,7 @@ pub fn service_port_key(meta: &ServiceMeta) -> Option<ServicePortKey> {
             SCOPE_LOCAL => Scope::Local,
             _ => Scope::Cluster,
         },
-    })
+    }))
 }
 
 /// Copies a string into a zero-padded fixed field, cutting it at a char boundary if it is too
@@ -190,13 +192,13 @@ mod tests {
 
     #[test]
     fn metadata_round_trips_with_long_names() {
-        let key = ServicePortKey {
+        let key = ServicePortKey::from(ServicePortKeyFields {
             service: ObjectKey::new("a".repeat(63), "b".repeat(63)),
             port_name: "p".repeat(63).into(),
             protocol: Protocol::Udp,
             family: Family::IPv6,
             scope: Scope::Local,
-        };
+        });
         assert_eq!(service_port_key(&service_meta(&key, 53)), Some(key));
     }
 

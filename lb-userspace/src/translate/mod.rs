@@ -25,7 +25,7 @@ use crate::{
         ServiceType, Store, TrafficPolicy,
     },
     vec_set::VecSet,
-    vocab::{Family, Protocol, Scope, ServiceAddr, ServicePortKey},
+    vocab::{Family, Protocol, Scope, ServiceAddr, ServicePortKey, ServicePortKeyFields},
 };
 
 /// The proxy name socklb answers to in the `service.kubernetes.io/service-proxy-name` label.
@@ -503,13 +503,13 @@ impl PortContext<'_> {
                 Vec::new()
             };
             out.push(PortTranslation {
-                key: ServicePortKey {
+                key: ServicePortKey::from(ServicePortKeyFields {
                     service: svc.key.clone(),
                     port_name: Arc::clone(&port.name_or_number),
                     protocol,
                     family,
                     scope,
-                },
+                }),
                 desired: DesiredService {
                     port: port.port,
                     frontends: frontends.into_iter().collect(),

@@ -191,16 +191,16 @@ impl Ownership {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vocab::{Family, ObjectKey, Protocol, Scope};
+    use crate::vocab::{Family, ObjectKey, Protocol, Scope, ServicePortKeyFields};
 
     fn key(name: &str) -> ServicePortKey {
-        ServicePortKey {
+        ServicePortKey::from(ServicePortKeyFields {
             service: ObjectKey::new("ns", name),
             port_name: "http".into(),
             protocol: Protocol::Tcp,
             family: Family::IPv4,
             scope: Scope::Cluster,
-        }
+        })
     }
 
     fn wants(created: i64, addrs: &[(&str, ClaimKind)]) -> DesiredService {
