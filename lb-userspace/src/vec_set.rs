@@ -1,13 +1,21 @@
-//! A set kept as a sorted `Vec`: for the many small sets the agent holds per Service (its
-//! slices, its service ports, a service id's frontends). A `BTreeSet` allocates a whole node
-//! (room for 11) even for one element; at 10,000 Services that costs megabytes.
+//! A set kept as a sorted vector: for the many small sets the agent holds per Service (its
+//! slices, its service ports, a service id's frontends, an address's claimants). A `BTreeSet`
+//! allocates a whole node (room for 11) even for one element; at 10,000 Services that costs
+//! megabytes. Most of these sets hold one element for good, so one is held inline, without an
+//! allocation of its own.
+use smallvec::SmallVec;
+
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
-pub struct VecSet<T>(Vec<T>);
+#[serde(bound(
+    serialize = "T: serde::Serialize",
+    deserialize = "T: serde::Deserialize<'de>"
+))]
+pub struct VecSet<T>(SmallVec<[T; 1]>);
 
 impl<T> Default for VecSet<T> {
     fn default() -> Self {
-        Self(Vec::new())
+        Self(SmallVec::new())
     }
 }
 
@@ -17,10 +25,6 @@ impl<T: Ord> VecSet<T> {
         match self.0.binary_search(&value) {
             Ok(_) => false,
             Err(i) => {
-                if self.0.is_empty() {
-                    // Most of these sets hold one element for good: room for one, not four.
-                    self.0.reserve_exact(1);
-                }
                 self.0.insert(i, value);
                 true
             }
@@ -60,14 +64,14 @@ impl<T: Ord> VecSet<T> {
     }
 
     /// Keeps only the elements `keep` accepts (in place: the order stays sorted).
-    pub fn retain(&mut self, keep: impl FnMut(&T) -> bool) {
-        self.0.retain(keep);
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.0.retain(|v| keep(v));
     }
 }
 
 impl<T: Ord> FromIterator<T> for VecSet<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
-        let mut v: Vec<T> = iter.into_iter().collect();
+        let mut v: SmallVec<[T; 1]> = iter.into_iter().collect();
         v.sort_unstable();
         v.dedup();
         v.shrink_to_fit();
@@ -77,7 +81,7 @@ impl<T: Ord> FromIterator<T> for VecSet<T> {
 
 impl<T> IntoIterator for VecSet<T> {
     type Item = T;
-    type IntoIter = std::vec::IntoIter<T>;
+    type IntoIter = smallvec::IntoIter<[T; 1]>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
@@ -108,5 +112,18 @@ mod tests {
         assert!(!s.remove(&1));
         assert_eq!(s.len(), 2);
         assert!(!s.is_empty());
+        // One element takes no allocation: the set is its own size, whatever it holds.
+        let one: VecSet<u64> = [7].into_iter().collect();
+        assert!(!one.0.spilled());
+        assert_eq!(std::mem::size_of::<VecSet<u64>>(), 24);
+        let mut s: VecSet<u64> = [5, 9].into_iter().collect();
+        s.remove(&9);
+        s.retain(|_| true);
+        assert_eq!(s.iter().copied().collect::<Vec<_>>(), [5]);
+        assert_eq!(
+            serde_json::to_string(&s).unwrap(),
+            "[5]",
+            "JSON as a list, as before"
+        );
     }
 }

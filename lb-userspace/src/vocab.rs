@@ -571,8 +571,8 @@ mod tests {
         let b = key("web", "http", Scope::Cluster);
         assert_eq!(a, b);
         assert_eq!(a.clone(), a);
-        let h = crate::hashing::fast_map_with_capacity::<(), ()>(0);
-        assert_eq!(h.hasher().hash_one(&a), h.hasher().hash_one(&b));
+        let h = foldhash::fast::RandomState::default();
+        assert_eq!(h.hash_one(&a), h.hash_one(&b));
         let mut keys = vec![
             key("web", "metrics", Scope::Cluster),
             key("web", "http", Scope::Local),
