@@ -99,7 +99,7 @@ struct SetState {
     /// larger range it was narrowed inside (see `MapWriteError::Narrowed`).
     range: (u32, u32),
     /// UDP: the serving endpoints last written (see `DesiredService::serving`).
-    serving: Vec<SocketAddr>,
+    serving: Box<[SocketAddr]>,
     /// Its Service's age, once written by this reconciler (`None`: adopted from the pins and
     /// not yet written; counted as the newest).
     seniority: Option<Seniority>,
@@ -394,7 +394,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                                 base: plan.base,
                                 len: plan.len,
                                 range,
-                                serving: d.serving.clone(),
+                                serving: d.serving.as_slice().into(),
                                 seniority: Some(d.seniority.clone()),
                             },
                         );

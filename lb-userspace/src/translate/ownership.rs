@@ -53,7 +53,7 @@ pub struct Ownership {
     /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
     claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
     /// The addresses each backend set claims (its claimants are in `claims`).
-    by_key: FastMap<ServicePortKey, Vec<ServiceAddr>>,
+    by_key: FastMap<ServicePortKey, Box<[ServiceAddr]>>,
     /// Addresses with more than one claim: while there is none, every claim is granted and no
     /// conflict needs looking for.
     contested: usize,
@@ -108,7 +108,7 @@ impl Ownership {
             addrs.push(c.addr);
         }
         if !addrs.is_empty() {
-            self.by_key.insert(key.clone(), addrs);
+            self.by_key.insert(key.clone(), addrs.into_boxed_slice());
         }
     }
 
@@ -118,7 +118,7 @@ impl Ownership {
         let Some(old) = self.by_key.remove(key) else {
             return affected;
         };
-        for addr in old {
+        for addr in old.iter().copied() {
             if let Some(set) = self.claims.get_mut(&addr) {
                 // Every claim of this set on the address (it may claim one address two ways).
                 let before = set.len();
