@@ -6,6 +6,8 @@ use std::{
 };
 
 use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
+use smallvec::SmallVec;
+
 use crate::hashing::{FastMap, FastSet};
 
 #[derive(Clone, Debug, Default)]
@@ -13,8 +15,9 @@ pub struct Store {
     services: BTreeMap<ObjectKey, Arc<Service>>,
     slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
     /// Service key → the slices labelled with it, in key order (the Service need not exist):
-    /// a translation reads them without a search of `slices` each.
-    slices_by_service: FastMap<ObjectKey, Vec<Arc<EndpointSlice>>>,
+    /// a translation reads them without a search of `slices` each. Up to two inline (most
+    /// Services have one or two slices), without an allocation of their own.
+    slices_by_service: FastMap<ObjectKey, SmallVec<[Arc<EndpointSlice>; 2]>>,
 }
 
 impl Store {
