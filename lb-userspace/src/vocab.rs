@@ -573,7 +573,7 @@ mod tests {
         assert_eq!(a.clone(), a);
         let h = foldhash::fast::RandomState::default();
         assert_eq!(h.hash_one(&a), h.hash_one(&b));
-        let mut keys = vec![
+        let mut keys = [
             key("web", "metrics", Scope::Cluster),
             key("web", "http", Scope::Local),
             key("api", "http", Scope::Cluster),

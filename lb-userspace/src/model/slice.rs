@@ -308,12 +308,13 @@ fn endpoints(
             },
         };
         let conditions = ep.conditions.clone().unwrap_or_default();
-        let (target, name_start, name_len) = target(ep, namespace, &mut names).unwrap_or_default();
+        let (target_scope, name_start, name_bytes) =
+            target(ep, namespace, &mut names).unwrap_or_default();
         let context = Context {
             node: ep.node_name.as_deref().map(intern),
             zone: ep.zone.as_deref().map(intern),
             hints: hints(ep),
-            target,
+            target: target_scope,
         };
         endpoints.push(Endpoint {
             address,
@@ -323,7 +324,7 @@ fn endpoints(
             context: (context != Context::default())
                 .then(|| CONTEXTS.get(&context, |c| Arc::new(c.clone()))),
             name_start,
-            name_len,
+            name_len: name_bytes,
         });
     }
     (endpoints, names)

@@ -118,7 +118,7 @@ impl Ownership {
         let Some(old) = self.by_key.remove(key) else {
             return affected;
         };
-        for addr in old.iter().copied() {
+        for &addr in &old {
             if let Some(set) = self.claims.get_mut(&addr) {
                 // Every claim of this set on the address (it may claim one address two ways).
                 let before = set.len();
