@@ -279,23 +279,23 @@ impl<M: ServiceMaps> Reconciler<M> {
         // Capacity goes to the oldest Services first (then the smaller uid), never by name: on
         // a fresh node, after a restart or a migration, the newest is the one that finds the
         // maps full, as on a running agent.
-        // `desired` is in key order and the sort is stable: equal ages stay in key order.
-        let mut sets: Vec<Option<(ServicePortKey, DesiredService)>> =
-            desired.services.into_iter().map(Some).collect();
+        let mut sets: Vec<(ServicePortKey, DesiredService)> =
+            desired.services.into_iter().collect();
         // Room for every set at once: a first full sync adds them all, and a table that grows
         // as it goes hashes each key again at every doubling.
         self.sets
             .reserve(sets.len().saturating_sub(self.sets.len()));
         self.ids.reserve(sets.len().saturating_sub(self.ids.len()));
         self.mirror.reserve(sets.len());
-        // Sorted as positions, so the sort moves 4 bytes an entry, not the entries.
-        let age = |i: &u32| sets[*i as usize].as_ref().map(|(_, d)| d.seniority.age());
-        let mut order: Vec<u32> = (0..sets.len() as u32).collect();
-        order.sort_by_key(age);
-        for i in order {
-            // Taken out, so it is dropped once written.
-            if let Some((key, service)) = sets[i as usize].take() {
-                self.sync_one_into(&key, Some(&service), &mut report);
+        // The oldest last (equal ages in key order, from the end), then taken from the end: each
+        // is dropped once written, and the vector shrinks as the reconciler's own state grows,
+        // so the two are not both whole at the sync's end (1.5 MiB at 10,000 sets). In place,
+        // without a second buffer.
+        sets.sort_unstable_by(|a, b| (b.1.seniority.age(), &b.0).cmp(&(a.1.seniority.age(), &a.0)));
+        while let Some((key, service)) = sets.pop() {
+            self.sync_one_into(&key, Some(&service), &mut report);
+            if sets.len() < sets.capacity() / 2 {
+                sets.shrink_to_fit();
             }
         }
         self.sweep_ports(&mut report);
