@@ -308,8 +308,10 @@ fn endpoints(
             },
         };
         let conditions = ep.conditions.clone().unwrap_or_default();
-        let (target_scope, name_start, name_bytes) =
-            target(ep, namespace, &mut names).unwrap_or_default();
+        let (target_scope, name_start, name_bytes) = match target(ep, namespace, &mut names) {
+            Some((scope, start, len)) => (Some(scope), start, len),
+            None => (None, 0, 0),
+        };
         let context = Context {
             node: ep.node_name.as_deref().map(intern),
             zone: ep.zone.as_deref().map(intern),
@@ -392,7 +394,7 @@ fn target(
     ep: &discovery::Endpoint,
     namespace: &str,
     names: &mut String,
-) -> Option<(Option<TargetScope>, u32, u32)> {
+) -> Option<(TargetScope, u32, u32)> {
     let t = ep.target_ref.as_ref()?;
     let scope = TargetScope {
         kind: intern(t.kind.as_deref().unwrap_or("Object")),
@@ -408,7 +410,7 @@ fn target(
     let name_start = u32::try_from(names.len()).ok()?;
     let name_len = u32::try_from(name.len()).ok()?;
     names.push_str(name);
-    Some((Some(scope), name_start, name_len))
+    Some((scope, name_start, name_len))
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@ use std::{
     sync::Arc,
 };
 
-use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
 use smallvec::SmallVec;
 
+use super::{EndpointSlice, ManifestObject, ObjectKey, Service};
 use crate::hashing::{FastMap, FastSet};
 
 #[derive(Clone, Debug, Default)]
