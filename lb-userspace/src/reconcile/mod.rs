@@ -28,6 +28,7 @@ use lb_common::{
 };
 pub use mirror::{Mirror, filter_of, port_of};
 pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
+use smallvec::SmallVec;
 
 use crate::{
     dataplane::{
@@ -506,22 +507,29 @@ impl<M: ServiceMaps> Reconciler<M> {
 
         // 2. Prefilters: the port and filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
-        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut bits = WordBits::new();
         for k in &wanted {
             let (_, index) = filter_of(k);
-            let w = ports::frontend_word(udp, index);
-            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(index);
+            bits.push((ports::frontend_word(udp, index), ports::bit(index)));
             let (_, port) = port_of(k);
-            let w = ports::frontend_port_word(udp, port);
-            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(u32::from(port));
+            bits.push((
+                ports::frontend_port_word(udp, port),
+                ports::bit(u32::from(port)),
+            ));
         }
         for b in &layout {
-            let w = ports::backend_word(udp, b.port());
-            *words.entry(w).or_insert_with(|| self.word(w)) |= ports::bit(u32::from(b.port()));
+            bits.push((
+                ports::backend_word(udp, b.port()),
+                ports::bit(u32::from(b.port())),
+            ));
         }
-        for (word, bits) in words {
-            if bits != self.word(word) {
-                writes.push(MapWrite::PutPorts { word, bits });
+        for (word, set) in by_word(bits) {
+            let current = self.word(word);
+            if current | set != current {
+                writes.push(MapWrite::PutPorts {
+                    word,
+                    bits: current | set,
+                });
             }
         }
 
@@ -563,7 +571,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         writes.extend(
             current
                 .iter()
-                .filter(|k| !wanted.contains(k))
+                .filter(|k| wanted.binary_search(k).is_err())
                 .map(|k| MapWrite::DeleteFrontend(*k)),
         );
         if desired.is_none() && self.mirror.snap.meta.contains_key(&id) {
@@ -578,7 +586,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             left_out,
             released: current
                 .iter()
-                .filter(|k| !wanted.contains(k))
+                .filter(|k| wanted.binary_search(k).is_err())
                 .copied()
                 .collect(),
         })
@@ -714,10 +722,10 @@ impl<M: ServiceMaps> Reconciler<M> {
         key: &ServicePortKey,
         want: &DesiredService,
         current: &[FrontendKey],
-    ) -> (BTreeSet<FrontendKey>, Option<MapWriteError>) {
+    ) -> (Vec<FrontendKey>, Option<MapWriteError>) {
         let mut claims: Vec<&crate::translate::FrontendClaim> = want.frontends.iter().collect();
         claims.sort_by_key(|c| (c.kind.precedence(), c.addr));
-        let mut wanted = BTreeSet::new();
+        let mut wanted = Vec::with_capacity(claims.len());
         let mut left_out: Vec<(MapId, String)> = Vec::new();
         for map in [MapId::Frontends4, MapId::Frontends6] {
             let new: Vec<&crate::translate::FrontendClaim> = claims
@@ -761,6 +769,9 @@ impl<M: ServiceMaps> Reconciler<M> {
                     .filter(|k| frontends_map(k) == map && !dropped.contains(k)),
             );
         }
+        // In key order, each once: the order the frontends are written in.
+        wanted.sort_unstable();
+        wanted.dedup();
         let error = left_out
             .first()
             .map(|(map, _)| MapWriteError::FrontendsLeftOut {
@@ -813,25 +824,31 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// Clears the filter and port bits of these frontends where no frontend sets them any
     /// more (after the frontends are gone).
     fn release_ports(&mut self, released: &[FrontendKey], report: &mut SyncReport) {
-        let mut words: BTreeMap<u32, u64> = BTreeMap::new();
+        if released.is_empty() {
+            return;
+        }
+        let mut cleared = WordBits::new();
         for key in released {
             let (udp, index) = filter_of(key);
             if !self.mirror.filter_in_use(udp, index) {
-                let w = ports::frontend_word(udp, index);
-                let current = self.word(w);
-                *words.entry(w).or_insert(current) &= !ports::bit(index);
+                cleared.push((ports::frontend_word(udp, index), ports::bit(index)));
             }
             let (udp, port) = port_of(key);
             if !self.mirror.port_in_use(udp, port) {
-                let w = ports::frontend_port_word(udp, port);
-                let current = self.word(w);
-                *words.entry(w).or_insert(current) &= !ports::bit(u32::from(port));
+                cleared.push((
+                    ports::frontend_port_word(udp, port),
+                    ports::bit(u32::from(port)),
+                ));
             }
         }
-        let writes: Vec<MapWrite> = words
-            .into_iter()
-            .filter(|(w, bits)| *bits != self.word(*w))
-            .map(|(word, bits)| MapWrite::PutPorts { word, bits })
+        let writes: Vec<MapWrite> = by_word(cleared)
+            .filter_map(|(word, clear)| {
+                let current = self.word(word);
+                (current & !clear != current).then_some(MapWrite::PutPorts {
+                    word,
+                    bits: current & !clear,
+                })
+            })
             .collect();
         self.write_ports(&writes, report);
     }
@@ -985,6 +1002,22 @@ fn age_of(set: &SetState) -> (i64, &str) {
     set.seniority
         .as_ref()
         .map_or((i64::MAX, "\u{10ffff}"), Seniority::age)
+}
+
+/// (word, bit) pairs of the `PORTS` array that a plan sets or clears: a few per set, inline.
+type WordBits = SmallVec<[(u32, u64); 8]>;
+
+/// The bits of each word together, in word order (the order the writes go in).
+fn by_word(mut bits: WordBits) -> impl Iterator<Item = (u32, u64)> {
+    bits.sort_unstable_by_key(|&(word, _)| word);
+    let mut merged = WordBits::new();
+    for (word, bit) in bits {
+        match merged.last_mut() {
+            Some((last, set)) if *last == word => *set |= bit,
+            _ => merged.push((word, bit)),
+        }
+    }
+    merged.into_iter()
 }
 
 /// The longest run of consecutive slots of `current` whose backends are all still `wanted`:
