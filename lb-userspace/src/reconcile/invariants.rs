@@ -40,7 +40,7 @@ pub fn violations(snap: &MapSnapshot, backends_capacity: u32) -> Vec<String> {
         }
         for i in 0..u32::from(fe.count) {
             match snap.backends.get(fe.base + i) {
-                Some(b) if b.family == key.family && backend_addr(b).is_some() => {
+                Some(b) if b.family == key.family && backend_addr(&b).is_some() => {
                     let udp = key.protocol == lb_common::PROTOCOL_UDP;
                     let port = u16::from_be(b.port_be);
                     if !snap.backend_port_bit(udp, port) {
