@@ -63,7 +63,8 @@ impl Mirror {
     pub fn apply(&mut self, write: &MapWrite) {
         match write {
             MapWrite::PutFrontend(k, f) => {
-                if let Some(old) = self.snap.frontends.get(k) {
+                // Written here, not by `snap.apply`: one search of the frontends for both.
+                if let Some(old) = self.snap.frontends.insert(*k, *f) {
                     self.drop_frontend(old.service_id, k);
                 } else {
                     *self.filter_users.entry(filter_of(k)).or_default() += 1;
@@ -74,6 +75,7 @@ impl Mirror {
                     .entry(f.service_id)
                     .or_default()
                     .insert(*k);
+                return;
             }
             MapWrite::DeleteFrontend(k) => {
                 if let Some(old) = self.snap.frontends.get(k) {

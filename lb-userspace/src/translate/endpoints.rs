@@ -45,6 +45,9 @@ pub(super) struct Chosen {
     pub why: Candidacy,
 }
 
+/// Up to this many endpoints, a copy of an address is found by a scan.
+const SCAN_MAX: usize = 16;
+
 /// Merges the slices for one Service port in one family.
 pub(super) fn merge<'a>(
     port: &ServicePort,
@@ -53,7 +56,10 @@ pub(super) fn merge<'a>(
 ) -> Merged<'a> {
     let total = slices.iter().map(|s| s.endpoints.len()).sum();
     let mut seen = Vec::with_capacity(total);
-    let mut by_addr: FastMap<SocketAddr, usize> = fast_map_with_capacity(total);
+    // Where each address's kept copy is: found by a scan in a small Service (most), which
+    // needs no table; by a map in a larger one.
+    let mut by_addr: Option<FastMap<SocketAddr, usize>> =
+        (total > SCAN_MAX).then(|| fast_map_with_capacity(total));
     for slice in slices {
         let target = target_port(port, slice);
         for endpoint in &slice.endpoints {
@@ -86,9 +92,16 @@ pub(super) fn merge<'a>(
             let Some(addr) = addr else {
                 continue;
             };
-            match by_addr.get(&addr).copied() {
+            let kept = match &by_addr {
+                Some(map) => map.get(&addr).copied(),
+                // Only the kept copy of an address still has it.
+                None => seen[..index].iter().position(|s| s.addr == Some(addr)),
+            };
+            match kept {
                 None => {
-                    by_addr.insert(addr, index);
+                    if let Some(map) = &mut by_addr {
+                        map.insert(addr, index);
+                    }
                 }
                 Some(kept) => {
                     // A later copy replaces the kept one unless the later one is terminating.
@@ -97,7 +110,9 @@ pub(super) fn merge<'a>(
                     } else {
                         (index, kept)
                     };
-                    by_addr.insert(addr, winner);
+                    if let Some(map) = &mut by_addr {
+                        map.insert(addr, winner);
+                    }
                     let slice = Arc::clone(&seen[winner].slice.key.name);
                     seen[loser].addr = None;
                     seen[loser].early = Some(Exclusion::Duplicate { slice });
@@ -341,4 +356,105 @@ type Hints = fn(&Endpoint) -> Option<&[Arc<str>]>;
 /// On this node: the endpoint's nodeName is exactly this node's name.
 pub(super) fn is_local(e: &Endpoint, node: &NodeInfo) -> bool {
     matches!((e.node_name(), node.name.as_deref()), (Some(a), Some(b)) if !b.is_empty() && a == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::{core::v1 as core, discovery::v1 as discovery},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+    use crate::model::{service_from_api, slice_from_api};
+
+    fn slice(name: &str, endpoints: &[(u8, bool)]) -> EndpointSlice {
+        slice_from_api(&discovery::EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                labels: Some([("kubernetes.io/service-name".into(), "web".into())].into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: endpoints
+                .iter()
+                .map(|&(last, terminating)| discovery::Endpoint {
+                    addresses: vec![format!("10.0.0.{last}")],
+                    conditions: Some(discovery::EndpointConditions {
+                        ready: Some(!terminating),
+                        serving: Some(true),
+                        terminating: Some(terminating),
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ports: Some(vec![discovery::EndpointPort {
+                port: Some(8080),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]),
+        })
+        .unwrap()
+    }
+
+    /// kube-proxy's `EndpointSliceCache.addEndpoints`: a later copy of an address replaces the
+    /// kept one unless the later one is terminating. The same in a small Service (its copies
+    /// found by a scan) and a large one (by a map).
+    #[test]
+    fn a_later_copy_of_an_address_wins_unless_it_is_terminating_in_small_and_large_services() {
+        let svc = service_from_api(&core::Service {
+            metadata: ObjectMeta {
+                name: Some("web".into()),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            spec: Some(core::ServiceSpec {
+                cluster_ip: Some("10.96.0.10".into()),
+                cluster_ips: Some(vec!["10.96.0.10".into()]),
+                ports: Some(vec![core::ServicePort {
+                    port: 80,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        for others in [0u8, 30] {
+            // .1 twice, the later copy ready: it wins. .2 twice, the later copy terminating:
+            // the earlier one stays.
+            let mut first: Vec<(u8, bool)> = vec![(1, true), (2, false)];
+            first.extend((0..others).map(|i| (100 + i, false)));
+            let (a, b) = (slice("a", &first), slice("b", &[(1, false), (2, true)]));
+            let merged = merge(&svc.ports[0], Family::IPv4, &[&a, &b]);
+            let kept = |last: u8| -> Vec<usize> {
+                let addr = SocketAddr::from(([10, 0, 0, last], 8080));
+                (0..merged.seen.len())
+                    .filter(|&i| merged.addr(i) == Some(addr))
+                    .collect()
+            };
+            let n = first.len();
+            assert_eq!(
+                kept(1),
+                vec![n],
+                "{others} others: the later ready copy of .1"
+            );
+            assert_eq!(kept(2), vec![1], "{others} others: the earlier copy of .2");
+            for loser in [0, n + 1] {
+                assert!(
+                    matches!(merged.seen[loser].early, Some(Exclusion::Duplicate { .. })),
+                    "{others} others: endpoint {loser} is a duplicate"
+                );
+            }
+            assert_eq!(
+                (0..merged.seen.len())
+                    .filter(|&i| merged.addr(i).is_some())
+                    .count(),
+                2 + usize::from(others),
+                "{others} others: every other address kept once"
+            );
+        }
+    }
 }
