@@ -518,12 +518,17 @@ impl<M: ServiceMaps> Reconciler<M> {
             ));
         }
         for b in &layout {
-            bits.push((
+            let port = (
                 ports::backend_word(udp, b.port()),
                 ports::bit(u32::from(b.port())),
-            ));
+            );
+            // A set's backends mostly share one port: each run of it once.
+            if bits.last() != Some(&port) {
+                bits.push(port);
+            }
         }
-        for (word, set) in by_word(bits) {
+        by_word(&mut bits);
+        for &(word, set) in &bits {
             let current = self.word(word);
             if current | set != current {
                 writes.push(MapWrite::PutPorts {
@@ -841,7 +846,9 @@ impl<M: ServiceMaps> Reconciler<M> {
                 ));
             }
         }
-        let writes: Vec<MapWrite> = by_word(cleared)
+        by_word(&mut cleared);
+        let writes: Vec<MapWrite> = cleared
+            .into_iter()
             .filter_map(|(word, clear)| {
                 let current = self.word(word);
                 (current & !clear != current).then_some(MapWrite::PutPorts {
@@ -1008,16 +1015,15 @@ fn age_of(set: &SetState) -> (i64, &str) {
 type WordBits = SmallVec<[(u32, u64); 8]>;
 
 /// The bits of each word together, in word order (the order the writes go in).
-fn by_word(mut bits: WordBits) -> impl Iterator<Item = (u32, u64)> {
+fn by_word(bits: &mut WordBits) {
     bits.sort_unstable_by_key(|&(word, _)| word);
-    let mut merged = WordBits::new();
-    for (word, bit) in bits {
-        match merged.last_mut() {
-            Some((last, set)) if *last == word => *set |= bit,
-            _ => merged.push((word, bit)),
+    bits.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.1 |= later.1;
         }
-    }
-    merged.into_iter()
+        same
+    });
 }
 
 /// The longest run of consecutive slots of `current` whose backends are all still `wanted`:
