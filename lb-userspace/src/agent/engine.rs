@@ -604,7 +604,7 @@ impl<M: ServiceMaps> Engine<M> {
         // through the whole sync).
         let mut sets = Vec::with_capacity(self.store.service_count());
         self.keys_by_service.clear();
-        self.ownership = Ownership::default();
+        self.ownership = Ownership::with_capacity(self.store.service_count());
         self.refused.clear();
         for svc in self.store.services() {
             let t = translate_service_with(

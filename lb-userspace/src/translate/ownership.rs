@@ -7,16 +7,13 @@
 //! a controller), then an externalIP (any Service author may write one). Within a kind the
 //! older Service wins (`creationTimestamp`), then the smaller uid. Names and namespaces never
 //! decide. The losing claim is not written and is reported.
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::{collections::BTreeSet, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
 use super::types::{ClaimKind, DesiredService, DesiredState, FrontendClaim};
 use crate::{
-    hashing::FastMap,
+    hashing::{FastMap, fast_map_with_capacity},
     vec_set::VecSet,
     vocab::{ServiceAddr, ServicePortKey},
 };
@@ -50,8 +47,9 @@ impl std::fmt::Display for Conflict {
 /// Every claim on every address, kept up to date one backend set at a time.
 #[derive(Clone, Debug, Default)]
 pub struct Ownership {
-    /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node.
-    claims: BTreeMap<ServiceAddr, VecSet<Claimant>>,
+    /// Almost every address has one claimant: a sorted `Vec` each, not a B-tree node. Looked
+    /// up by address, never walked in order: a hash of the address, not a B-tree search.
+    claims: FastMap<ServiceAddr, VecSet<Claimant>>,
     /// The addresses each backend set claims (its claimants are in `claims`).
     by_key: FastMap<ServicePortKey, Box<[ServiceAddr]>>,
     /// Addresses with more than one claim: while there is none, every claim is granted and no
@@ -60,6 +58,16 @@ pub struct Ownership {
 }
 
 impl Ownership {
+    /// Room for about `sets` backend sets' claims (a full translation makes them all at once,
+    /// and a table that grows as it goes holds its old and new halves for a moment).
+    pub fn with_capacity(sets: usize) -> Self {
+        Self {
+            claims: fast_map_with_capacity(sets),
+            by_key: fast_map_with_capacity(sets),
+            contested: 0,
+        }
+    }
+
     /// Records (or replaces) the claims of one backend set. Returns every backend set whose owned
     /// addresses may have changed (this one, and the former and new owners of what it claims).
     pub fn claim(
