@@ -507,36 +507,7 @@ impl<M: ServiceMaps> Reconciler<M> {
 
         // 2. Prefilters: the port and filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
-        let mut bits = WordBits::new();
-        for k in &wanted {
-            let (_, index) = filter_of(k);
-            bits.push((ports::frontend_word(udp, index), ports::bit(index)));
-            let (_, port) = port_of(k);
-            bits.push((
-                ports::frontend_port_word(udp, port),
-                ports::bit(u32::from(port)),
-            ));
-        }
-        for b in &layout {
-            let port = (
-                ports::backend_word(udp, b.port()),
-                ports::bit(u32::from(b.port())),
-            );
-            // A set's backends mostly share one port: each run of it once.
-            if bits.last() != Some(&port) {
-                bits.push(port);
-            }
-        }
-        by_word(&mut bits);
-        for &(word, set) in &bits {
-            let current = self.word(word);
-            if current | set != current {
-                writes.push(MapWrite::PutPorts {
-                    word,
-                    bits: current | set,
-                });
-            }
-        }
+        self.set_bits(udp, &wanted, &layout, &mut writes);
 
         // 3. Metadata, before any frontend points at the id.
         if let Some(d) = desired {
@@ -595,6 +566,47 @@ impl<M: ServiceMaps> Reconciler<M> {
                 .copied()
                 .collect(),
         })
+    }
+
+    /// The `PORTS` writes that set the filter and port bits of `frontends` and the port bits of
+    /// `backends` (only words that change).
+    fn set_bits(
+        &self,
+        udp: bool,
+        frontends: &[FrontendKey],
+        backends: &[SocketAddr],
+        writes: &mut Vec<MapWrite>,
+    ) {
+        let mut bits = WordBits::new();
+        for k in frontends {
+            let (_, index) = filter_of(k);
+            bits.push((ports::frontend_word(udp, index), ports::bit(index)));
+            let (_, port) = port_of(k);
+            bits.push((
+                ports::frontend_port_word(udp, port),
+                ports::bit(u32::from(port)),
+            ));
+        }
+        for b in backends {
+            let port = (
+                ports::backend_word(udp, b.port()),
+                ports::bit(u32::from(b.port())),
+            );
+            // A set's backends mostly share one port: each run of it once.
+            if bits.last() != Some(&port) {
+                bits.push(port);
+            }
+        }
+        by_word(&mut bits);
+        for &(word, set) in &bits {
+            let current = self.word(word);
+            if current | set != current {
+                writes.push(MapWrite::PutPorts {
+                    word,
+                    bits: current | set,
+                });
+            }
+        }
     }
 
     /// What a set's slots hold, from the mirror (`None` for a slot that holds no backend).
