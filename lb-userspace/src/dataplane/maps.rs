@@ -179,7 +179,7 @@ pub struct Reach {
 /// where the map's value takes 20 (0.8 MiB for 100,000 backends instead of 2); any other value
 /// (IPv6, or bytes an IPv4 entry does not use) is kept whole beside the words, so the mirror
 /// gives back every byte that was written or read.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct BackendSlots {
     /// `EMPTY`, an IPv4 entry packed (`pack_v4`), or `WIDE` plus an index into `wide`.
     slots: Vec<u64>,
@@ -286,6 +286,13 @@ impl BackendSlots {
         (0u32..)
             .zip(&self.slots)
             .filter_map(|(i, w)| Some((i, self.entry(*w)?)))
+    }
+}
+
+/// The entries by index, as the map holds them (not the packed words).
+impl std::fmt::Debug for BackendSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
     }
 }
 
