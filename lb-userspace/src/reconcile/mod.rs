@@ -544,12 +544,12 @@ impl<M: ServiceMaps> Reconciler<M> {
             }
         }
         // 5. Frontends no longer wanted.
-        writes.extend(
-            current
-                .iter()
-                .filter(|k| wanted.binary_search(k).is_err())
-                .map(|k| MapWrite::DeleteFrontend(*k)),
-        );
+        let released: Vec<FrontendKey> = current
+            .iter()
+            .filter(|k| wanted.binary_search(k).is_err())
+            .copied()
+            .collect();
+        writes.extend(released.iter().map(|k| MapWrite::DeleteFrontend(*k)));
         if desired.is_none() && self.mirror.snap.meta.contains_key(&id) {
             writes.push(MapWrite::DeleteMeta(id));
         }
@@ -560,11 +560,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             new_range,
             narrowed,
             left_out,
-            released: current
-                .iter()
-                .filter(|k| wanted.binary_search(k).is_err())
-                .copied()
-                .collect(),
+            released,
         })
     }
 
