@@ -150,8 +150,31 @@ impl<M: ServiceMaps> ServiceMaps for Recording<M> {
     }
 }
 
-/// Maps that take every write and keep nothing: the engine on them is translation and diff
-/// alone (the reconciler keeps its own mirror of what it wrote).
+/// Maps that add up the time spent inside their writes (the system calls, on real maps), so a
+/// full sync's time splits into its writes and the agent's own work around them. A separate
+/// pass from the timed one: two clock reads per write would move the figure they explain.
+struct TimedWrites<M> {
+    inner: M,
+    inside: Duration,
+}
+
+impl<M: ServiceMaps> ServiceMaps for TimedWrites<M> {
+    fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
+        let start = Instant::now();
+        let result = self.inner.write(write);
+        self.inside += start.elapsed();
+        result
+    }
+
+    fn read_all(&self) -> Result<MapSnapshot, MapReadError> {
+        self.inner.read_all()
+    }
+
+    fn capacities(&self) -> Capacities {
+        self.inner.capacities()
+    }
+}
+
 /// One full sync of `services` x `endpoints` through the engine into maps that discard every
 /// write: translation and diff only (seconds).
 pub fn translate_and_diff_secs(services: usize, endpoints: usize) -> anyhow::Result<f64> {
@@ -190,6 +213,19 @@ pub struct FullSync {
     pub write_floor_s: Spread,
     /// real maps ÷ the write floor, per pass.
     pub ratio: Spread,
+    /// Time inside the maps' writes during another full sync on fresh real maps (each write
+    /// timed), and the same for the bare loop: the writes' own cost in each.
+    pub engine_writes_s: Spread,
+    pub floor_writes_s: Spread,
+    /// The rest of that full sync's time: the agent's own work among its writes (compare
+    /// `in_memory_s`, the same work with no write leaving the process).
+    pub engine_outside_s: Spread,
+    /// `engine_outside_s` ÷ `in_memory_s`, per pass: how much slower the agent's own work is
+    /// among real writes than with none.
+    pub outside_ratio: Spread,
+    /// `engine_writes_s` ÷ `floor_writes_s`, per pass: how much slower the same writes are among
+    /// the agent's work than back to back.
+    pub writes_ratio: Spread,
 }
 
 fn fresh_maps(sandbox: &Sandbox, name: &str) -> anyhow::Result<(Dataplane, BpfServiceMaps)> {
@@ -241,10 +277,13 @@ pub fn full_sync_floor(
 ) -> anyhow::Result<FullSync> {
     let (mut mem, mut real, mut floor, mut ratio) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut engine_writes, mut engine_outside, mut floor_writes, mut writes_ratio) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut outside_ratio = Vec::new();
     let mut writes = 0;
     for _ in 0..passes {
-        let (_, secs, _) = full_sync(Discard, world_events(services, endpoints)?)?;
-        mem.push(secs);
+        let (_, in_memory, _) = full_sync(Discard, world_events(services, endpoints)?)?;
+        mem.push(in_memory);
         let recorded = Arc::new(Mutex::new(Vec::new()));
         full_sync(
             Recording {
@@ -277,6 +316,32 @@ pub fn full_sync_floor(
         drop_maps(sandbox, "fullsync", dataplane)?;
         floor.push(bare);
         ratio.push(secs / bare);
+
+        let (dataplane, maps) = fresh_maps(sandbox, "fullsync")?;
+        let timed = TimedWrites {
+            inner: maps,
+            inside: Duration::ZERO,
+        };
+        let (engine, total, _) = full_sync(timed, world_events(services, endpoints)?)?;
+        let inside = engine.reconciler().maps().inside.as_secs_f64();
+        engine_outside.push(total - inside);
+        outside_ratio.push((total - inside) / in_memory);
+        drop(engine);
+        drop_maps(sandbox, "fullsync", dataplane)?;
+        let (dataplane, maps) = fresh_maps(sandbox, "fullsync")?;
+        let mut timed = TimedWrites {
+            inner: maps,
+            inside: Duration::ZERO,
+        };
+        for w in &recorded {
+            timed.write(w)?;
+        }
+        let bare_inside = timed.inside.as_secs_f64();
+        drop(timed);
+        drop_maps(sandbox, "fullsync", dataplane)?;
+        engine_writes.push(inside);
+        floor_writes.push(bare_inside);
+        writes_ratio.push(inside / bare_inside);
     }
     Ok(FullSync {
         services,
@@ -286,6 +351,11 @@ pub fn full_sync_floor(
         real_maps_s: Spread::of(&real),
         write_floor_s: Spread::of(&floor),
         ratio: Spread::of(&ratio),
+        engine_writes_s: Spread::of(&engine_writes),
+        floor_writes_s: Spread::of(&floor_writes),
+        engine_outside_s: Spread::of(&engine_outside),
+        outside_ratio: Spread::of(&outside_ratio),
+        writes_ratio: Spread::of(&writes_ratio),
     })
 }
 

@@ -99,7 +99,7 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "full sync",
-        "cause: translation and diff in the agent (profile in the README) and writes at 1.3-1.6x the floor (the same writes as the bare loop, interleaved with the agent's work; why they take longer is not measured); done: seeded foldhash maps instead of SipHash and of ordered maps where order does not matter, fewer searches and allocations per backend set, no conflict search while no address is contested, slices read from the Service's index, a slimmer model (interned port names, no boxed endpoint details), a set's backends read from the mirror, B-trees built from sorted entries, a backend set's key one shared pointer with its hash computed once, a plan's port words in an inline vector, address claims and small Services' duplicate checks without B-trees or tables (17% fewer instructions in a full sync's reconcile under callgrind; full sync 2.97-3.23x two stops ago, 2.53-2.82x at the start of the last, 2.19-2.63x after it; 2.49-2.81x on the Intel machine after the shared keys against 2.79-3.14x before, 2.52-2.89x after the instruction cut, whose time the runs' noise hides); tried: mimalloc (faster, peak RSS 145 MiB: not adopted), whole-program LTO (no difference); what remains is reading the names' bytes (cache misses in hashing and comparing keys) and an allocation or two per set: needs a store and mirror in arrays by id",
+        "cause: the agent's own work, which runs slower among real writes than in memory (the split above: the writes themselves cost what the bare loop's do; not the system calls' entry and exit, since one null system call per write left translation and diff at 0.048-0.049 s against 0.048 s without, so the map updates' kernel work between the agent's steps; which part of it, this VM's lack of hardware counters could not tell), and translation and diff themselves (profile in the README); done: seeded foldhash maps instead of SipHash and of ordered maps where order does not matter, fewer searches and allocations per backend set, no conflict search while no address is contested, slices read from the Service's index, a slimmer model (interned port names, no boxed endpoint details), a set's backends read from the mirror, B-trees built from sorted entries, a backend set's key one shared pointer with its hash computed once, a plan's port words in an inline vector, address claims and small Services' duplicate checks without B-trees or tables (17% fewer instructions in a full sync's reconcile under callgrind; full sync 2.97-3.23x two stops ago, 2.53-2.82x at the start of the last, 2.19-2.63x after it; 2.49-2.81x on the Intel machine after the shared keys against 2.79-3.14x before, 2.52-2.89x after the instruction cut, whose time the runs' noise hides); tried: mimalloc (faster, peak RSS 145 MiB: not adopted), whole-program LTO (no difference); what remains is reading the names' bytes (cache misses in hashing and comparing keys) and an allocation or two per set: needs a store and mirror in arrays by id",
     ),
     (
         "translate + diff",
@@ -439,6 +439,15 @@ impl Report {
                         "translation and diff alone take {:.3} s of it: CPU in the agent, not syscalls",
                         f.in_memory_s.median
                     ),
+                    format!(
+                        "split by timing each write in another pass: inside the writes {:.3} s against {:.3} s back to back ({}×), the agent's own work among them {:.3} s against {:.3} s in memory ({}×)",
+                        f.engine_writes_s.median,
+                        f.floor_writes_s.median,
+                        f.writes_ratio.show(2),
+                        f.engine_outside_s.median,
+                        f.in_memory_s.median,
+                        f.outside_ratio.show(2)
+                    ),
                 ]
                 .into_iter()
                 .filter(|n| !n.is_empty())
@@ -674,14 +683,19 @@ impl Report {
         if let Some(f) = &self.full_sync {
             let _ = writeln!(
                 m,
-                "Full sync of {} × {} ({} writes): in memory {} s; real maps {} s; bare write loop {} s; ratio {}.\n",
+                "Full sync of {} × {} ({} writes): in memory {} s; real maps {} s; bare write loop {} s; ratio {}. Timing each write in another pass: inside the writes {} s in the engine's sync, {} s back to back, ratio {}; the agent's own work among them {} s, {}× its time in memory.\n",
                 f.services,
                 f.endpoints,
                 f.writes,
                 f.in_memory_s.show(3),
                 f.real_maps_s.show(3),
                 f.write_floor_s.show(3),
-                f.ratio.show(2)
+                f.ratio.show(2),
+                f.engine_writes_s.show(3),
+                f.floor_writes_s.show(3),
+                f.writes_ratio.show(2),
+                f.engine_outside_s.show(3),
+                f.outside_ratio.show(2)
             );
         }
         for c in &self.changes {
