@@ -203,6 +203,41 @@ impl Drop for Server {
     }
 }
 
+impl Server {
+    /// Listens on `port` at each of `listen` and serves `app` there.
+    fn listen(
+        service: &ObjectKey,
+        port: u16,
+        listen: &[ListenOn],
+        app: &Router,
+    ) -> anyhow::Result<Self> {
+        // All or nothing, as kube-proxy: a port half open would answer for some addresses.
+        let listeners = listen
+            .iter()
+            .map(|on| bind(*on, port))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut server = Self {
+            service: service.clone(),
+            on: listen.to_vec(),
+            addresses: Vec::new(),
+            tasks: Vec::new(),
+            listeners: Vec::new(),
+        };
+        for l in listeners.into_iter().flatten() {
+            server.addresses.push(l.local_addr()?);
+            server
+                .listeners
+                .push(std::os::fd::AsFd::as_fd(&l).try_clone_to_owned()?);
+            server.tasks.push(tokio::spawn(http::serve(
+                l,
+                app.clone(),
+                "health-check-node-port",
+            )));
+        }
+        Ok(server)
+    }
+}
+
 /// The state one port's handler reads.
 struct PortState {
     port: u16,
@@ -286,30 +321,7 @@ impl HealthCheckServers {
             shared: self.shared.clone(),
         });
         let app = Router::new().fallback(answer).with_state(state);
-        // All or nothing, as kube-proxy: a port half open would answer for some addresses.
-        let listeners = listen
-            .iter()
-            .map(|on| bind(*on, port))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let mut server = Server {
-            service: service.clone(),
-            on: listen.to_vec(),
-            addresses: Vec::new(),
-            tasks: Vec::new(),
-            listeners: Vec::new(),
-        };
-        for l in listeners.into_iter().flatten() {
-            server.addresses.push(l.local_addr()?);
-            server
-                .listeners
-                .push(std::os::fd::AsFd::as_fd(&l).try_clone_to_owned()?);
-            server.tasks.push(tokio::spawn(http::serve(
-                l,
-                app.clone(),
-                "health-check-node-port",
-            )));
-        }
-        Ok(server)
+        Server::listen(service, port, listen, &app)
     }
 
     /// The ports as /status shows them.
@@ -450,4 +462,67 @@ async fn answer(State(state): State<Arc<PortState>>) -> Response {
         health_check_body(&check, healthy),
         Some(check.local_endpoints),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    use axum::Router;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::{ListenOn, Server, bind};
+    use crate::vocab::ObjectKey;
+
+    const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+    fn app() -> Router {
+        Router::new().fallback(|| async { "answered" })
+    }
+
+    /// What a client gets from `GET /` at `addr`.
+    async fn get(addr: SocketAddr) -> std::io::Result<String> {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        Ok(answer)
+    }
+
+    /// A node change moves a health-check port from the wildcard to the node's address: one
+    /// sync drops the old server and binds the new one, with no await between, so the old
+    /// accept task (aborted, not yet dropped by the runtime) still holds its listener. The bind
+    /// must succeed then, not at the next sync (it failed with EADDRINUSE once in CI before
+    /// the old listeners were shut down on drop).
+    #[tokio::test]
+    async fn a_port_moved_to_the_nodes_address_listens_at_once() {
+        let service = ObjectKey::new("default", "lb");
+        let old = Server::listen(&service, 0, &[ListenOn::Any], &app()).expect("wildcard listens");
+        let port = old.addresses[0].port();
+        assert!(
+            get(SocketAddr::new(LOOPBACK, port))
+                .await
+                .expect("the wildcard answers")
+                .ends_with("answered")
+        );
+        // The control: while the wildcard listens, the node's address cannot take the port.
+        let busy = bind(ListenOn::Ip(LOOPBACK), port).expect_err("the port is taken");
+        let errno = busy
+            .chain()
+            .find_map(|e| e.downcast_ref::<std::io::Error>())
+            .and_then(std::io::Error::raw_os_error);
+        assert_eq!(errno, Some(libc::EADDRINUSE), "{busy:#}");
+
+        drop(old);
+        let new = Server::listen(&service, port, &[ListenOn::Ip(LOOPBACK)], &app())
+            .expect("the node's address listens in the same sync");
+        assert_eq!(new.addresses, [SocketAddr::new(LOOPBACK, port)]);
+        let answer = get(SocketAddr::new(LOOPBACK, port))
+            .await
+            .expect("the moved port answers");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.ends_with("answered"), "{answer}");
+    }
 }
