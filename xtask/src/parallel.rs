@@ -7,7 +7,10 @@ use std::{
     collections::VecDeque,
     path::PathBuf,
     process::{Command, Stdio},
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -125,14 +128,19 @@ fn label(job: &Job) -> String {
     }
 }
 
-fn run_one(job: &Job, limit: Duration) -> anyhow::Result<()> {
+/// Runs one binary to its end or `limit`; prints its summary line, or its whole output when it
+/// failed. Returns the summary line (`test result: ...`).
+fn run_one(job: &Job, limit: Duration) -> anyhow::Result<String> {
     use std::os::unix::process::CommandExt as _;
+    // A number per run: two binaries may share a name (a crate's library and its binary, say)
+    // and run at once; a shared log would lose one's output to the other's cleanup.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
     let start = Instant::now();
     let log = std::env::temp_dir().join(format!(
         "socklb-test-{}-{}-{}.log",
         std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed),
         job.name,
-        job.envs.len()
     ));
     let file = std::fs::File::create(&log)?;
     let mut child = Command::new(&job.executable)
@@ -172,7 +180,7 @@ fn run_one(job: &Job, limit: Duration) -> anyhow::Result<()> {
     match status {
         Some(s) if s.success() => {
             eprintln!("    {:<55} {took:>6.1}s  {summary}", label(job));
-            Ok(())
+            Ok(summary)
         }
         Some(s) => {
             eprintln!("\n---- {} ({s}) ----\n{output}", label(job));
@@ -185,5 +193,44 @@ fn run_one(job: &Job, limit: Duration) -> anyhow::Result<()> {
             );
             bail!("stopped after {limit:?}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::PathBuf, time::Duration};
+
+    use super::{Job, run_one};
+
+    fn job(name: &str, script: &str) -> Job {
+        Job {
+            name: name.to_string(),
+            executable: PathBuf::from("/bin/sh"),
+            cwd: std::env::temp_dir(),
+            envs: Vec::new(),
+            args: vec!["-c".to_string(), script.to_string()],
+        }
+    }
+
+    /// A crate's library and its binary both have the crate's name and may run at once: each
+    /// keeps its own output (the shorter one's cleanup once took the longer one's, so a
+    /// failure there would have printed nothing).
+    #[test]
+    fn binaries_of_one_name_at_once_keep_their_own_output() {
+        let slow = std::thread::spawn(|| {
+            run_one(
+                &job("same", "sleep 0.5; echo 'test result: ok. slow'"),
+                Duration::from_secs(30),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let fast = run_one(
+            &job("same", "echo 'test result: ok. fast'"),
+            Duration::from_secs(30),
+        )
+        .expect("the fast one runs");
+        let slow = slow.join().expect("no panic").expect("the slow one runs");
+        assert_eq!(fast, "test result: ok. fast");
+        assert_eq!(slow, "test result: ok. slow");
     }
 }
