@@ -487,12 +487,15 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         // SAFETY: non-null, this socket's value.
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
-    // Only a TCP connection to a port in the backend port bitmap can hold a slot: the bitmap
-    // only grows, and a new generation (a layout migration) starts with the old one's bits. A
-    // UDP socket may hold one whatever its peer now: disconnected (`connect(AF_UNSPEC)`, which
-    // no hook sees) or connected again to an address no service has, it keeps the slot its
-    // service connect took, so every UDP socket is looked at.
-    let may_hold = udp || (port_be != 0 && backend_port_in_use(false, port_be));
+    // Only a TCP socket whose peer is on a port in the backend port bitmap, or that has no
+    // peer, can hold a slot: the bitmap only grows, and a new generation (a layout migration)
+    // starts with the old one's bits. No peer: the connect hook took the slot before the
+    // kernel's connect, which can then fail and clear the peer (no route, no local port, a
+    // blocking connect refused or timed out, `connect(AF_UNSPEC)`); that socket would otherwise
+    // keep its slot for ever. A UDP socket may hold one whatever its peer now: disconnected or
+    // connected again to an address no service has, it keeps the slot its service connect
+    // took, so every UDP socket is looked at.
+    let may_hold = udp || port_be == 0 || backend_port_in_use(false, port_be);
     if slots_on(config) && may_hold {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };

@@ -622,6 +622,69 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A TCP connect that fails after the hook took its connection slot gives the slot back when
+/// the socket closes. Here the only backend has no route from the client's namespace, so the
+/// kernel's connect fails before it sets the peer (a blocking connect refused or timed out, or
+/// `connect(AF_UNSPEC)`, clears it the same way): the release program once skipped a TCP
+/// socket with no peer, and each failed connect kept a slot for ever. Nothing leaves the
+/// sandbox: the route lookup fails in the client's namespace.
+fn tcp_slot_freed_after_a_failed_connect(net: &Net) -> anyhow::Result<()> {
+    const FAILED: usize = 20;
+    let w = World::new(net, false, &[0], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins");
+    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    let unroutable = if net.vip.contains(':') {
+        "fd00:250::7"
+    } else {
+        "10.250.0.7"
+    };
+    w.sandbox.write_manifest(
+        "slice.yaml",
+        &slice("svc-1", "svc", "p", "TCP", TARGET, &[Ep::ready(unroutable)]),
+    )?;
+    let backend = addr(unroutable, TARGET).to_string();
+    w.sandbox
+        .wait_candidates(&net.lookup(TCP_PORT, false), &[backend.as_str()])?;
+    let mut client = w.client()?;
+    let stats: Stats = w.sandbox.inspect_as(&["stats"])?;
+    let translated = counter(&stats, Counter::Translations).unwrap_or(0);
+    let before = held()?;
+    let r = client.connect(net.vip(TCP_PORT), FAILED)?;
+    assert_eq!(r.errors.get("ENETUNREACH"), Some(&FAILED), "{r:?}");
+    let stats: Stats = w.sandbox.inspect_as(&["stats"])?;
+    assert_eq!(
+        counter(&stats, Counter::Translations),
+        Some(translated + FAILED as u64),
+        "each connect was translated (and took a slot) before the kernel's connect failed"
+    );
+    assert_eq!(
+        held()?,
+        before,
+        "no slot kept by a failed connect's closed socket"
+    );
+    // Control: a connect that succeeds holds a slot while its socket is open (where the release
+    // program runs; without it there are no slots, and records live in socket storage).
+    w.set_backends(&[0])?;
+    let r = client.run(&Command::Open {
+        id: 1,
+        target: net.vip(TCP_PORT),
+        udp: false,
+    })?;
+    assert!(r.ok, "{r:?}");
+    let open = if claims.socket_release {
+        before + 1
+    } else {
+        before
+    };
+    assert_eq!(held()?, open, "an open connection holds its slot");
+    client.run(&Command::Close { id: 1 })?;
+    assert_eq!(held()?, before, "and gives it back at close");
+    Ok(())
+}
+
 /// A process outside the cgroup, in the same namespace, is never translated.
 fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -666,6 +729,7 @@ both_families!(
     connected_udp_socket_terminated_across_a_restart,
     connected_udp_sockets_listed,
     connected_udp_slot_freed,
+    tcp_slot_freed_after_a_failed_connect,
     outside_cgroup_untouched,
 );
 
