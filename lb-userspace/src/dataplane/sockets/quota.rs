@@ -14,7 +14,7 @@
 use std::{collections::HashMap, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use lb_common::MapId;
+use lb_common::{MapId, SockState};
 
 use super::{
     ListError, NamespaceError, SocketPins, for_each_entry, in_each_namespace, namespaces,
@@ -63,22 +63,31 @@ fn open(pins: &SocketPins) -> Result<BpfHashMap<MapData, u64, u64>, ListError> {
         .map_err(|e| err(std::io::Error::other(e)))
 }
 
-/// The live records in socket storage, by pod, streamed: in one walk where the kernel allows
-/// it, else one namespace of `cgroup`'s tree at a time (TCP through `sock_diag`'s storage
-/// attribute, UDP through the UDP iterator).
+/// Adds `held` records of `state`'s pod to `live`, if they were made before `since` (records
+/// made since are in the kernel's count's move while the listing ran: see `recount`).
+fn tally(live: &mut HashMap<u64, u64>, state: &SockState, held: u64, since: u64) {
+    if held > 0 && state.created_ns < since {
+        *live.entry(state.cgroup_id).or_default() += held;
+    }
+}
+
+/// The live records in socket storage made before `since` (`CLOCK_MONOTONIC` ns), by pod,
+/// streamed: in one walk where the kernel allows it, else one namespace of `cgroup`'s tree at a
+/// time (TCP through `sock_diag`'s storage attribute, UDP through the UDP iterator).
 fn live_records(
     pins: &SocketPins,
     listing: Listing,
     cgroup: &Path,
+    since: u64,
 ) -> Result<(HashMap<u64, u64>, usize), ListError> {
     let mut live: HashMap<u64, u64> = HashMap::new();
     if listing.global {
-        pins.for_each_global(|e| *live.entry(e.state.cgroup_id).or_default() += 1)?;
+        pins.for_each_global(|e| tally(&mut live, &e.state, 1, since))?;
         // Connected UDP sockets' slots count too (TCP connections' do not).
         if let Some(slots) = super::Slots::open(pins)? {
             slots.each(|_, state| {
                 if super::protocol_of(&state) == Some(crate::vocab::Protocol::Udp) {
-                    *live.entry(state.cgroup_id).or_default() += 1;
+                    tally(&mut live, &state, 1, since);
                 }
             })?;
         }
@@ -108,7 +117,7 @@ fn live_records(
                         if let Some(state) =
                             socket.storages.first().and_then(|s| state_from(&s.value))
                         {
-                            *here.entry(state.cgroup_id).or_default() += 1;
+                            tally(&mut here, &state, 1, since);
                         }
                     }
                     sock_diag::Dumped::Restart => here.clear(),
@@ -127,10 +136,12 @@ fn live_records(
             let file = sys::iter_create(link.as_fd()).map_err(iter_err)?;
             // A UDP socket's value in storage and its slot each count against its pod's bound.
             for_each_entry(file, |e: &lb_common::UdpSocketEntry| {
-                let held = u64::from(e.addrs.holds.count_ones());
-                if held > 0 {
-                    *here.entry(e.state.cgroup_id).or_default() += held;
-                }
+                tally(
+                    &mut here,
+                    &e.state,
+                    u64::from(e.addrs.holds.count_ones()),
+                    since,
+                );
             })
             .map_err(iter_err)?;
         }
@@ -154,6 +165,12 @@ fn live_records(
 /// Sets every pod's count to its live records (plus what changed while the listing ran) where
 /// they differ, and forgets pods with none. `bound` only feeds the report. Where a namespace
 /// could not be read, its pods' counts are left as the kernel keeps them.
+///
+/// A record made after the counts were first read is in what changed; the listing may see it
+/// too, so only records made before then count as live (counted twice, a pod that opened
+/// sockets during a recount was held to fewer than its bound until the next one). A record
+/// closed before the listing reached it is only in what changed: the count is then low by one
+/// until the next recount, which only lets the pod through.
 pub fn recount(
     pins: &SocketPins,
     listing: Listing,
@@ -161,12 +178,13 @@ pub fn recount(
     bound: u64,
 ) -> Result<Recount, ListError> {
     let mut map = open(pins)?;
+    let since = u64::try_from(super::monotonic_now().as_nanos()).unwrap_or(u64::MAX);
     let before: HashMap<u64, i64> = map
         .iter()
         .flatten()
         .map(|(k, v)| (k, v.cast_signed()))
         .collect();
-    let (live, namespace_errors) = live_records(pins, listing, cgroup)?;
+    let (live, namespace_errors) = live_records(pins, listing, cgroup, since)?;
     let mut report = Recount {
         clients: before.len(),
         namespace_errors,
@@ -211,4 +229,32 @@ pub fn recount(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use lb_common::SockState;
+
+    use super::tally;
+
+    /// A record made after the recount read the counts is already in the count's move while
+    /// the listing ran: the listing does not count it again.
+    #[test]
+    fn records_made_during_a_recount_count_once() {
+        let since = 1_000;
+        let record = |pod, created_ns| SockState {
+            cgroup_id: pod,
+            created_ns,
+            ..SockState::default()
+        };
+        let mut live = HashMap::new();
+        tally(&mut live, &record(7, 999), 1, since);
+        tally(&mut live, &record(7, 1_000), 1, since);
+        tally(&mut live, &record(7, 5_000), 2, since);
+        tally(&mut live, &record(8, 10), 2, since);
+        tally(&mut live, &record(9, 10), 0, since);
+        assert_eq!(live, HashMap::from([(7, 1), (8, 2)]));
+    }
 }
