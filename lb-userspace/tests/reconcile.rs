@@ -522,6 +522,70 @@ fn capacity_goes_to_the_oldest_also_when_the_room_is_taken() {
     assert_no_problems(&problems);
 }
 
+/// The same rollout on a kernel without a program barrier: the room an evicted set leaves
+/// waits out its grace period, so it cannot be taken in the same write. The older Service's
+/// growth takes the room of as many newer sets as it needs, not of every newer set, keeps its
+/// current backends meanwhile, and is written once the grace has passed.
+#[test]
+fn without_a_barrier_the_oldest_takes_only_the_room_it_needs() {
+    let grace = Duration::from_millis(200);
+    let caps = Capacities::default().with(MapId::Backends, 16);
+    let mut maps = InMemoryMaps::with_capacities(caps).without_barrier();
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::with_grace(maps, grace).unwrap();
+    let world_with = |old: &[&str]| {
+        let mut w = DesiredState::default();
+        w.services
+            .insert(key("old"), aged(service("10.96.0.1", old), 2019, "old-uid"));
+        for i in 0..7 {
+            w.services.insert(
+                key(&format!("filler-{i}")),
+                aged(
+                    service(
+                        &format!("10.96.1.{i}"),
+                        &[&format!("10.245.{i}.1:80"), &format!("10.245.{i}.2:80")],
+                    ),
+                    2025,
+                    &format!("filler-{i}"),
+                ),
+            );
+        }
+        w
+    };
+    let (ep_a, ep_b, ep_c) = ("10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80");
+    let report = r.sync_all(&world_with(&[ep_a, ep_b]));
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(r.ranges().free_len(), 0, "exactly full");
+
+    let report = r.sync_all(&world_with(&[ep_a, ep_b, ep_c]));
+    let evicted: Vec<String> = (0..7)
+        .map(|i| format!("filler-{i}"))
+        .filter(|name| reached(r.snapshot(), &format!("10.96.1.{}", &name[7..])).is_none())
+        .collect();
+    assert!(
+        evicted.len() <= 2,
+        "three slots need the room of two two-slot sets, not {evicted:?}: {:?}",
+        report.failed
+    );
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.1").unwrap(),
+        [ep_a, ep_b],
+        "the older Service keeps what it has while its room waits"
+    );
+
+    std::thread::sleep(grace + Duration::from_millis(50));
+    let report = r.sync_all(&world_with(&[ep_a, ep_b, ep_c]));
+    assert!(
+        !report.failed.contains_key(&key("old")),
+        "written after the grace: {:?}",
+        report.failed
+    );
+    let mut reached_old = reached(r.snapshot(), "10.96.0.1").unwrap();
+    reached_old.sort();
+    assert_eq!(reached_old, [ep_a, ep_b, ep_c]);
+    assert_no_problems(&problems);
+}
+
 /// Issue 27, a full frontend map: an older Service gets a new address and, in the same update,
 /// its endpoint moves A → C. The backend change applies whatever the address does; the address
 /// takes the room of the newest Service's frontend.

@@ -703,11 +703,18 @@ impl<M: ServiceMaps> Reconciler<M> {
             if !self.evict(&victim, key, MapId::Backends) {
                 return None;
             }
-            if self.maps.barrier() {
+            let barrier = self.maps.barrier();
+            if barrier {
                 self.ranges.reclaim_waiting();
             }
             if let Ok(base) = self.ranges.alloc(len, now) {
                 return Some(base);
+            }
+            // Without a barrier the room taken waits out its grace period: once what is free
+            // and waiting would hold the set, no more newer sets go for it now (each would wait
+            // too); the set is written at a retry after the grace.
+            if !barrier && self.ranges.free_len() + self.ranges.waiting_len() >= len {
+                return None;
             }
         }
         None
