@@ -9,7 +9,10 @@ use lb_common::{Frontend, MapId, ports};
 use socklb::{
     dataplane::{
         abi::{frontend_key, service_meta},
-        maps::{Capacities, InMemoryMaps, MapSnapshot, MapWrite, MapWriteError, PackedMeta},
+        maps::{
+            Capacities, InMemoryMaps, MapSnapshot, MapWrite, MapWriteError, PackedMeta,
+            ServiceMaps as _,
+        },
     },
     reconcile::{Reconciler, SyncReport, invariants},
     translate::{ClaimKind, DesiredService, DesiredState, FrontendClaim},
@@ -146,6 +149,84 @@ fn a_restarted_reconciler_adopts_ids_and_ranges_and_writes_nothing_when_in_step(
         reached(second.snapshot(), "10.96.0.1").unwrap(),
         ["10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80"]
     );
+    assert_no_problems(&problems);
+}
+
+/// An agent killed in the middle of a set's change leaves its frontends on two ranges: the
+/// first flipped to the new one, the second still on the old. The next agent must not hand
+/// either range to another set while a frontend points into it (here an older Service, written
+/// first, would have taken the old range and the second frontend would have reached its
+/// backends).
+#[test]
+fn a_restart_after_a_change_cut_short_keeps_every_range_a_frontend_uses() {
+    let caps = Capacities::default().with(MapId::Backends, 8);
+    let (ep_a, ep_b, ep_c) = ("10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80");
+    let mut two = aged(service("10.96.0.1", &[ep_a, ep_b]), 2025, "two-uid");
+    two.frontends = ["10.96.0.1", "10.96.0.3"]
+        .into_iter()
+        .map(|a| FrontendClaim {
+            addr: vip(a),
+            kind: ClaimKind::ClusterIp,
+        })
+        .collect();
+    let mut desired = DesiredState::default();
+    desired.services.insert(key("two"), two.clone());
+    let mut first = Reconciler::new(InMemoryMaps::with_capacities(caps)).unwrap();
+    let report = first.sync_all(&desired);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let old_range = *first.snapshot().frontends.values().next().unwrap();
+
+    // Killed mid-change: the new range written and the first frontend flipped, not the second.
+    let mut maps = InMemoryMaps::with_capacities(caps);
+    maps.content = first.maps().content.clone();
+    let new_base = old_range.base + u32::from(old_range.count);
+    maps.write(&MapWrite::PutBackends {
+        base: new_base,
+        backends: [ep_a, ep_b, ep_c]
+            .iter()
+            .map(|a| socklb::dataplane::abi::backend(a.parse().unwrap()))
+            .collect(),
+    })
+    .unwrap();
+    maps.write(&MapWrite::PutFrontend(
+        frontend_key(vip("10.96.0.1")),
+        Frontend {
+            base: new_base,
+            count: 3,
+            ..old_range
+        },
+    ))
+    .unwrap();
+    assert_eq!(
+        reached(&maps.content, "10.96.0.3").unwrap(),
+        [ep_a, ep_b],
+        "the second frontend is still on the old range"
+    );
+
+    let problems = guarded(&mut maps);
+    let mut second = Reconciler::new(maps).unwrap();
+    let mut after = DesiredState::default();
+    let mut grown = two;
+    grown.backends = [ep_a, ep_b, ep_c]
+        .iter()
+        .map(|b| b.parse().unwrap())
+        .collect();
+    after.services.insert(key("two"), grown);
+    after.services.insert(
+        key("older"),
+        aged(
+            service("10.96.0.9", &["10.245.0.1:80", "10.245.0.2:80"]),
+            2019,
+            "older-uid",
+        ),
+    );
+    let report = second.sync_all(&after);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    for addr in ["10.96.0.1", "10.96.0.3"] {
+        let mut got = reached(second.snapshot(), addr).unwrap();
+        got.sort();
+        assert_eq!(got, [ep_a, ep_b, ep_c], "{addr}");
+    }
     assert_no_problems(&problems);
 }
 

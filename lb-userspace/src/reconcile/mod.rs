@@ -173,6 +173,16 @@ impl<M: ServiceMaps> Reconciler<M> {
                 set.len = u32::from(fe.count);
             }
         }
+        // Every other range a frontend points into (an agent stopped in the middle of a set's
+        // change leaves its frontends on two): no other set may be written there while one
+        // does. Released once none does (`release_stranded`, after each full sync).
+        let mut stranded = Vec::new();
+        for fe in snap.frontends.values() {
+            let (base, len) = (fe.base, u32::from(fe.count));
+            if len > 0 && ranges.reserve(base, len) {
+                stranded.push((base, len));
+            }
+        }
         let max_id = snap
             .meta
             .keys()
@@ -188,7 +198,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             next_service_id: max_id.wrapping_add(1).max(1),
             ranges,
             failed: BTreeMap::new(),
-            stranded: Vec::new(),
+            stranded,
             evictions: Vec::new(),
             stats: ReconcileStats::default(),
             clock: Instant::now,
