@@ -540,6 +540,28 @@ fn aged(mut s: DesiredService, year: i64, uid: &str) -> DesiredService {
     s
 }
 
+/// An older Service (2019) at 10.96.0.1 with `old` as its endpoints, and seven newer two-endpoint
+/// Services (2025) that, with it at two, fill a backend array of 16.
+fn rollout_world(old: &[&str]) -> DesiredState {
+    let mut w = DesiredState::default();
+    w.services
+        .insert(key("old"), aged(service("10.96.0.1", old), 2019, "old-uid"));
+    for i in 0..7 {
+        w.services.insert(
+            key(&format!("filler-{i}")),
+            aged(
+                service(
+                    &format!("10.96.1.{i}"),
+                    &[&format!("10.245.{i}.1:80"), &format!("10.245.{i}.2:80")],
+                ),
+                2025,
+                &format!("filler-{i}"),
+            ),
+        );
+    }
+    w
+}
+
 /// Issue 27, the rollout under a full backend array: a newer tenant (2025) fills the array; an
 /// older Service (2019) rolls as a Deployment does, {A,B} → {A,B,C} → {B,C} → {B,C,D} → {C,D}.
 /// Every step is written whole: the older Service's change takes the room of the newest sets
@@ -557,25 +579,7 @@ fn capacity_goes_to_the_oldest_also_when_the_room_is_taken() {
         "10.244.0.3:80",
         "10.244.0.4:80",
     );
-    let world_with = |old: &[&str]| {
-        let mut w = DesiredState::default();
-        w.services
-            .insert(key("old"), aged(service("10.96.0.1", old), 2019, "old-uid"));
-        for i in 0..7 {
-            w.services.insert(
-                key(&format!("filler-{i}")),
-                aged(
-                    service(
-                        &format!("10.96.1.{i}"),
-                        &[&format!("10.245.{i}.1:80"), &format!("10.245.{i}.2:80")],
-                    ),
-                    2025,
-                    &format!("filler-{i}"),
-                ),
-            );
-        }
-        w
-    };
+    let world_with = rollout_world;
     let report = r.sync_all(&world_with(&[ep_a, ep_b]));
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(r.ranges().free_len(), 0, "exactly full");
@@ -614,25 +618,7 @@ fn without_a_barrier_the_oldest_takes_only_the_room_it_needs() {
     let mut maps = InMemoryMaps::with_capacities(caps).without_barrier();
     let problems = guarded(&mut maps);
     let mut r = Reconciler::with_grace(maps, grace).unwrap();
-    let world_with = |old: &[&str]| {
-        let mut w = DesiredState::default();
-        w.services
-            .insert(key("old"), aged(service("10.96.0.1", old), 2019, "old-uid"));
-        for i in 0..7 {
-            w.services.insert(
-                key(&format!("filler-{i}")),
-                aged(
-                    service(
-                        &format!("10.96.1.{i}"),
-                        &[&format!("10.245.{i}.1:80"), &format!("10.245.{i}.2:80")],
-                    ),
-                    2025,
-                    &format!("filler-{i}"),
-                ),
-            );
-        }
-        w
-    };
+    let world_with = rollout_world;
     let (ep_a, ep_b, ep_c) = ("10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80");
     let report = r.sync_all(&world_with(&[ep_a, ep_b]));
     assert!(report.failed.is_empty(), "{:?}", report.failed);
