@@ -151,27 +151,23 @@ pub(crate) fn try_translate(
     // Whom the record is listed under: for a TCP connection the process's cgroup; a connected
     // UDP socket's slot counts against its pod's bound as a record in storage does (thousands
     // cost a pod nothing to make, unlike TCP connections), so it names the pod charged.
-    let mut owner = 0;
-    if udp && !slot.is_null() {
-        if held {
-            // SAFETY: this socket's own slot (its cookie), charged when it was taken.
-            owner = unsafe { (*slot).cgroup_id };
+    let (mut owner, charged) = if udp && !slot.is_null() {
+        if let Some(taken) = charge_udp_slot(slot, held, config) {
+            taken
         } else {
-            let (pod, max) = pod_bound(config);
-            if !charge(pod, max) {
-                count(Counter::RecordQuota);
-                emit(
-                    hook,
-                    event::RECORD_QUOTA,
-                    &key,
-                    &Backend::default(),
-                    frontend.service_id,
-                );
-                return Ok(refuse(ENOBUFS));
-            }
-            owner = pod;
+            count(Counter::RecordQuota);
+            emit(
+                hook,
+                event::RECORD_QUOTA,
+                &key,
+                &Backend::default(),
+                frontend.service_id,
+            );
+            return Ok(refuse(ENOBUFS));
         }
-    }
+    } else {
+        (0, None)
+    };
     let mut state = core::ptr::null_mut::<SockState>();
     if wants_record && slot.is_null() {
         state = match socket_state(ctx, config) {
@@ -182,7 +178,16 @@ pub(crate) fn try_translate(
             }
         };
     }
-    let choice = choose(ctx, hook, &key, &frontend, state)?;
+    let choice = match choose(ctx, hook, &key, &frontend, state) {
+        Ok(choice) => choice,
+        Err(fault) => {
+            // The slot is not taken, so no release will give the charge back: give it now.
+            if let Some(max) = charged {
+                uncharge(owner, max);
+            }
+            return Err(fault);
+        }
+    };
     if !slot.is_null() {
         if !udp {
             // SAFETY: plain helper call.
@@ -336,6 +341,23 @@ fn socket_state(
         (*state).created_ns = bpf_ktime_get_ns();
     }
     Ok(state)
+}
+
+/// Whom a connected UDP socket's slot is listed under (its pod, charged as a record in storage
+/// would be) and, for a slot this connect takes, the bound the pod was charged against, to give
+/// back if the connect fails before the slot is written; `None`: the pod is at its bound.
+#[inline(always)]
+fn charge_udp_slot(
+    slot: *mut ConnRecord,
+    held: bool,
+    config: Option<&DatapathConfig>,
+) -> Option<(u64, Option<u64>)> {
+    if held {
+        // SAFETY: this socket's own slot (its cookie), charged when it was taken.
+        return Some((unsafe { (*slot).cgroup_id }, None));
+    }
+    let (pod, max) = pod_bound(config);
+    charge(pod, max).then_some((pod, Some(max)))
 }
 
 /// The calling process's pod and the bound on its records.

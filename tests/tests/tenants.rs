@@ -962,3 +962,99 @@ fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyh
     );
     Ok(())
 }
+
+/// A frontend whose backend range lies outside the backend array (the agent never writes one;
+/// here it is written by hand with the agent killed, as a corrupted map would hold it) refuses
+/// each connect it meets with EHOSTUNREACH, counts it (`faults`, the
+/// `SocklbDatapathFaults` alert) and charges no pod: a connected UDP socket's connect charges its
+/// pod before it chooses a backend, and a fault once kept that charge for ever (no slot taken,
+/// so no release gave it back), a pod's bound shrinking by one at each. With the frontend
+/// restored, the pod's queries work again.
+#[test]
+fn a_datapath_fault_refuses_the_connect_and_charges_no_pod() -> anyhow::Result<()> {
+    use lb_common::{Counter, Frontend, Frontend4Key, MapId};
+    use socklb::{
+        dataplane::{abi::frontend_key, pins::PinFolder, sockets::quota},
+        vocab::{Protocol, ServiceAddr},
+    };
+    const FAULTS: usize = 50;
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    for ip in [A, B] {
+        sandbox.add_backend(format!("{ip}:5353").parse()?, true)?;
+    }
+    sandbox.write_manifest(
+        "dns.yaml",
+        &svc(
+            "kube-system",
+            "kube-dns",
+            "10.96.0.10",
+            "2019-01-01T00:00:00Z",
+            &[("dns", "UDP", 53)],
+            &[],
+            &[A, B],
+        ),
+    )?;
+    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(
+        "10.96.0.10:53/udp",
+        &[&format!("{A}:5353"), &format!("{B}:5353")],
+    )?;
+    let claims = socklb_tests::features::Claims::of(&agent.status()?);
+    let pod = sandbox.served_pod("resolver", "10.244.104.1")?;
+    agent.kill9();
+
+    let folder = PinFolder::new(sandbox.pin_folder());
+    let maps = folder.current().expect("a map generation pinned");
+    let mut frontends: aya::maps::HashMap<_, Frontend4Key, Frontend> =
+        aya::maps::Map::from_map_data(aya::maps::MapData::from_pin(
+            maps.join(MapId::Frontends4.name()),
+        )?)
+        .and_then(aya::maps::HashMap::try_from)?;
+    let key = frontend_key(ServiceAddr::new("10.96.0.10".parse()?, 53, Protocol::Udp)).v4();
+    let good = frontends.get(&key, 0)?;
+    let broken = Frontend {
+        base: MapId::Backends.default_capacity(),
+        ..good
+    };
+    frontends.insert(key, broken, 0)?;
+    let faults = |sandbox: &Sandbox| -> anyhow::Result<u64> {
+        let stats: socklb::cli::Stats = sandbox.inspect_as(&["stats"])?;
+        Ok(stats
+            .counters
+            .iter()
+            .find(|(name, _)| name == Counter::Faults.name())
+            .map_or(0, |(_, v)| *v))
+    };
+    let before = faults(&sandbox)?;
+    let held = || -> anyhow::Result<i64> {
+        let pins = folder.current_sockets().expect("socket pins");
+        Ok(quota::counts(&pins)?.values().copied().sum())
+    };
+    let held_before = held()?;
+
+    let mut client = sandbox.client_in(&pod)?;
+    let r = client.run(&Command::Connect {
+        target: "10.96.0.10:53".parse()?,
+        count: FAULTS,
+        udp: true,
+    })?;
+    assert_eq!(r.errors.get("EHOSTUNREACH"), Some(&FAULTS), "{r:?}");
+    assert_eq!(
+        faults(&sandbox)?,
+        before + FAULTS as u64,
+        "each fault counted"
+    );
+    if claims.socket_release {
+        assert_eq!(held()?, held_before, "no pod charged for a refused connect");
+    }
+
+    frontends.insert(key, good, 0)?;
+    let r = client.run(&Command::Connect {
+        target: "10.96.0.10:53".parse()?,
+        count: 5,
+        udp: true,
+    })?;
+    assert_eq!(r.answers(), 5, "the restored frontend serves: {r:?}");
+    Ok(())
+}
