@@ -4,7 +4,7 @@
 //! half the time of `cargo test`'s one at a time. Each binary's output is kept and printed when
 //! it ends; the first failure is reported after every binary has run.
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, BTreeSet, VecDeque},
     path::PathBuf,
     process::{Command, Stdio},
     sync::{
@@ -29,6 +29,9 @@ pub(crate) struct Job {
     pub envs: Vec<(String, String)>,
     /// Arguments to the test binary (test name filters).
     pub args: Vec<String>,
+    /// Where it comes from (package folder and target kind), shown only when another binary has
+    /// the same name (a crate's library and binary, two packages' `metrics` tests).
+    pub origin: String,
 }
 
 /// Builds every test binary of the workspace (`cargo test --no-run`) and lists them.
@@ -65,12 +68,17 @@ pub(crate) fn build() -> anyhow::Result<Vec<Job>> {
         let cwd = PathBuf::from(manifest)
             .parent()
             .map_or_else(workspace_root, PathBuf::from);
+        let folder = cwd
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned());
+        let kind = message["target"]["kind"][0].as_str().unwrap_or("test");
         jobs.push(Job {
             name: name.to_string(),
             executable: PathBuf::from(executable),
             cwd,
             envs: Vec::new(),
             args: Vec::new(),
+            origin: format!("{folder} {kind}"),
         });
     }
     if jobs.is_empty() {
@@ -82,11 +90,12 @@ pub(crate) fn build() -> anyhow::Result<Vec<Job>> {
 /// Runs `jobs` (in this order, the longest first is best) with at most `at_once` running, each
 /// stopped after `limit`. Fails naming every binary that failed.
 pub(crate) fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Result<()> {
+    let shared = Arc::new(shared_names(&jobs));
     let queue = Arc::new(Mutex::new(VecDeque::from(jobs)));
     let failed = Arc::new(Mutex::new(Vec::<String>::new()));
     let workers: Vec<_> = (0..at_once.max(1))
         .map(|_| {
-            let (queue, failed) = (queue.clone(), failed.clone());
+            let (queue, failed, shared) = (queue.clone(), failed.clone(), shared.clone());
             std::thread::spawn(move || {
                 loop {
                     let job = queue
@@ -94,11 +103,12 @@ pub(crate) fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Re
                         .unwrap_or_else(PoisonError::into_inner)
                         .pop_front();
                     let Some(job) = job else { break };
-                    if let Err(e) = run_one(&job, limit) {
+                    let label = label(&job, &shared);
+                    if let Err(e) = run_one(&job, &label, limit) {
                         failed
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .push(format!("{}: {e:#}", label(&job)));
+                            .push(format!("{label}: {e:#}"));
                     }
                 }
             })
@@ -118,19 +128,38 @@ pub(crate) fn run(jobs: Vec<Job>, at_once: usize, limit: Duration) -> anyhow::Re
     Ok(())
 }
 
-fn label(job: &Job) -> String {
+/// The names that binaries from more than one place have.
+fn shared_names(jobs: &[Job]) -> BTreeSet<String> {
+    let mut origins: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for j in jobs {
+        origins.entry(&j.name).or_default().insert(&j.origin);
+    }
+    origins
+        .into_iter()
+        .filter(|(_, o)| o.len() > 1)
+        .map(|(name, _)| name.to_string())
+        .collect()
+}
+
+/// How a binary's run is named in the summary: its name, where it comes from when another one
+/// shares the name, and its environment and arguments.
+fn label(job: &Job, shared: &BTreeSet<String>) -> String {
+    let mut name = job.name.clone();
+    if shared.contains(&job.name) {
+        name = format!("{name} [{}]", job.origin);
+    }
     let mut words: Vec<String> = job.envs.iter().map(|(k, v)| format!("{k}={v}")).collect();
     words.extend(job.args.iter().cloned());
     if words.is_empty() {
-        job.name.clone()
+        name
     } else {
-        format!("{} ({})", job.name, words.join(" "))
+        format!("{name} ({})", words.join(" "))
     }
 }
 
 /// Runs one binary to its end or `limit`; prints its summary line, or its whole output when it
 /// failed. Returns the summary line (`test result: ...`).
-fn run_one(job: &Job, limit: Duration) -> anyhow::Result<String> {
+fn run_one(job: &Job, label: &str, limit: Duration) -> anyhow::Result<String> {
     use std::os::unix::process::CommandExt as _;
     // A number per run: two binaries may share a name (a crate's library and its binary, say)
     // and run at once; a shared log would lose one's output to the other's cleanup.
@@ -179,18 +208,15 @@ fn run_one(job: &Job, limit: Duration) -> anyhow::Result<String> {
     let took = start.elapsed().as_secs_f64();
     match status {
         Some(s) if s.success() => {
-            eprintln!("    {:<55} {took:>6.1}s  {summary}", label(job));
+            eprintln!("    {label:<55} {took:>6.1}s  {summary}");
             Ok(summary)
         }
         Some(s) => {
-            eprintln!("\n---- {} ({s}) ----\n{output}", label(job));
+            eprintln!("\n---- {label} ({s}) ----\n{output}");
             bail!("{s} after {took:.0}s")
         }
         None => {
-            eprintln!(
-                "\n---- {} (stopped after {limit:?}) ----\n{output}",
-                label(job)
-            );
+            eprintln!("\n---- {label} (stopped after {limit:?}) ----\n{output}");
             bail!("stopped after {limit:?}")
         }
     }
@@ -200,7 +226,7 @@ fn run_one(job: &Job, limit: Duration) -> anyhow::Result<String> {
 mod tests {
     use std::{path::PathBuf, time::Duration};
 
-    use super::{Job, run_one};
+    use super::{Job, label, run_one, shared_names};
 
     fn job(name: &str, script: &str) -> Job {
         Job {
@@ -209,7 +235,47 @@ mod tests {
             cwd: std::env::temp_dir(),
             envs: Vec::new(),
             args: vec!["-c".to_string(), script.to_string()],
+            origin: "tmp test".to_string(),
         }
+    }
+
+    fn named(name: &str, origin: &str) -> Job {
+        Job {
+            name: name.to_string(),
+            executable: PathBuf::from("/bin/true"),
+            cwd: std::env::temp_dir(),
+            envs: Vec::new(),
+            args: Vec::new(),
+            origin: origin.to_string(),
+        }
+    }
+
+    /// The summary tells apart binaries of one name from different places (a crate's library
+    /// and binary, two packages' `metrics` tests printed as two `metrics` rows), and leaves a
+    /// unique name alone; a rerun of one binary is told apart by its environment.
+    #[test]
+    fn binaries_of_one_name_are_labelled_by_origin() {
+        let mut rerun = named("dataplane", "tests test");
+        rerun
+            .envs
+            .push(("SOCKLB_DISABLE_FEATURE".into(), "all".into()));
+        let jobs = [
+            named("socklb", "lb-userspace lib"),
+            named("socklb", "lb-userspace bin"),
+            named("dataplane", "tests test"),
+            rerun.clone(),
+        ];
+        let shared = shared_names(&jobs);
+        let labels: Vec<String> = jobs.iter().map(|j| label(j, &shared)).collect();
+        assert_eq!(
+            labels,
+            [
+                "socklb [lb-userspace lib]",
+                "socklb [lb-userspace bin]",
+                "dataplane",
+                "dataplane (SOCKLB_DISABLE_FEATURE=all)",
+            ]
+        );
     }
 
     /// A crate's library and its binary both have the crate's name and may run at once: each
@@ -220,12 +286,14 @@ mod tests {
         let slow = std::thread::spawn(|| {
             run_one(
                 &job("same", "sleep 0.5; echo 'test result: ok. slow'"),
+                "same",
                 Duration::from_secs(30),
             )
         });
         std::thread::sleep(Duration::from_millis(100));
         let fast = run_one(
             &job("same", "echo 'test result: ok. fast'"),
+            "same",
             Duration::from_secs(30),
         )
         .expect("the fast one runs");
