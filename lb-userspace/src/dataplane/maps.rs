@@ -367,34 +367,45 @@ pub struct MapSnapshot {
 }
 
 impl MapSnapshot {
-    /// Applies one write, as the kernel would.
-    pub fn apply(&mut self, write: &MapWrite) {
-        match write {
-            MapWrite::PutFrontend(k, f) => {
-                self.frontends.insert(*k, *f);
-            }
-            MapWrite::DeleteFrontend(k) => {
-                self.frontends.remove(k);
-            }
+    /// Applies one write, as the kernel would, and returns the write that undoes it, from the
+    /// value it replaced (`None` for backends: a range is written only while no frontend uses
+    /// it, so there is nothing to undo).
+    pub fn apply(&mut self, write: &MapWrite) -> Option<MapWrite> {
+        let restore_frontend = |k: &FrontendKey, old: Option<Frontend>| {
+            old.map_or(MapWrite::DeleteFrontend(*k), |f| {
+                MapWrite::PutFrontend(*k, f)
+            })
+        };
+        let restore_meta = |id: u32, old: Option<PackedMeta>| {
+            old.map_or(MapWrite::DeleteMeta(id), |m| {
+                MapWrite::PutMeta(id, Box::new(m.unpack()))
+            })
+        };
+        Some(match write {
+            MapWrite::PutFrontend(k, f) => restore_frontend(k, self.frontends.insert(*k, *f)),
+            MapWrite::DeleteFrontend(k) => restore_frontend(k, self.frontends.remove(k)),
             MapWrite::PutBackends { base, backends } => {
                 for (i, b) in backends.iter().enumerate() {
                     self.backends.insert(base + i as u32, *b);
                 }
+                return None;
             }
             MapWrite::PutMeta(id, m) => {
-                self.meta.insert(*id, PackedMeta::pack(m));
+                restore_meta(*id, self.meta.insert(*id, PackedMeta::pack(m)))
             }
-            MapWrite::DeleteMeta(id) => {
-                self.meta.remove(id);
-            }
+            MapWrite::DeleteMeta(id) => restore_meta(*id, self.meta.remove(id)),
             MapWrite::PutPorts { word, bits } => {
-                if *bits == 0 {
-                    self.ports.remove(word);
+                let old = if *bits == 0 {
+                    self.ports.remove(word)
                 } else {
-                    self.ports.insert(*word, *bits);
+                    self.ports.insert(*word, *bits)
+                };
+                MapWrite::PutPorts {
+                    word: *word,
+                    bits: old.unwrap_or(0),
                 }
             }
-        }
+        })
     }
 
     /// The backends `frontend` chooses among, in slot order.
@@ -779,5 +790,60 @@ mod tests {
         assert_eq!(snap.meta.get(&7).map(PackedMeta::unpack), Some(meta));
         snap.apply(&MapWrite::DeleteMeta(7));
         assert!(snap.meta.is_empty());
+    }
+
+    /// A rollback replays, newest first, the writes `apply` returned: the maps come back to
+    /// what they held, key by key, whatever each write replaced (nothing, another value, or
+    /// a key it deletes).
+    #[test]
+    fn the_writes_apply_returns_undo_it_newest_first() {
+        let key = |last: u8| FrontendKey {
+            addr: [u32::from_ne_bytes([10, 96, 0, last]), 0, 0, 0],
+            port_be: 80u16.to_be(),
+            protocol: lb_common::PROTOCOL_TCP,
+            family: lb_common::FAMILY_IPV4,
+        };
+        let frontend = |id: u32| Frontend {
+            service_id: id,
+            base: 4 * id,
+            count: 2,
+            ..Frontend::default()
+        };
+        let mut meta = ServiceMeta::default();
+        meta.name[..7].copy_from_slice(b"ns/name");
+        let mut before = MapSnapshot::default();
+        for write in [
+            MapWrite::PutFrontend(key(1), frontend(1)),
+            MapWrite::PutMeta(1, Box::new(meta)),
+            MapWrite::PutPorts {
+                word: 3,
+                bits: 0b101,
+            },
+        ] {
+            let _ = before.apply(&write);
+        }
+        meta.port = 8080;
+        let writes = [
+            MapWrite::PutFrontend(key(1), frontend(2)),
+            MapWrite::PutFrontend(key(2), frontend(2)),
+            MapWrite::DeleteFrontend(key(3)),
+            MapWrite::PutMeta(1, Box::new(meta)),
+            MapWrite::PutMeta(2, Box::new(meta)),
+            MapWrite::DeleteMeta(1),
+            MapWrite::PutPorts {
+                word: 3,
+                bits: 0b111,
+            },
+            MapWrite::PutPorts { word: 4, bits: 1 },
+            MapWrite::PutPorts { word: 3, bits: 0 },
+            MapWrite::DeleteFrontend(key(1)),
+        ];
+        let mut snap = before.clone();
+        let undo: Vec<MapWrite> = writes.iter().filter_map(|w| snap.apply(w)).collect();
+        assert_ne!(snap, before);
+        for write in undo.iter().rev() {
+            let _ = snap.apply(write);
+        }
+        assert_eq!(snap, before);
     }
 }

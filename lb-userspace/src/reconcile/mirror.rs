@@ -60,11 +60,14 @@ impl Mirror {
             .reserve(sets.saturating_sub(self.frontends_of.len()));
     }
 
-    pub fn apply(&mut self, write: &MapWrite) {
+    /// Applies one write and returns the write that undoes it (see `MapSnapshot::apply`): the
+    /// value it replaces is found by the same search that writes it.
+    pub fn apply(&mut self, write: &MapWrite) -> Option<MapWrite> {
         match write {
             MapWrite::PutFrontend(k, f) => {
                 // Written here, not by `snap.apply`: one search of the frontends for both.
-                if let Some(old) = self.snap.frontends.insert(*k, *f) {
+                let old = self.snap.frontends.insert(*k, *f);
+                if let Some(old) = old {
                     self.drop_frontend(old.service_id, k);
                 } else {
                     *self.filter_users.entry(filter_of(k)).or_default() += 1;
@@ -75,19 +78,25 @@ impl Mirror {
                     .entry(f.service_id)
                     .or_default()
                     .insert(*k);
-                return;
+                return Some(old.map_or(MapWrite::DeleteFrontend(*k), |f| {
+                    MapWrite::PutFrontend(*k, f)
+                }));
             }
             MapWrite::DeleteFrontend(k) => {
-                if let Some(old) = self.snap.frontends.get(k) {
+                let old = self.snap.frontends.remove(k);
+                if let Some(old) = old {
                     self.drop_frontend(old.service_id, k);
                     release(&mut self.filter_users, &filter_of(k));
                     release(&mut self.port_users, &port_of(k));
                     self.counts[family_index(k)] -= 1;
                 }
+                return Some(old.map_or(MapWrite::DeleteFrontend(*k), |f| {
+                    MapWrite::PutFrontend(*k, f)
+                }));
             }
             _ => {}
         }
-        self.snap.apply(write);
+        self.snap.apply(write)
     }
 
     fn drop_frontend(&mut self, service_id: u32, key: &FrontendKey) {

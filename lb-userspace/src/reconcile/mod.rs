@@ -939,37 +939,14 @@ impl<M: ServiceMaps> Reconciler<M> {
         done: &mut usize,
     ) -> Result<(), MapWriteError> {
         for write in writes {
-            let inverse = self.inverse(write);
             self.maps.write(write)?;
-            self.mirror.apply(write);
+            // What the mirror replaces is what the maps held: the write that undoes this one.
+            let inverse = self.mirror.apply(write);
             self.stats.writes += 1;
             *done += 1;
             undo.extend(inverse);
         }
         Ok(())
-    }
-
-    /// The write that undoes `write` (`None`: nothing to undo, a range no frontend used).
-    fn inverse(&self, write: &MapWrite) -> Option<MapWrite> {
-        let snap = &self.mirror.snap;
-        Some(match write {
-            MapWrite::PutBackends { .. } => return None,
-            MapWrite::PutFrontend(k, _) | MapWrite::DeleteFrontend(k) => snap
-                .frontends
-                .get(k)
-                .map_or(MapWrite::DeleteFrontend(*k), |f| {
-                    MapWrite::PutFrontend(*k, *f)
-                }),
-            MapWrite::PutMeta(id, _) | MapWrite::DeleteMeta(id) => {
-                snap.meta.get(id).map_or(MapWrite::DeleteMeta(*id), |m| {
-                    MapWrite::PutMeta(*id, Box::new(m.unpack()))
-                })
-            }
-            MapWrite::PutPorts { word, .. } => MapWrite::PutPorts {
-                word: *word,
-                bits: self.word(*word),
-            },
-        })
     }
 
     /// Undoes writes newest first. Undoing frees or rewrites existing keys, so it does not need
@@ -986,7 +963,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 tracing::error!(error = %e, %write, "rollback write failed; stopped at a valid state");
                 return false;
             }
-            self.mirror.apply(&write);
+            let _ = self.mirror.apply(&write);
             self.stats.writes += 1;
         }
         true
