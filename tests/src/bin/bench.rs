@@ -117,8 +117,41 @@ impl Settings {
     }
 }
 
+const USAGE: &str = "usage: socklb-bench [--quick] [--only kernel|control-plane|listing] \
+[--out DIR] [--criterion DIR]
+  --quick      every benchmark once at a small size (its report says its figures mean nothing)
+  --only PART  one part: the programs' kernel cost, the control plane, or the live sockets' listing
+  --out DIR    where the report, results.json and the charts go (target/bench)
+  --criterion DIR  criterion's output to take the micro-benchmarks from";
+
+/// Whether every argument is one `main` reads: a word it does not know (a typo, `--help`)
+/// must not start a run of several minutes that ignores it.
+fn check_args(args: &[String]) -> Result<(), String> {
+    let mut words = args.iter().skip(1);
+    while let Some(word) = words.next() {
+        match word.as_str() {
+            "--quick" => {}
+            "--only" | "--out" | "--criterion" => {
+                if words.next().is_none() {
+                    return Err(format!("{word} needs a value"));
+                }
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = check_args(&args) {
+        eprintln!("socklb-bench: {e}\n{USAGE}");
+        return ExitCode::FAILURE;
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let flag = |name: &str| {
         args.iter()
@@ -495,4 +528,28 @@ fn micro(dir: &Path) -> anyhow::Result<Vec<Micro>> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_args;
+
+    fn args(words: &[&str]) -> Vec<String> {
+        std::iter::once("socklb-bench")
+            .chain(words.iter().copied())
+            .map(String::from)
+            .collect()
+    }
+
+    #[test]
+    fn only_known_arguments_start_a_run() {
+        assert!(check_args(&args(&[])).is_ok());
+        assert!(check_args(&args(&["--quick", "--only", "kernel", "--out", "/tmp/b"])).is_ok());
+        assert!(
+            check_args(&args(&["--only"])).is_err(),
+            "a flag without its value"
+        );
+        assert!(check_args(&args(&["--qiuck"])).is_err(), "a typo");
+        assert!(check_args(&args(&["kernel"])).is_err(), "a bare word");
+    }
 }
