@@ -882,16 +882,14 @@ fn churn(
     Ok((made, refused, other, start.elapsed().as_secs_f64()))
 }
 
-/// Issue 27.1: the per-pod bound is counted in the kernel, up at each record and down when its
-/// socket closes, so it never refuses a pod that holds fewer records than the bound, at any
-/// rate of short-lived sockets, with or without an agent. One pod makes 150,000 short-lived UDP
-/// service sockets (the default bound is 65,536) with the agent up at full speed, then again
-/// after the agent was killed with SIGKILL (its pins stay, as on a crash): no ENOBUFS either
-/// time, and the pod's DNS query through the Service then works. The bound still holds for a
-/// pod that keeps its sockets (`a_pod_with_200000_sockets_cannot_exhaust_the_agent`).
-#[test]
-fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyhow::Result<()> {
-    socklb_tests::require_privileges!();
+/// A node with kube-dns (10.96.0.10:53/UDP, backends A and B) written and served by a running
+/// agent, what the kernel offers it, and a pod (`resolver`) whose sockets socklb translates.
+fn dns_and_resolver() -> anyhow::Result<(
+    Sandbox,
+    AgentProcess,
+    socklb_tests::features::Claims,
+    socklb_tests::sandbox::ClientPod,
+)> {
     let sandbox = Sandbox::new()?;
     for ip in [A, B] {
         sandbox.add_backend(format!("{ip}:5353").parse()?, true)?;
@@ -908,13 +906,27 @@ fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyh
             &[A, B],
         ),
     )?;
-    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
+    let agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(
         "10.96.0.10:53/udp",
         &[&format!("{A}:5353"), &format!("{B}:5353")],
     )?;
     let claims = socklb_tests::features::Claims::of(&agent.status()?);
     let pod = sandbox.served_pod("resolver", "10.244.104.1")?;
+    Ok((sandbox, agent, claims, pod))
+}
+
+/// Issue 27.1: the per-pod bound is counted in the kernel, up at each record and down when its
+/// socket closes, so it never refuses a pod that holds fewer records than the bound, at any
+/// rate of short-lived sockets, with or without an agent. One pod makes 150,000 short-lived UDP
+/// service sockets (the default bound is 65,536) with the agent up at full speed, then again
+/// after the agent was killed with SIGKILL (its pins stay, as on a crash): no ENOBUFS either
+/// time, and the pod's DNS query through the Service then works. The bound still holds for a
+/// pod that keeps its sockets (`a_pod_with_200000_sockets_cannot_exhaust_the_agent`).
+#[test]
+fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let (sandbox, mut agent, claims, pod) = dns_and_resolver()?;
     sandbox.netns_sysctl(&pod.netns, "net.ipv4.ip_local_port_range=1024 65535")?;
     let total = 150_000;
     let (made, refused, other, up_s) = churn(&sandbox, &pod, "10.96.0.10:53", total)?;
@@ -979,29 +991,7 @@ fn a_datapath_fault_refuses_the_connect_and_charges_no_pod() -> anyhow::Result<(
     };
     const FAULTS: usize = 50;
     socklb_tests::require_privileges!();
-    let sandbox = Sandbox::new()?;
-    for ip in [A, B] {
-        sandbox.add_backend(format!("{ip}:5353").parse()?, true)?;
-    }
-    sandbox.write_manifest(
-        "dns.yaml",
-        &svc(
-            "kube-system",
-            "kube-dns",
-            "10.96.0.10",
-            "2019-01-01T00:00:00Z",
-            &[("dns", "UDP", 53)],
-            &[],
-            &[A, B],
-        ),
-    )?;
-    let mut agent = sandbox.start_agent(&AgentOptions::default())?;
-    sandbox.wait_candidates(
-        "10.96.0.10:53/udp",
-        &[&format!("{A}:5353"), &format!("{B}:5353")],
-    )?;
-    let claims = socklb_tests::features::Claims::of(&agent.status()?);
-    let pod = sandbox.served_pod("resolver", "10.244.104.1")?;
+    let (sandbox, mut agent, claims, pod) = dns_and_resolver()?;
     agent.kill9();
 
     let folder = PinFolder::new(sandbox.pin_folder());
