@@ -32,6 +32,11 @@ pub enum MapWrite {
 }
 
 impl MapWrite {
+    /// The write that gives `key` back the frontend it held (`None`: it held none).
+    pub fn restore_frontend(key: FrontendKey, old: Option<Frontend>) -> Self {
+        old.map_or(Self::DeleteFrontend(key), |f| Self::PutFrontend(key, f))
+    }
+
     /// The map this write goes to.
     pub fn map(&self) -> MapId {
         match self {
@@ -371,19 +376,16 @@ impl MapSnapshot {
     /// value it replaced (`None` for backends: a range is written only while no frontend uses
     /// it, so there is nothing to undo).
     pub fn apply(&mut self, write: &MapWrite) -> Option<MapWrite> {
-        let restore_frontend = |k: &FrontendKey, old: Option<Frontend>| {
-            old.map_or(MapWrite::DeleteFrontend(*k), |f| {
-                MapWrite::PutFrontend(*k, f)
-            })
-        };
         let restore_meta = |id: u32, old: Option<PackedMeta>| {
             old.map_or(MapWrite::DeleteMeta(id), |m| {
                 MapWrite::PutMeta(id, Box::new(m.unpack()))
             })
         };
         Some(match write {
-            MapWrite::PutFrontend(k, f) => restore_frontend(k, self.frontends.insert(*k, *f)),
-            MapWrite::DeleteFrontend(k) => restore_frontend(k, self.frontends.remove(k)),
+            MapWrite::PutFrontend(k, f) => {
+                MapWrite::restore_frontend(*k, self.frontends.insert(*k, *f))
+            }
+            MapWrite::DeleteFrontend(k) => MapWrite::restore_frontend(*k, self.frontends.remove(k)),
             MapWrite::PutBackends { base, backends } => {
                 for (i, b) in backends.iter().enumerate() {
                     self.backends.insert(base + i as u32, *b);

@@ -78,9 +78,7 @@ impl Mirror {
                     .entry(f.service_id)
                     .or_default()
                     .insert(*k);
-                return Some(old.map_or(MapWrite::DeleteFrontend(*k), |f| {
-                    MapWrite::PutFrontend(*k, f)
-                }));
+                return Some(MapWrite::restore_frontend(*k, old));
             }
             MapWrite::DeleteFrontend(k) => {
                 let old = self.snap.frontends.remove(k);
@@ -90,9 +88,7 @@ impl Mirror {
                     release(&mut self.port_users, &port_of(k));
                     self.counts[family_index(k)] -= 1;
                 }
-                return Some(old.map_or(MapWrite::DeleteFrontend(*k), |f| {
-                    MapWrite::PutFrontend(*k, f)
-                }));
+                return Some(MapWrite::restore_frontend(*k, old));
             }
             _ => {}
         }
