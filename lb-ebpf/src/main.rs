@@ -14,7 +14,7 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 #![allow(
     clippy::inline_always,
-    reason = "helpers are inlined into each program: no bpf-to-bpf calls on the hot path"
+    reason = "helpers are inlined into each program; the hit path is a function of its own (`programs::translate`)"
 )]
 
 #[cfg(target_arch = "bpf")]

@@ -91,7 +91,22 @@ struct Choice {
     kind: u8,
 }
 
-/// connect4/6 and sendmsg4/6: a service address becomes one of its backends.
+/// connect4/6 and sendmsg4/6, the miss path: whether the destination may be a service (TCP or
+/// UDP, a port some service uses, an address the frontend filter holds). The hook allows any
+/// other destination untouched.
+#[inline(always)]
+pub(crate) fn may_be_service(ctx: &SockAddrContext, family: SocketFamily) -> bool {
+    let dest = load(ctx, family);
+    match sockaddr::protocol(ctx) {
+        PROTOCOL_TCP => maybe_frontend(false, &dest),
+        PROTOCOL_UDP => maybe_frontend(true, &dest),
+        _ => false,
+    }
+}
+
+/// connect4/6 and sendmsg4/6 past the miss path (`may_be_service`): a service address becomes
+/// one of its backends. It reads the context again rather than take what the miss path read,
+/// so that the destination's family stays a constant in the IPv4 programs.
 #[inline(always)]
 pub(crate) fn try_translate(
     ctx: &SockAddrContext,
@@ -105,9 +120,6 @@ pub(crate) fn try_translate(
         PROTOCOL_UDP => true,
         _ => return Ok(ALLOW),
     };
-    if !maybe_frontend(udp, &dest) {
-        return Ok(ALLOW);
-    }
     let key = FrontendKey {
         addr: dest.addr,
         port_be: dest.port_be,
