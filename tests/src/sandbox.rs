@@ -724,6 +724,17 @@ pub fn teardown_on_signal() -> anyhow::Result<()> {
                     for sandbox in &live {
                         sandbox.teardown();
                     }
+                    // The main thread runs on while this one tears down: a process it started
+                    // outside a registry (an `ip` command) may still run. Each is this
+                    // process's child until it exits; said, so a missed one is seen.
+                    let ended = crate::system::end_own_children();
+                    if !ended.is_empty() {
+                        let _ = writeln!(
+                            std::io::stderr(),
+                            "interrupted: ended {} more processes: {ended:?}",
+                            ended.len()
+                        );
+                    }
                     std::process::exit(128 + signal);
                 }
             });

@@ -109,10 +109,22 @@ pub fn read_until(
 
 /// Everything a sandbox of process `pid` made that still exists: network namespaces, cgroups,
 /// bpffs mounts and work folders (by the name prefix every sandbox of that process carries),
-/// and files in /etc/netns.
-pub fn leftovers_of(pid: u32) -> Vec<String> {
+/// files in /etc/netns, and live processes whose command line names one of them (an agent, a
+/// backend server or a client of such a sandbox). Those processes are ended (SIGKILL) as they
+/// are listed: they are the caller's child's children, and a test that found them must not
+/// leave them running (one holding the child's output pipe open would also block its reader).
+pub fn end_leftovers_of(pid: u32) -> Vec<String> {
     let prefix = format!("slb{pid:x}x");
-    let mut found = Vec::new();
+    let mut found: Vec<String> = processes_naming(&prefix)
+        .into_iter()
+        .map(|(p, cmd)| {
+            if let Ok(p) = i32::try_from(p) {
+                // SAFETY: plain kill(2); the PID was just read as a process of the sandbox.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            format!("process {p}: {cmd}")
+        })
+        .collect();
     if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let name = line.split_whitespace().next().unwrap_or_default();
@@ -131,6 +143,66 @@ pub fn leftovers_of(pid: u32) -> Vec<String> {
         }
     }
     found
+}
+
+/// Live processes (not zombies) whose command line contains `needle`: PID and command line.
+fn processes_naming(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmd.contains(needle) && proc_stat(pid).is_some_and(|(state, _)| state != 'Z') {
+            found.push((pid, cmd.trim_end().to_string()));
+        }
+    }
+    found
+}
+
+/// A process's state letter and parent PID, from `/proc/PID/stat`.
+fn proc_stat(pid: u32) -> Option<(char, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name in parentheses may hold spaces: the fields follow its last ')'.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut fields = rest.split(' ');
+    let state = fields.next()?.chars().next()?;
+    let parent = fields.next()?.parse().ok()?;
+    Some((state, parent))
+}
+
+/// Ends (SIGKILL) every live child of this process and returns their PIDs and command names:
+/// a signalled run's last step, for any process started outside a sandbox's registry (an `ip`
+/// command mid-run) or that a teardown missed. Only this process's own children: processes it
+/// started.
+pub fn end_own_children() -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let mut ended = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if proc_stat(pid).is_some_and(|(state, parent)| parent == me && state != 'Z')
+            && let Ok(p) = i32::try_from(pid)
+        {
+            // SAFETY: plain kill(2) of a child of this process.
+            unsafe { libc::kill(p, libc::SIGKILL) };
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            ended.push((pid, comm.trim().to_string()));
+        }
+    }
+    ended
 }
 
 /// Removes what sandboxes of processes that no longer exist left behind (a run killed with
@@ -241,6 +313,37 @@ pub fn cgroup_program_ids(cgroup: &Path) -> anyhow::Result<Vec<u32>> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+
+    #[test]
+    fn a_leftover_process_is_listed_and_ended() {
+        // A process whose command line names a sandbox of "process" 0xfffffffe (none exists):
+        // what an agent or a server that outlived its run looks like.
+        let mut child = std::process::Command::new("sleep")
+            .arg0("slbfffffffex00c-sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        // It must have exec'd before its command line shows the name.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let left = super::end_leftovers_of(0xffff_fffe);
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert!(
+            left[0] == format!("process {}: slbfffffffex00c-sleep 60", child.id()),
+            "{left:?}"
+        );
+        let status = child.wait().expect("wait");
+        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(super::end_leftovers_of(0xffff_fffe), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_process_state_and_parent_are_read_from_proc() {
+        let (state, parent) = super::proc_stat(std::process::id()).expect("own stat");
+        assert!(matches!(state, 'R' | 'S'), "{state}");
+        assert_eq!(parent, std::os::unix::process::parent_id());
+    }
+
     #[test]
     fn sandbox_names_carry_their_owner() {
         assert_eq!(super::owner_pid("slb1a2bx03c"), Some(0x1a2b));

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use socklb_tests::system::{leftovers_of, read_until};
+use socklb_tests::system::{end_leftovers_of, read_until};
 
 fn demo() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_socklb-demo"));
@@ -39,7 +39,7 @@ fn the_demo_holds_every_claim() {
     assert!(text.contains("claims held."), "{text}");
     assert!(!text.contains("FAIL"), "{text}");
     assert!(!text.contains('\x1b'), "no terminal colour codes in a pipe");
-    assert_eq!(leftovers_of(pid), Vec::<String>::new());
+    assert_eq!(end_leftovers_of(pid), Vec::<String>::new());
 }
 
 /// As on a kernel that refuses every optional part: the core claims all hold and the demo says
@@ -55,7 +55,7 @@ fn the_demo_holds_its_core_claims_with_every_optional_part_off() {
         "says which part is off: {text}"
     );
     assert!(text.contains("lost: "), "says what is lost: {text}");
-    assert_eq!(leftovers_of(pid), Vec::<String>::new());
+    assert_eq!(end_leftovers_of(pid), Vec::<String>::new());
 }
 
 /// An agent that cannot start, and a panic half-way: the demo fails and cleans up.
@@ -66,12 +66,12 @@ fn a_failed_demo_leaves_nothing() {
     let (ok, text, pid) = run_to_the_end(demo().env("SOCKLB_MAX_BACKENDS", "4000000000"));
     assert!(!ok, "the demo cannot pass without an agent:\n{text}");
     assert!(text.contains("creating map BACKENDS"), "{text}");
-    assert_eq!(leftovers_of(pid), Vec::<String>::new(), "{text}");
+    assert_eq!(end_leftovers_of(pid), Vec::<String>::new(), "{text}");
 
     let (ok, text, pid) = run_to_the_end(demo().env("SOCKLB_DEMO_PANIC_AT_STEP", "4"));
     assert!(!ok, "{text}");
     assert!(text.contains("panicking on purpose"), "{text}");
-    assert_eq!(leftovers_of(pid), Vec::<String>::new(), "{text}");
+    assert_eq!(end_leftovers_of(pid), Vec::<String>::new(), "{text}");
 }
 
 /// SIGTERM (a stop) and SIGHUP (the terminal closed) while the demo runs: it tears its sandbox
@@ -97,6 +97,10 @@ fn a_signalled_demo_leaves_nothing() {
         std::thread::spawn(move || for _ in lines {});
         let status = child.wait().expect("the demo exits");
         assert!(!status.success(), "signal {signal}: {status}");
-        assert_eq!(leftovers_of(pid), Vec::<String>::new(), "signal {signal}");
+        assert_eq!(
+            end_leftovers_of(pid),
+            Vec::<String>::new(),
+            "signal {signal}"
+        );
     }
 }
