@@ -46,15 +46,10 @@ impl Registry {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
-        let running = |pid: &u32| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                // The state follows the command name in parentheses.
-                stat.rsplit_once(") ")
-                    .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
-            })
-        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        while pids.iter().any(running) && std::time::Instant::now() < deadline {
+        while pids.iter().any(|pid| crate::system::running(*pid))
+            && std::time::Instant::now() < deadline
+        {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }

@@ -117,12 +117,9 @@ pub fn end_leftovers_of(pid: u32) -> Vec<String> {
     let prefix = format!("slb{pid:x}x");
     let mut found: Vec<String> = processes_naming(&prefix)
         .into_iter()
-        .map(|(p, cmd)| {
-            if let Ok(p) = i32::try_from(p) {
-                // SAFETY: plain kill(2); the PID was just read as a process of the sandbox.
-                unsafe { libc::kill(p, libc::SIGKILL) };
-            }
-            format!("process {p}: {cmd}")
+        .map(|(pid, cmd)| {
+            sigkill(pid);
+            format!("process {pid}: {cmd}")
         })
         .collect();
     if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
@@ -145,26 +142,13 @@ pub fn end_leftovers_of(pid: u32) -> Vec<String> {
     found
 }
 
-/// Live processes (not zombies) whose command line contains `needle`: PID and command line.
-fn processes_naming(needle: &str) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmd.contains(needle) && proc_stat(pid).is_some_and(|(state, _)| state != 'Z') {
-            found.push((pid, cmd.trim_end().to_string()));
-        }
-    }
-    found
+/// The PIDs in `/proc`.
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
 }
 
 /// A process's state letter and parent PID, from `/proc/PID/stat`.
@@ -178,31 +162,44 @@ fn proc_stat(pid: u32) -> Option<(char, u32)> {
     Some((state, parent))
 }
 
-/// Ends (SIGKILL) every live child of this process and returns their PIDs and command names:
-/// a signalled run's last step, for any process started outside a sandbox's registry (an `ip`
-/// command mid-run) or that a teardown missed. Only this process's own children: processes it
-/// started.
+/// Whether `pid` is a process that has not exited (a zombie, `Z`, or dead, `X`, has).
+pub(crate) fn running(pid: u32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| !matches!(state, 'Z' | 'X'))
+}
+
+/// SIGKILL to `pid`, a process the caller found as its own child or its child's.
+fn sigkill(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: plain kill(2).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// Running processes whose command line contains `needle`: PID and command line.
+fn processes_naming(needle: &str) -> Vec<(u32, String)> {
+    pids()
+        .filter_map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+            (cmd.contains(needle) && running(pid)).then(|| (pid, cmd.trim_end().to_string()))
+        })
+        .collect()
+}
+
+/// Ends (SIGKILL) every running child of this process and returns their PIDs and command
+/// names: a signalled run's last step, for any process started outside a sandbox's registry
+/// (an `ip` command mid-run) or that a teardown missed. Only this process's own children:
+/// processes it started.
 pub fn end_own_children() -> Vec<(u32, String)> {
     let me = std::process::id();
-    let mut ended = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if proc_stat(pid).is_some_and(|(state, parent)| parent == me && state != 'Z')
-            && let Ok(p) = i32::try_from(pid)
-        {
-            // SAFETY: plain kill(2) of a child of this process.
-            unsafe { libc::kill(p, libc::SIGKILL) };
-            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
-            ended.push((pid, comm.trim().to_string()));
-        }
-    }
-    ended
+    pids()
+        .filter(|pid| running(*pid) && proc_stat(*pid).is_some_and(|(_, parent)| parent == me))
+        .map(|pid| {
+            sigkill(pid);
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            (pid, comm.trim().to_string())
+        })
+        .collect()
 }
 
 /// Removes what sandboxes of processes that no longer exist left behind (a run killed with
@@ -317,6 +314,7 @@ mod tests {
 
     #[test]
     fn a_leftover_process_is_listed_and_ended() {
+        use std::time::{Duration, Instant};
         // A process whose command line names a sandbox of "process" 0xfffffffe (none exists):
         // what an agent or a server that outlived its run looks like.
         let mut child = std::process::Command::new("sleep")
@@ -324,16 +322,25 @@ mod tests {
             .arg("60")
             .spawn()
             .expect("sleep");
-        // It must have exec'd before its command line shows the name.
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // `spawn` can return before /proc shows the new command line.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while super::processes_naming("slbfffffffex00c").is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let left = super::end_leftovers_of(0xffff_fffe);
-        assert_eq!(left.len(), 1, "{left:?}");
-        assert!(
-            left[0] == format!("process {}: slbfffffffex00c-sleep 60", child.id()),
-            "{left:?}"
+        let mut status = None;
+        while status.is_none() && Instant::now() < deadline {
+            status = child.try_wait().expect("try_wait");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Never left running, whatever the assertions below say.
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            left,
+            vec![format!("process {}: slbfffffffex00c-sleep 60", child.id())]
         );
-        let status = child.wait().expect("wait");
-        assert_eq!(status.signal(), Some(libc::SIGKILL));
+        assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL));
         assert_eq!(super::end_leftovers_of(0xffff_fffe), Vec::<String>::new());
     }
 
