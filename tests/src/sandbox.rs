@@ -61,6 +61,8 @@ pub struct Sandbox {
     servers: Mutex<Vec<(SocketAddr, bool, Owned)>>,
     pub(crate) processes: Registry,
     made: Made,
+    /// Set when a teardown has finished (`LIVE` keeps a handle on it: see `teardown_on_signal`).
+    torn_down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What has been created so far, so a half-built sandbox is torn down too. Each kind is made
@@ -107,8 +109,11 @@ impl Sandbox {
             if interrupted() {
                 bail!("interrupted: no new sandbox");
             }
-            live.retain(|s| s.strong_count() > 0);
-            live.push(Arc::downgrade(&sandbox));
+            live.retain(|entry| !entry.finished());
+            live.push(Registered {
+                sandbox: Arc::downgrade(&sandbox),
+                torn_down: sandbox.torn_down.clone(),
+            });
         }
         sandbox.build()?;
         Ok(sandbox)
@@ -131,6 +136,7 @@ impl Sandbox {
             servers: Mutex::new(Vec::new()),
             processes: Registry::default(),
             made: Made::default(),
+            torn_down: Arc::default(),
         })
     }
 
@@ -665,6 +671,7 @@ impl Sandbox {
         if let Some(dir) = lock(&self.made.workdir).take() {
             let _ = std::fs::remove_dir_all(dir);
         }
+        self.torn_down.store(true, Ordering::SeqCst);
     }
 }
 
@@ -677,11 +684,19 @@ impl Drop for Sandbox {
 /// Set once a signal's teardown has begun: the process ends when it is done.
 static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether a signal is tearing the sandbox down. The main thread, which sees its work fail
-/// as the processes go, must then not return (that would end the process half-way through the
-/// teardown): it calls `wait_if_interrupted` and the handler's exit ends the process.
+/// Set by the signal itself (in the kernel's delivery, before any thread sees a call it
+/// interrupted fail), where `INTERRUPTED` waits for the handler thread to run.
+static SIGNALLED: OnceLock<Arc<std::sync::atomic::AtomicBool>> = OnceLock::new();
+
+/// Whether a signal is tearing the sandbox down, or has arrived and is about to. The main
+/// thread, which sees its work fail as the processes go (or a call the signal interrupted),
+/// must then not return (that would end the process half-way through the teardown): it calls
+/// `wait_if_interrupted` and the handler's exit ends the process.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
+        || SIGNALLED
+            .get()
+            .is_some_and(|flag| flag.load(Ordering::SeqCst))
 }
 
 /// Blocks forever when a signal is tearing the sandbox down (see `interrupted`).
@@ -691,8 +706,23 @@ pub fn wait_if_interrupted() {
     }
 }
 
-/// The sandboxes made by [`Sandbox::shared`] that may still be alive.
-static LIVE: Mutex<Vec<Weak<Sandbox>>> = Mutex::new(Vec::new());
+/// The sandboxes made by [`Sandbox::shared`] whose teardown may not have finished.
+static LIVE: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+/// A sandbox in `LIVE`: held weakly, with its teardown's end, which outlives it. A sandbox
+/// being dropped (its last handle gone, say as a failed phase unwinds) can no longer be
+/// upgraded while its `Drop` still tears it down: the handler then waits for that teardown
+/// instead of exiting in the middle of it (which once left an agent and a server running).
+struct Registered {
+    sandbox: Weak<Sandbox>,
+    torn_down: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Registered {
+    fn finished(&self) -> bool {
+        self.sandbox.strong_count() == 0 && self.torn_down.load(Ordering::SeqCst)
+    }
+}
 
 /// Tears down every live sandbox made by [`Sandbox::shared`] and exits when the process gets
 /// SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed). Call it once, before the first
@@ -704,25 +734,45 @@ pub fn teardown_on_signal() -> anyhow::Result<()> {
     static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
     INSTALLED
         .get_or_init(|| {
-            let mut signals = signal_hook::iterator::Signals::new([
+            let handled = [
                 signal_hook::consts::SIGINT,
                 signal_hook::consts::SIGTERM,
                 signal_hook::consts::SIGHUP,
-            ])
-            .map_err(|e| format!("installing the signal handler: {e}"))?;
+            ];
+            let flag = SIGNALLED.get_or_init(Arc::default);
+            for signal in handled {
+                signal_hook::flag::register(signal, flag.clone())
+                    .map_err(|e| format!("installing the signal handler: {e}"))?;
+            }
+            let mut signals = signal_hook::iterator::Signals::new(handled)
+                .map_err(|e| format!("installing the signal handler: {e}"))?;
             std::thread::spawn(move || {
                 if let Some(signal) = signals.forever().next() {
-                    let live: Vec<Arc<Sandbox>> = {
+                    let (live, dropping): (Vec<Arc<Sandbox>>, Vec<_>) = {
                         // Under the registry's lock: a sandbox registered after this sees
                         // `interrupted` and is never built.
                         let live = lock(&LIVE);
                         INTERRUPTED.store(true, Ordering::SeqCst);
-                        live.iter().filter_map(Weak::upgrade).collect()
+                        let upgraded = live.iter().filter_map(|r| r.sandbox.upgrade()).collect();
+                        let dropping = live
+                            .iter()
+                            .filter(|r| r.sandbox.strong_count() == 0)
+                            .map(|r| r.torn_down.clone())
+                            .collect();
+                        (upgraded, dropping)
                     };
                     // Stdout may be a closed terminal now: say it on stderr, ignore failures.
                     let _ = writeln!(std::io::stderr(), "\ninterrupted: cleaning up the sandbox");
                     for sandbox in &live {
                         sandbox.teardown();
+                    }
+                    // A sandbox whose last handle went before this looked is being torn down
+                    // by its `Drop` in another thread: let that finish (bounded).
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                    while dropping.iter().any(|done| !done.load(Ordering::SeqCst))
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(5));
                     }
                     // The main thread runs on while this one tears down: a process it started
                     // outside a registry (an `ip` command) may still run. Each is this
