@@ -40,11 +40,9 @@ impl Registry {
     /// the caller cleans up after it.
     pub fn kill_all(&self) {
         let pids: Vec<u32> = self.lock().live.iter().copied().collect();
+        // Our own unreaped children: their PIDs cannot have been reused.
         for pid in &pids {
-            if let Ok(pid) = i32::try_from(*pid) {
-                // SAFETY: signalling our own unreaped child by PID.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
+            crate::system::sigkill(*pid);
         }
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while pids.iter().any(|pid| crate::system::running(*pid))

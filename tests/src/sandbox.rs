@@ -748,18 +748,13 @@ pub fn teardown_on_signal() -> anyhow::Result<()> {
                 .map_err(|e| format!("installing the signal handler: {e}"))?;
             std::thread::spawn(move || {
                 if let Some(signal) = signals.forever().next() {
-                    let (live, dropping): (Vec<Arc<Sandbox>>, Vec<_>) = {
+                    let (live, torn_down): (Vec<Arc<Sandbox>>, Vec<_>) = {
                         // Under the registry's lock: a sandbox registered after this sees
                         // `interrupted` and is never built.
                         let live = lock(&LIVE);
                         INTERRUPTED.store(true, Ordering::SeqCst);
                         let upgraded = live.iter().filter_map(|r| r.sandbox.upgrade()).collect();
-                        let dropping = live
-                            .iter()
-                            .filter(|r| r.sandbox.strong_count() == 0)
-                            .map(|r| r.torn_down.clone())
-                            .collect();
-                        (upgraded, dropping)
+                        (upgraded, live.iter().map(|r| r.torn_down.clone()).collect())
                     };
                     // Stdout may be a closed terminal now: say it on stderr, ignore failures.
                     let _ = writeln!(std::io::stderr(), "\ninterrupted: cleaning up the sandbox");
@@ -767,9 +762,9 @@ pub fn teardown_on_signal() -> anyhow::Result<()> {
                         sandbox.teardown();
                     }
                     // A sandbox whose last handle went before this looked is being torn down
-                    // by its `Drop` in another thread: let that finish (bounded).
+                    // by its `Drop` in another thread: let that finish too (bounded).
                     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                    while dropping.iter().any(|done| !done.load(Ordering::SeqCst))
+                    while torn_down.iter().any(|done| !done.load(Ordering::SeqCst))
                         && std::time::Instant::now() < deadline
                     {
                         std::thread::sleep(std::time::Duration::from_millis(5));

@@ -168,7 +168,7 @@ pub(crate) fn running(pid: u32) -> bool {
 }
 
 /// SIGKILL to `pid`, a process the caller found as its own child or its child's.
-fn sigkill(pid: u32) {
+pub(crate) fn sigkill(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         // SAFETY: plain kill(2).
         unsafe { libc::kill(pid, libc::SIGKILL) };
