@@ -497,14 +497,15 @@ fn take_slot(
 }
 
 /// `cgroup/sock_release`: a closing socket's record comes off its pod's count, and a
-/// connected socket frees its slot. Runs for every socket closed in the cgroup tree; a socket that
-/// was never translated costs a storage lookup that finds nothing.
+/// connected socket frees its slot. Runs for every socket closed in the cgroup tree; a TCP or
+/// UDP socket that was never translated costs a storage lookup that finds nothing, its cookie
+/// and its slot's first word.
 #[inline(always)]
 pub(crate) fn release(ctx: &SockContext) -> i32 {
     use aya_ebpf::helpers::generated::bpf_sk_storage_get;
     let sk = ctx.sock;
     // SAFETY: the kernel's socket, the program's context.
-    let (protocol, port_be) = unsafe { ((*sk).protocol, (*sk).dst_port) };
+    let protocol = unsafe { (*sk).protocol };
     let udp = match protocol {
         p if p == u32::from(PROTOCOL_TCP) => false,
         p if p == u32::from(PROTOCOL_UDP) => true,
@@ -521,16 +522,14 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
         // SAFETY: non-null, this socket's value.
         uncharge(unsafe { (*state).cgroup_id }, max);
     }
-    // Only a TCP socket whose peer is on a port in the backend port bitmap, or that has no
-    // peer, can hold a slot: the bitmap only grows, and a new generation (a layout migration)
-    // starts with the old one's bits. No peer: the connect hook took the slot before the
-    // kernel's connect, which can then fail and clear the peer (no route, no local port, a
-    // blocking connect refused or timed out, `connect(AF_UNSPEC)`); that socket would otherwise
-    // keep its slot for ever. A UDP socket may hold one whatever its peer now: disconnected or
-    // connected again to an address no service has, it keeps the slot its service connect
-    // took, so every UDP socket is looked at.
-    let may_hold = udp || port_be == 0 || backend_port_in_use(false, port_be);
-    if slots_on(config) && may_hold {
+    // Any TCP or UDP socket may hold a slot, whatever its peer now: the connect hook took it
+    // before the kernel's connect, which can then fail and clear the peer (no route, no local
+    // port, a blocking connect refused or timed out), and a socket disconnected with
+    // `connect(AF_UNSPEC)`, which no hook sees, can connect again anywhere (a TCP socket to a
+    // port no backend uses, a UDP socket to an address no service has) and close from there.
+    // Looking only at peers on backend ports let such a socket keep its slot for ever, and any
+    // pod could fill the table that way, one slot per socket.
+    if slots_on(config) {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
         if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {

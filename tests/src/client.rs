@@ -53,8 +53,9 @@ pub enum Command {
     Close {
         id: u32,
     },
-    /// Connects UDP socket `id` again: to `target`, or with `None` disconnects it (`connect()`
-    /// to `AF_UNSPEC`); it stays open.
+    /// Connects socket `id` (UDP, or TCP) again: to `target`, or with `None` disconnects it
+    /// (`connect()` to `AF_UNSPEC`); it stays open. A TCP socket must be disconnected before
+    /// it connects again; its reply's `peer_names` holds what getpeername then reported.
     Reconnect {
         id: u32,
         target: Option<SocketAddr>,
@@ -254,7 +255,8 @@ impl ClientState {
                         Err(e) => Reply::error(format!("reconnect: {e}")),
                     }
                 }
-                _ => Reply::error(format!("connection {id} is not a UDP socket")),
+                Some(Conn::Tcp(s)) => reconnect_tcp(s.get_ref(), target),
+                None => Reply::error(format!("no connection {id}")),
             },
         }
     }
@@ -438,9 +440,28 @@ fn unconnected_udp(target: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket)
 }
 
-/// `connect()` to an `AF_UNSPEC` address: a UDP socket forgets its peer.
-fn disconnect(socket: &UdpSocket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
+/// A TCP socket disconnected (`target` `None`) or connected again, blocking, to `target`, with
+/// what getpeername then reports.
+fn reconnect_tcp(stream: &TcpStream, target: Option<SocketAddr>) -> Reply {
+    let result = match target {
+        None => disconnect(stream),
+        Some(t) => socket2::SockRef::from(stream).connect(&t.into()),
+    };
+    let mut reply = match result {
+        Ok(()) => Reply {
+            ok: true,
+            ..Reply::default()
+        },
+        Err(e) => return Reply::error(format!("reconnect: {e}")),
+    };
+    if let Ok(peer) = stream.peer_addr() {
+        reply.peer_names.insert(peer.to_string(), 1);
+    }
+    reply
+}
+
+/// `connect()` to an `AF_UNSPEC` address: the socket forgets its peer.
+fn disconnect(socket: &impl std::os::fd::AsRawFd) -> std::io::Result<()> {
     // SAFETY: an all-zero sockaddr is valid; only its family is set.
     let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };
     addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;

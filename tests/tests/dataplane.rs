@@ -685,6 +685,59 @@ fn tcp_slot_freed_after_a_failed_connect(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A TCP connection to a service that is disconnected (`connect(AF_UNSPEC)`, which no hook
+/// sees) and connected again to a port no backend uses gives its connection slot back when it
+/// closes. The release program once looked only at TCP sockets with no peer or a peer on a
+/// backend port, so each such socket kept its slot for ever, and any pod could fill the table
+/// that way.
+fn tcp_slot_freed_after_reconnecting_elsewhere(net: &Net) -> anyhow::Result<()> {
+    const SOCKETS: u32 = 3;
+    let w = World::new(net, false, &[0], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins");
+    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    // A server in the first backend's pod on a port no service's backend uses.
+    let elsewhere = addr(net.backends[0], TARGET + 1);
+    w.sandbox.add_backend(elsewhere, false)?;
+    let mut client = w.client()?;
+    let before = held()?;
+    for id in 1..=SOCKETS {
+        let r = client.run(&Command::Open {
+            id,
+            target: net.vip(TCP_PORT),
+            udp: false,
+        })?;
+        assert!(r.ok, "{r:?}");
+    }
+    let open = if claims.socket_release {
+        before + SOCKETS as usize
+    } else {
+        before
+    };
+    assert_eq!(held()?, open, "each connection holds its slot");
+    for id in 1..=SOCKETS {
+        let r = client.run(&Command::Reconnect { id, target: None })?;
+        assert!(r.ok, "disconnect: {r:?}");
+        let r = client.run(&Command::Reconnect {
+            id,
+            target: Some(elsewhere),
+        })?;
+        assert!(r.ok, "connect elsewhere: {r:?}");
+        assert_eq!(
+            r.peer_names.keys().collect::<Vec<_>>(),
+            [&elsewhere.to_string()],
+            "connected directly, untranslated"
+        );
+    }
+    for id in 1..=SOCKETS {
+        client.run(&Command::Close { id })?;
+    }
+    assert_eq!(held()?, before, "every slot freed at close");
+    Ok(())
+}
+
 /// A process outside the cgroup, in the same namespace, is never translated.
 fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -730,6 +783,7 @@ both_families!(
     connected_udp_sockets_listed,
     connected_udp_slot_freed,
     tcp_slot_freed_after_a_failed_connect,
+    tcp_slot_freed_after_reconnecting_elsewhere,
     outside_cgroup_untouched,
 );
 

@@ -588,8 +588,8 @@ fn load_into(
 }
 
 /// Copies the backend port bitmap of an older generation's `PORTS` (same array size) into
-/// this one's. The programs look for a connection's record only on ports in the bitmap
-/// (getpeername, recvmsg, the release program freeing its slot); within a generation the
+/// this one's. getpeername and recvmsg look for a connection's record only on ports in the
+/// bitmap (the release program looks at every socket's slot); within a generation the
 /// bitmap only grows, so a connection made before the migration must keep its port's bit too.
 /// A bit too many costs a record lookup, never a wrong answer. Returns the words carried.
 fn carry_backend_ports(ebpf: &mut Ebpf, old_dir: &Path) -> Result<usize, aya::maps::MapError> {
