@@ -270,6 +270,7 @@ fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
                     "connected_udp_sockets_listed".into(),
                     "connected_udp_slot_freed".into(),
                     "tcp_slot_freed_after_a_failed_connect".into(),
+                    "tcp_slot_freed_after_reconnecting_elsewhere".into(),
                     "udp_reverse_translation".into(),
                     "established_connection_stays".into(),
                     "verifier_accepts_every_program".into(),
