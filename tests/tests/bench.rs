@@ -7,7 +7,10 @@ use std::{
     time::Duration,
 };
 
-use socklb_tests::system::{end_leftovers_of, read_until};
+use socklb_tests::{
+    bench::floor::REFUSE_FIRST_ENV,
+    system::{end_leftovers_of, read_until},
+};
 
 #[test]
 fn a_signalled_bench_leaves_nothing() {
@@ -59,5 +62,54 @@ fn a_signalled_bench_leaves_nothing() {
             "--only {only}, signal {signal}: {seen}{rest}"
         );
     }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A kernel that cannot link a program before another on a cgroup hook (no `BPF_F_BEFORE`,
+/// before 6.6): the bench measures the programs' kernel cost with the empty programs after
+/// socklb's in every pass, and its report says so on each row.
+#[test]
+fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
+    socklb_tests::require_privileges!();
+    let out = std::env::temp_dir().join(format!("socklb-bench-floors-last-{}", std::process::id()));
+    std::fs::create_dir_all(&out).expect("output folder");
+    // Its output to a file, not a pipe: nothing that outlived it can keep this test waiting.
+    let log = out.join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_socklb-bench"))
+        .args(["--quick", "--only", "kernel", "--out"])
+        .arg(&out)
+        .env(REFUSE_FIRST_ENV, "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("run the bench");
+    let status = child.wait().expect("the bench exits");
+    let left = end_leftovers_of(child.id());
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{status}:\n{stderr}");
+    assert_eq!(left, Vec::<String>::new(), "{stderr}");
+    let results: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).expect("results.json"))
+            .expect("results.json is JSON");
+    let rows = results["kernel"].as_array().expect("kernel rows");
+    assert!(!rows.is_empty(), "{results}");
+    for row in rows {
+        assert!(row["ratio_floor_first"].is_null(), "no pass before: {row}");
+        assert!(
+            row["ratio_floor_last"]["median"]
+                .as_f64()
+                .is_some_and(|r| r > 0.0),
+            "every pass after: {row}"
+        );
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).expect("report.md");
+    let says =
+        "floors after socklb's program in every pass (this kernel cannot link a program before it)";
+    assert!(
+        report
+            .lines()
+            .any(|l| l.contains("connect4") && l.contains(says)),
+        "the report says why there is one order:\n{report}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }

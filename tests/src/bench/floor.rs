@@ -79,6 +79,11 @@ fn word_reader(map_fd: u32, key: u32) -> [u64; 10] {
     ]
 }
 
+/// Set (to anything), the bench acts as a kernel that cannot link a program before another on
+/// a cgroup hook (no `BPF_F_BEFORE`, before 6.6): the floors run after socklb's program in
+/// every pass. Its tests use it to see that path on kernels that can.
+pub const REFUSE_FIRST_ENV: &str = "SOCKLB_BENCH_REFUSE_FLOOR_FIRST";
+
 /// Where a floor runs on its hook: after socklb's program (as attached) or before it.
 ///
 /// Neither is how socklb runs alone: the first program a hook runs after a connection's
@@ -146,8 +151,11 @@ impl Floor {
 
     /// Links the program again, at `order` among the hook's programs (its counters go on).
     /// An error leaves it linked where it was; a kernel that cannot put it first says
-    /// `EINVAL`.
+    /// `EINVAL` (and so does this, first, when [`REFUSE_FIRST_ENV`] is set).
     pub fn relink(&mut self, order: Order) -> std::io::Result<()> {
+        if order == Order::FloorFirst && std::env::var_os(REFUSE_FIRST_ENV).is_some() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
         let link = sys::cgroup_link(
             self.prog.as_fd(),
             self.cgroup.as_fd(),
