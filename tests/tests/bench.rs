@@ -113,3 +113,33 @@ fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A signal that arrives while a sandbox is being torn down by its own `Drop` (its last handle
+/// gone, as when a failed phase unwinds) waits for that teardown before the process exits, and
+/// nothing is left. The handler once found no sandbox it could reach, exited at once, and left
+/// an agent and a server of the bench running, which hung CI.
+#[test]
+fn a_signal_during_a_dropped_sandboxs_teardown_waits_for_it() {
+    socklb_tests::require_privileges!();
+    let log = std::env::temp_dir().join(format!("socklb-drill-{}.log", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-drill"))
+        .arg("drop-then-signal")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("run the drill");
+    let status = child.wait().expect("the drill exits");
+    let left = end_leftovers_of(child.id());
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        stderr.contains("its teardown has begun: signalling"),
+        "the drill reached the moment it is about:\n{stderr}"
+    );
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "the handler exits with 128 + the signal:\n{stderr}"
+    );
+    assert_eq!(left, Vec::<String>::new(), "{stderr}");
+}
