@@ -12,10 +12,24 @@ use socklb_tests::{
     system::{end_leftovers_of, read_until},
 };
 
+/// A file or folder a test made, removed when the test ends, also when it fails.
+struct Removed(std::path::PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        if self.0.is_dir() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        } else {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
 #[test]
 fn a_signalled_bench_leaves_nothing() {
     socklb_tests::require_privileges!();
     let out = std::env::temp_dir().join(format!("socklb-bench-signalled-{}", std::process::id()));
+    let _removed = Removed(out.clone());
     for (only, phase, signal) in [
         // Signalled as the first sandbox is being made.
         ("kernel", "data path: setting up the sandbox", libc::SIGHUP),
@@ -62,7 +76,6 @@ fn a_signalled_bench_leaves_nothing() {
             "--only {only}, signal {signal}: {seen}{rest}"
         );
     }
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// A kernel that cannot link a program before another on a cgroup hook (no `BPF_F_BEFORE`,
@@ -73,6 +86,7 @@ fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
     socklb_tests::require_privileges!();
     let out = std::env::temp_dir().join(format!("socklb-bench-floors-last-{}", std::process::id()));
     std::fs::create_dir_all(&out).expect("output folder");
+    let _removed = Removed(out.clone());
     // Its output to a file, not a pipe: nothing that outlived it can keep this test waiting.
     let log = out.join("stderr.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_socklb-bench"))
@@ -111,7 +125,6 @@ fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
             .any(|l| l.contains("connect4") && l.contains(says)),
         "the report says why there is one order:\n{report}"
     );
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// A signal that arrives while a sandbox is being torn down by its own `Drop` (its last handle
@@ -122,6 +135,7 @@ fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
 fn a_signal_during_a_dropped_sandboxs_teardown_waits_for_it() {
     socklb_tests::require_privileges!();
     let log = std::env::temp_dir().join(format!("socklb-drill-{}.log", std::process::id()));
+    let _removed = Removed(log.clone());
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-drill"))
         .arg("drop-then-signal")
         .stdout(Stdio::null())
@@ -131,7 +145,6 @@ fn a_signal_during_a_dropped_sandboxs_teardown_waits_for_it() {
     let status = child.wait().expect("the drill exits");
     let left = end_leftovers_of(child.id());
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
-    let _ = std::fs::remove_file(&log);
     assert!(
         stderr.contains("its teardown has begun: signalling"),
         "the drill reached the moment it is about:\n{stderr}"
