@@ -1,9 +1,11 @@
 //! `cargo xtask bench` stopped half-way (Ctrl-C, a stop, the terminal closed) leaves nothing
 //! behind, whichever phase it is in: while its first sandbox is being built, with the data
-//! path's world up, and in the control plane's sandbox.
+//! path's world up, and in the control plane's sandbox. Also: the bench on a kernel that cannot
+//! order cgroup programs, and the signal handler while a sandbox's own `Drop` tears it down.
 use std::{
     io::{BufRead as _, BufReader},
-    process::{Command, Stdio},
+    path::Path,
+    process::{Command, ExitStatus, Stdio},
     time::Duration,
 };
 
@@ -11,6 +13,24 @@ use socklb_tests::{
     bench::floor::REFUSE_FIRST_ENV,
     system::{end_leftovers_of, read_until},
 };
+
+/// Runs `cmd` to its end with its stderr in `log` (a file, not a pipe: nothing that outlived it
+/// can keep the test waiting), then ends and lists what its sandboxes left: its exit status,
+/// the leftovers (see `end_leftovers_of`) and its stderr.
+fn run_logged(cmd: &mut Command, log: &Path) -> (ExitStatus, Vec<String>, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("run it");
+    let status = child.wait().expect("it exits");
+    let left = end_leftovers_of(child.id());
+    (
+        status,
+        left,
+        std::fs::read_to_string(log).unwrap_or_default(),
+    )
+}
 
 /// A file or folder a test made, removed when the test ends, also when it fails.
 struct Removed(std::path::PathBuf);
@@ -87,19 +107,13 @@ fn a_kernel_that_cannot_order_programs_gets_its_floors_after_only() {
     let out = std::env::temp_dir().join(format!("socklb-bench-floors-last-{}", std::process::id()));
     std::fs::create_dir_all(&out).expect("output folder");
     let _removed = Removed(out.clone());
-    // Its output to a file, not a pipe: nothing that outlived it can keep this test waiting.
-    let log = out.join("stderr.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_socklb-bench"))
-        .args(["--quick", "--only", "kernel", "--out"])
-        .arg(&out)
-        .env(REFUSE_FIRST_ENV, "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("run the bench");
-    let status = child.wait().expect("the bench exits");
-    let left = end_leftovers_of(child.id());
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let (status, left, stderr) = run_logged(
+        Command::new(env!("CARGO_BIN_EXE_socklb-bench"))
+            .args(["--quick", "--only", "kernel", "--out"])
+            .arg(&out)
+            .env(REFUSE_FIRST_ENV, "1"),
+        &out.join("stderr.log"),
+    );
     assert!(status.success(), "{status}:\n{stderr}");
     assert_eq!(left, Vec::<String>::new(), "{stderr}");
     let results: serde_json::Value =
@@ -136,15 +150,10 @@ fn a_signal_during_a_dropped_sandboxs_teardown_waits_for_it() {
     socklb_tests::require_privileges!();
     let log = std::env::temp_dir().join(format!("socklb-drill-{}.log", std::process::id()));
     let _removed = Removed(log.clone());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandbox-drill"))
-        .arg("drop-then-signal")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log file"))
-        .spawn()
-        .expect("run the drill");
-    let status = child.wait().expect("the drill exits");
-    let left = end_leftovers_of(child.id());
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    let (status, left, stderr) = run_logged(
+        Command::new(env!("CARGO_BIN_EXE_sandbox-drill")).arg("drop-then-signal"),
+        &log,
+    );
     assert!(
         stderr.contains("its teardown has begun: signalling"),
         "the drill reached the moment it is about:\n{stderr}"

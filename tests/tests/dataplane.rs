@@ -575,16 +575,21 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How many connection slots are held now, read from the sandbox's pinned maps at each call.
+fn held_slots(w: &World) -> impl Fn() -> Result<usize, socklb::dataplane::sockets::ListError> {
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .expect("socket pins");
+    move || socklb::dataplane::sockets::held_slots(&pins)
+}
+
 /// A connected UDP socket keeps its record in a connection slot, which it gives back when it
 /// closes, also after it was disconnected (`connect(AF_UNSPEC)`, which no hook sees) or
 /// connected again to an address no service has.
 fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, true, &[0, 1, 2], &[])?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
-    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
-        .current_sockets()
-        .expect("socket pins");
-    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    let held = held_slots(&w);
     let mut client = w.client()?;
     let before = held()?;
     for id in [1, 2, 3] {
@@ -632,10 +637,7 @@ fn tcp_slot_freed_after_a_failed_connect(net: &Net) -> anyhow::Result<()> {
     const FAILED: usize = 20;
     let w = World::new(net, false, &[0], &[])?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
-    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
-        .current_sockets()
-        .expect("socket pins");
-    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    let held = held_slots(&w);
     let unroutable = if net.vip.contains(':') {
         "fd00:250::7"
     } else {
@@ -694,10 +696,7 @@ fn tcp_slot_freed_after_reconnecting_elsewhere(net: &Net) -> anyhow::Result<()> 
     const SOCKETS: u32 = 3;
     let w = World::new(net, false, &[0], &[])?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
-    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
-        .current_sockets()
-        .expect("socket pins");
-    let held = || socklb::dataplane::sockets::held_slots(&pins);
+    let held = held_slots(&w);
     // A server in the first backend's pod on a port no service's backend uses.
     let elsewhere = addr(net.backends[0], TARGET + 1);
     w.sandbox.add_backend(elsewhere, false)?;
