@@ -66,7 +66,7 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
     let vip_tcp = all_vips(services);
     let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
     let on_service_port: Vec<SocketAddr> = backends(HTTP_PORT);
-    vec![
+    let mut loads = vec![
         Workload {
             name: format!("connect4, service hit, TCP, {tcp_label}, spread over all services"),
             command: ClientCommand::Bench {
@@ -149,6 +149,36 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
             command: ClientCommand::Ops {
                 kind: Op::UdpUnconnected,
                 targets: vip_udp,
+                count,
+            },
+            hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],
+        },
+    ];
+    loads.extend(untranslated_peers(count));
+    loads
+}
+
+/// The reverse programs' other path: a peer on a port backends use, on a socket that was never
+/// translated (a pod talking to a pod's address, as most traffic in a cluster does), which
+/// looks for a record and finds none.
+fn untranslated_peers(count: usize) -> Vec<Workload> {
+    vec![
+        Workload {
+            name: "getpeername4, a TCP connection made directly to a backend (never translated)"
+                .into(),
+            command: ClientCommand::Ops {
+                kind: Op::TcpPeerName,
+                targets: backends(BACKEND_TCP),
+                count,
+            },
+            hooks: vec![Hook::GetPeerName4],
+        },
+        Workload {
+            name: "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated)"
+                .into(),
+            command: ClientCommand::Ops {
+                kind: Op::UdpUnconnected,
+                targets: backends(BACKEND_UDP),
                 count,
             },
             hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],

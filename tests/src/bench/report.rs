@@ -335,10 +335,13 @@ impl Report {
         for prefix in [
             "sock_release, a socket never translated closed",
             "sock_release, a translated TCP connection closed",
-            "getpeername4",
+            "getpeername4, translated",
             "connect4, service hit, UDP",
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_sendmsg4)",
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_recvmsg4)",
+            "getpeername4, a TCP connection made directly to a backend",
+            "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated) (socklb_sendmsg4)",
+            "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated) (socklb_recvmsg4)",
         ] {
             if let Some(k) = self.kernel_cost(prefix) {
                 out.push(Verdict {
