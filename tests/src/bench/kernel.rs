@@ -159,8 +159,8 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
 }
 
 /// The reverse programs' other path: a peer on a port backends use, on a socket that was never
-/// translated (a pod talking to a pod's address, as most traffic in a cluster does), which
-/// looks for a record and finds none.
+/// translated (a pod talking to another pod's address on such a port: a scrape, a
+/// `StatefulSet`'s peers), which looks for a record and finds none.
 fn untranslated_peers(count: usize) -> Vec<Workload> {
     vec![
         Workload {
