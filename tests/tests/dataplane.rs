@@ -179,18 +179,19 @@ fn counter(stats: &Stats, counter: Counter) -> Option<u64> {
         .map(|(_, v)| *v)
 }
 
-/// The single backend that answered, failing if several did.
-/// Opens connected UDP socket `id` to the service's UDP port, which must answer.
-fn open_udp(client: &mut Client, net: &Net, id: u32) -> anyhow::Result<Reply> {
+/// Opens socket `id` (connected UDP, or a TCP connection) to the service's port for it, which
+/// must answer.
+fn open(client: &mut Client, net: &Net, id: u32, udp: bool) -> anyhow::Result<Reply> {
     let r = client.run(&Command::Open {
         id,
-        target: net.vip(UDP_PORT),
-        udp: true,
+        target: net.vip(if udp { UDP_PORT } else { TCP_PORT }),
+        udp,
     })?;
     assert!(r.ok, "{r:?}");
     Ok(r)
 }
 
+/// The single backend that answered, failing if several did.
 fn only_backend(reply: &Reply) -> String {
     assert_eq!(
         reply.backends.len(),
@@ -249,12 +250,7 @@ fn spread(net: &Net) -> anyhow::Result<()> {
 fn established_connection_stays(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
     let mut client = w.client()?;
-    let opened = client.run(&Command::Open {
-        id: 1,
-        target: net.vip(TCP_PORT),
-        udp: false,
-    })?;
-    assert!(opened.ok, "{opened:?}");
+    let opened = open(&mut client, net, 1, false)?;
     let pinned = only_backend(&opened);
     assert_eq!(
         opened.peer_names.keys().next(),
@@ -445,7 +441,7 @@ fn udp_termination(net: &Net, agent_args: &[&str], across_restart: bool) -> anyh
     let mut w = World::with_agent(net, true, &[0, 1, 2], &[], agent_args)?;
     let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
     let mut client = w.client()?;
-    let opened = open_udp(&mut client, net, 1)?;
+    let opened = open(&mut client, net, 1, true)?;
     let pinned = only_backend(&opened);
     let others: Vec<usize> = (0..3).filter(|i| net.backend_str(*i) != pinned).collect();
     let restarted = std::time::Instant::now();
@@ -524,7 +520,7 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
     let mut client = w.client()?;
     let mut opened = std::collections::BTreeMap::<String, usize>::new();
     for id in 1..=6 {
-        let r = open_udp(&mut client, net, id)?;
+        let r = open(&mut client, net, id, true)?;
         *opened.entry(only_backend(&r)).or_default() += 1;
     }
     // Listed by `inspect` itself (no agent answers on port 1): what the kernel holds now.
@@ -595,7 +591,7 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     let mut client = w.client()?;
     let before = held()?;
     for id in [1, 2, 3] {
-        open_udp(&mut client, net, id)?;
+        open(&mut client, net, id, true)?;
     }
     if !claims.socket_release {
         // No release program, no slots: the records are in socket storage.
@@ -672,12 +668,7 @@ fn tcp_slot_freed_after_a_failed_connect(net: &Net) -> anyhow::Result<()> {
     // Control: a connect that succeeds holds a slot while its socket is open (where the release
     // program runs; without it there are no slots, and records live in socket storage).
     w.set_backends(&[0])?;
-    let r = client.run(&Command::Open {
-        id: 1,
-        target: net.vip(TCP_PORT),
-        udp: false,
-    })?;
-    assert!(r.ok, "{r:?}");
+    open(&mut client, net, 1, false)?;
     let open = if claims.socket_release {
         before + 1
     } else {
@@ -705,12 +696,7 @@ fn tcp_slot_freed_after_reconnecting_elsewhere(net: &Net) -> anyhow::Result<()> 
     let mut client = w.client()?;
     let before = held()?;
     for id in 1..=SOCKETS {
-        let r = client.run(&Command::Open {
-            id,
-            target: net.vip(TCP_PORT),
-            udp: false,
-        })?;
-        assert!(r.ok, "{r:?}");
+        open(&mut client, net, id, false)?;
     }
     let open = if claims.socket_release {
         before + SOCKETS as usize
