@@ -669,12 +669,12 @@ fn tcp_slot_freed_after_a_failed_connect(net: &Net) -> anyhow::Result<()> {
     // program runs; without it there are no slots, and records live in socket storage).
     w.set_backends(&[0])?;
     open(&mut client, net, 1, false)?;
-    let open = if claims.socket_release {
+    let while_open = if claims.socket_release {
         before + 1
     } else {
         before
     };
-    assert_eq!(held()?, open, "an open connection holds its slot");
+    assert_eq!(held()?, while_open, "an open connection holds its slot");
     client.run(&Command::Close { id: 1 })?;
     assert_eq!(held()?, before, "and gives it back at close");
     Ok(())
@@ -698,12 +698,12 @@ fn tcp_slot_freed_after_reconnecting_elsewhere(net: &Net) -> anyhow::Result<()> 
     for id in 1..=SOCKETS {
         open(&mut client, net, id, false)?;
     }
-    let open = if claims.socket_release {
+    let while_open = if claims.socket_release {
         before + SOCKETS as usize
     } else {
         before
     };
-    assert_eq!(held()?, open, "each connection holds its slot");
+    assert_eq!(held()?, while_open, "each connection holds its slot");
     for id in 1..=SOCKETS {
         let r = client.run(&Command::Reconnect { id, target: None })?;
         assert!(r.ok, "disconnect: {r:?}");
