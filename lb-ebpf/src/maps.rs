@@ -6,7 +6,8 @@ use aya_ebpf::{
 };
 use lb_common::{
     AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Event, Frontend, Frontend4Key,
-    FrontendKey, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState, ServiceMeta, SockState,
+    FrontendKey, IndexEntry, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState, ServiceMeta,
+    SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -22,6 +23,16 @@ pub(crate) static FRONTENDS4: HashMap<
     { size(MapId::Frontends4) },
     { MAP_F_NO_PREALLOC as usize },
 > = HashMap::new();
+
+/// Most IPv4 frontends again, one per slot of a direct-mapped array (`lb_common::index`): read
+/// before `FRONTENDS4`, one array load instead of a hash lookup. Mmapable only for its layout:
+/// the kernel then starts the values on a page, so no 32-byte entry straddles two cache lines.
+#[btf_map]
+pub(crate) static FRONTEND_INDEX: Array<
+    IndexEntry,
+    { size(MapId::FrontendIndex) },
+    { MAP_F_MMAPABLE as usize },
+> = Array::new();
 
 /// IPv6 service address → backend range.
 #[btf_map]

@@ -19,15 +19,15 @@ use aya_log_ebpf::debug;
 use lb_common::{
     AFFINITY_BUCKET, AFFINITY_WAYS, AffinityEntry, Backend, CONFIG_CONNECTION_SLOTS,
     CONNECTION_SLOTS, ConnRecord, Counter, DatapathConfig, Event, FAMILY_IPV4,
-    FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, HOOK_CONNECT,
-    HOOK_SENDMSG, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS, SockRecord, SockState, event,
-    ports,
+    FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, Frontend4Key, FrontendKey,
+    HOOK_CONNECT, HOOK_SENDMSG, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS, SockRecord,
+    SockState, event, index, ports,
 };
 
 use crate::{
     maps::{
-        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTENDS4, FRONTENDS6,
-        MONITOR, PORTS, SOCKET_QUOTA, SOCKETS, count,
+        AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTEND_INDEX,
+        FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SOCKET_QUOTA, SOCKETS, count,
     },
     sockaddr::{self, SockAddr},
 };
@@ -60,6 +60,18 @@ const MAX_AFFINITY_NS: u64 = 86_400 * NANOS_PER_SECOND;
 /// agent at load time (`--tcp-peer-name`); UDP sockets always get one.
 #[unsafe(no_mangle)]
 static RECORD_TCP: u8 = 1;
+
+/// The frontend index's copy of an IPv4 frontend, when its slot holds it whole.
+#[inline(always)]
+fn indexed(key: &Frontend4Key, config: Option<&DatapathConfig>) -> Option<Frontend> {
+    let secret = config?.index_secret;
+    let entry = FRONTEND_INDEX.get(index::slot(key, secret))?;
+    // One copy, checked and then used: the agent may be rewriting the entry under us.
+    // SAFETY: a map value the verifier bounds; copied by value.
+    let entry = unsafe { core::ptr::read_volatile(entry) };
+    (entry.key == *key && entry.check == index::check(key, &entry.frontend, secret))
+        .then_some(entry.frontend)
+}
 
 /// Something the maps should never hold: a frontend whose range lies outside `BACKENDS`.
 pub(crate) enum Fault {
@@ -126,13 +138,14 @@ pub(crate) fn try_translate(
         protocol,
         family: dest.family,
     };
-    // SAFETY: the value is copied out at once; the agent replaces frontends whole.
-    let frontend = unsafe {
-        if dest.family == FAMILY_IPV4 {
-            FRONTENDS4.get(key.v4()).copied()
-        } else {
-            FRONTENDS6.get(key).copied()
-        }
+    let config = CONFIG.get(0);
+    let frontend = if dest.family == FAMILY_IPV4 {
+        let key4 = key.v4();
+        // SAFETY: the value is copied out at once; the agent replaces frontends whole.
+        indexed(&key4, config).or_else(|| unsafe { FRONTENDS4.get(key4).copied() })
+    } else {
+        // SAFETY: as above.
+        unsafe { FRONTENDS6.get(key).copied() }
     };
     let Some(frontend) = frontend else {
         return Ok(ALLOW);
@@ -151,7 +164,6 @@ pub(crate) fn try_translate(
         return Ok(refuse(ECONNREFUSED));
     }
     let wants_record = udp || read_flag(&RECORD_TCP);
-    let config = CONFIG.get(0);
     // A connect's record (TCP, or a connected UDP socket) goes in the socket's `CONNECTIONS`
     // slot when that is free (no allocation); otherwise, and at sendmsg (an unconnected UDP
     // socket; the sendmsg programs have no slot code), in the socket's own storage.

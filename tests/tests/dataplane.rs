@@ -1,9 +1,15 @@
 //! The data path on real sockets, for IPv4 and IPv6: spread, connection stickiness, reverse
 //! translation, refusals, session affinity, UDP socket termination, IPv4-mapped destinations,
 //! and the verifier's verdict on every program.
-use std::{collections::BTreeSet, net::SocketAddr, thread::sleep, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    thread::sleep,
+    time::Duration,
+};
 
-use lb_common::Counter;
+use anyhow::Context as _;
+use lb_common::{Counter, DatapathConfig, Frontend, Frontend4Key, IndexEntry, MapId, index};
 use socklb::{
     cli::{AffinityRow, SocketRow, Stats},
     dataplane::loader::ProgramView,
@@ -946,5 +952,246 @@ fn per_socket_state_goes_away_with_the_socket() -> anyhow::Result<()> {
     let stats: Stats = w.sandbox.inspect_as(&["stats"])?;
     assert_eq!(counter(&stats, Counter::Translations), Some(1003));
     assert_eq!(counter(&stats, Counter::RecordFailed), Some(0));
+    Ok(())
+}
+
+/// The maps behind the frontend index, opened from the sandbox's pins as the node admin (or a
+/// test) would: to read what they hold and to plant what a crash or a torn read would leave.
+struct IndexMaps {
+    frontends: aya::maps::HashMap<aya::maps::MapData, Frontend4Key, Frontend>,
+    index: aya::maps::Array<aya::maps::MapData, IndexEntry>,
+    config: aya::maps::Array<aya::maps::MapData, DatapathConfig>,
+}
+
+impl IndexMaps {
+    fn open(w: &World) -> anyhow::Result<Self> {
+        let dir = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+            .current()
+            .context("no map generation")?;
+        let open = |map: MapId| -> anyhow::Result<aya::maps::Map> {
+            let data = socklb::dataplane::bpf::open_map(&dir, map, false)?;
+            Ok(aya::maps::Map::from_map_data(data)?)
+        };
+        Ok(Self {
+            frontends: open(MapId::Frontends4)?.try_into()?,
+            index: open(MapId::FrontendIndex)?.try_into()?,
+            config: open(MapId::Config)?.try_into()?,
+        })
+    }
+
+    /// The secret the programs read now.
+    fn secret(&self) -> anyhow::Result<u64> {
+        Ok(self.config.get(&0, 0)?.index_secret)
+    }
+
+    fn frontend(&self, key: Frontend4Key) -> anyhow::Result<Frontend> {
+        Ok(self.frontends.get(&key, 0)?)
+    }
+
+    fn set_frontend(&mut self, key: Frontend4Key, frontend: Frontend) -> anyhow::Result<()> {
+        Ok(self.frontends.insert(key, frontend, 0)?)
+    }
+
+    fn set_entry(&mut self, slot: u32, entry: IndexEntry) -> anyhow::Result<()> {
+        Ok(self.index.set(slot, entry, 0)?)
+    }
+
+    /// Every non-empty slot.
+    fn entries(&self) -> anyhow::Result<BTreeMap<u32, IndexEntry>> {
+        let mut held = BTreeMap::new();
+        for slot in 0..self.index.len() {
+            let entry = self.index.get(&slot, 0)?;
+            if entry != IndexEntry::default() {
+                held.insert(slot, entry);
+            }
+        }
+        Ok(held)
+    }
+
+    /// What the index should hold for `key`: its `FRONTENDS4` value, checked under the secret.
+    fn expected(&self, key: Frontend4Key) -> anyhow::Result<(u32, IndexEntry)> {
+        let secret = self.secret()?;
+        let frontend = self.frontend(key)?;
+        Ok((
+            index::slot(&key, secret),
+            IndexEntry {
+                key,
+                frontend,
+                check: index::check(&key, &frontend, secret),
+            },
+        ))
+    }
+}
+
+fn tcp_key(vip: &str, port: u16) -> Frontend4Key {
+    let ip: std::net::Ipv4Addr = vip.parse().expect("IPv4");
+    Frontend4Key {
+        addr: u32::from_ne_bytes(ip.octets()),
+        port_be: port.to_be(),
+        protocol: lb_common::PROTOCOL_TCP,
+        _pad: 0,
+    }
+}
+
+/// Adds a TCP Service `name` on `vip:port` whose one endpoint is backend `backend`, and waits
+/// until the maps hold it.
+fn add_tcp_service(
+    w: &World,
+    name: &str,
+    vip: &str,
+    port: u16,
+    backend: usize,
+) -> anyhow::Result<()> {
+    let s = &w.sandbox;
+    let target = TARGET.to_string();
+    s.write_manifest(
+        &format!("{name}.yaml"),
+        &service(name, vip, "p", "TCP", port, &target, &[]),
+    )?;
+    s.write_manifest(
+        &format!("{name}-slice.yaml"),
+        &slice(
+            &format!("{name}-1"),
+            name,
+            "p",
+            "TCP",
+            TARGET,
+            &[Ep::ready(V4.backends[backend])],
+        ),
+    )?;
+    s.wait_candidates(&addr(vip, port).to_string(), &[&V4.backend_str(backend)])
+}
+
+/// The backends 20 connects to `vip:port` reached; every connect must be answered.
+fn answered(w: &World, vip: &str, port: u16) -> anyhow::Result<BTreeSet<usize>> {
+    let r = w.client()?.connect(addr(vip, port), 20)?;
+    assert_eq!(r.failures(), 0, "{vip}:{port}: {r:?}");
+    Ok(r.backends.keys().map(|b| backend_index(&V4, b)).collect())
+}
+
+const VIP2: &str = "10.96.0.11";
+
+/// The frontend index holds each IPv4 frontend as `FRONTENDS4` does, the programs read it
+/// before `FRONTENDS4` and go on reading it with the agent killed, and an entry whose check
+/// fails (what a connect reading an entry the agent is rewriting sees: one frontend's key and
+/// check with another's backends) is passed over for `FRONTENDS4`. A restarted agent rewrites
+/// the index from `FRONTENDS4`, whatever was planted in it.
+#[test]
+fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let mut w = World::new(&V4, false, &[0], &[])?;
+    add_tcp_service(&w, "svc2", VIP2, TCP_PORT, 1)?;
+    let (k1, k2) = (tcp_key(V4.vip, TCP_PORT), tcp_key(VIP2, TCP_PORT));
+    let mut maps = IndexMaps::open(&w)?;
+    assert_ne!(maps.secret()?, 0, "the agent drew a secret");
+    let (s1, e1) = maps.expected(k1)?;
+    let (s2, e2) = maps.expected(k2)?;
+    // Two frontends share a slot once in 32,768 secrets: then the first one written keeps it.
+    let mut want = BTreeMap::from([(s1, e1)]);
+    want.entry(s2).or_insert(e2);
+    assert_eq!(
+        maps.entries()?,
+        want,
+        "the index holds each frontend at its slot"
+    );
+    assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
+
+    w.agent.kill9();
+    // FRONTENDS4 now sends svc to svc2's backend; the index entry still says backend 0.
+    maps.set_frontend(k1, e2.frontend)?;
+    assert_eq!(
+        answered(&w, V4.vip, TCP_PORT)?,
+        BTreeSet::from([0]),
+        "the index is read first, also with the agent killed"
+    );
+    maps.set_frontend(k1, e1.frontend)?;
+    // Torn: svc's key and check around svc2's backends.
+    let torn = IndexEntry {
+        frontend: e2.frontend,
+        ..e1
+    };
+    maps.set_entry(s1, torn)?;
+    assert_eq!(
+        answered(&w, V4.vip, TCP_PORT)?,
+        BTreeSet::from([0]),
+        "an entry whose check fails is passed over for FRONTENDS4"
+    );
+    // svc2's check, valid for svc2's entry, under svc's key.
+    maps.set_entry(s1, IndexEntry { key: k1, ..e2 })?;
+    assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
+    // The same entry with the check the secret gives is used: the check is what decides.
+    let forged = IndexEntry {
+        key: k1,
+        frontend: e2.frontend,
+        check: index::check(&k1, &e2.frontend, maps.secret()?),
+    };
+    maps.set_entry(s1, forged)?;
+    assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([1]));
+
+    // A restart (the same layout: the secret is kept) rewrites the index from FRONTENDS4.
+    w.agent.restart(true)?;
+    let maps = IndexMaps::open(&w)?;
+    let mut want = BTreeMap::from([maps.expected(k1)?]);
+    let (s2, e2) = maps.expected(k2)?;
+    want.entry(s2).or_insert(e2);
+    assert_eq!(maps.entries()?, want, "rewritten at start");
+    assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
+    assert_eq!(answered(&w, VIP2, TCP_PORT)?, BTreeSet::from([1]));
+    Ok(())
+}
+
+/// Two frontends whose slots collide: the one written first keeps the slot, the other is served
+/// from `FRONTENDS4`, each to its own backend. Deleting the holder empties the slot before its
+/// frontend goes (its connects are no longer translated), and the next start gives the slot to
+/// the other.
+#[test]
+fn frontend_index_collisions_stay_in_the_hash_map() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let mut w = World::new(&V4, false, &[0], &[])?;
+    let k1 = tcp_key(V4.vip, TCP_PORT);
+    let maps = IndexMaps::open(&w)?;
+    let secret = maps.secret()?;
+    let s1 = index::slot(&k1, secret);
+    // An address and port in the same slot (about two per address over the ports searched).
+    let (vip3, port3) = (1..=254u8)
+        .flat_map(|host| (1024..=u16::MAX).map(move |port| (format!("10.96.1.{host}"), port)))
+        .find(|(vip, port)| index::slot(&tcp_key(vip, *port), secret) == s1)
+        .context("no colliding service address")?;
+    add_tcp_service(&w, "svc3", &vip3, port3, 2)?;
+    let k3 = tcp_key(&vip3, port3);
+    let (_, e1) = maps.expected(k1)?;
+    assert_eq!(
+        maps.entries()?,
+        BTreeMap::from([(s1, e1)]),
+        "the first frontend keeps the slot"
+    );
+    assert!(maps.frontend(k3).is_ok(), "the other is in FRONTENDS4");
+    assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
+    assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
+
+    w.sandbox.remove_manifest("svc.yaml")?;
+    w.sandbox.remove_manifest("slice.yaml")?;
+    w.sandbox.wait_gone(&V4.lookup(TCP_PORT, false))?;
+    assert_eq!(
+        maps.entries()?,
+        BTreeMap::new(),
+        "the holder's slot emptied"
+    );
+    let r = w.client()?.connect(V4.vip(TCP_PORT), 3)?;
+    assert_eq!(
+        r.errors.get("ENETUNREACH"),
+        Some(&3),
+        "a deleted service is not translated: {r:?}"
+    );
+    assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
+
+    w.agent.restart(true)?;
+    let maps = IndexMaps::open(&w)?;
+    assert_eq!(
+        maps.entries()?,
+        BTreeMap::from([maps.expected(k3)?]),
+        "the next start gives the slot to the frontend left"
+    );
+    assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
     Ok(())
 }

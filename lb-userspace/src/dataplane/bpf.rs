@@ -8,7 +8,8 @@ use std::{
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
-    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, MapId, ServiceMeta,
+    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, IndexEntry, MapId,
+    ServiceMeta, index,
 };
 
 use super::{
@@ -56,6 +57,97 @@ pub struct BpfServiceMaps {
     capacities: Capacities,
     /// Waits for program runs in progress (`None`: the kernel would not make one).
     barrier: Option<sys::ProgramBarrier>,
+    /// The frontend index, for the writer that knows the programs' secret.
+    index: Option<FrontendIndex>,
+}
+
+/// The frontend index (`lb_common::index`) as its one writer keeps it: which frontend holds each
+/// slot, so a frontend never overwrites another's entry. Every entry is written right before the
+/// `FRONTENDS4` write it copies, and cleared right before the delete, so the index is never
+/// older than `FRONTENDS4` and a removal reaches it first.
+struct FrontendIndex {
+    fd: OwnedFd,
+    secret: u64,
+    /// The frontend each slot holds (all zero: none).
+    owners: Vec<Frontend4Key>,
+}
+
+/// Entries written per batch when the whole index is rewritten (64 KiB).
+const INDEX_BATCH: usize = 2_048;
+
+impl FrontendIndex {
+    fn entry(&self, key: Frontend4Key, frontend: Frontend) -> IndexEntry {
+        IndexEntry {
+            key,
+            frontend,
+            check: index::check(&key, &frontend, self.secret),
+        }
+    }
+
+    fn write(&self, slot: u32, entry: &IndexEntry) -> Result<(), MapWriteError> {
+        sys::array_update_batch(self.fd.as_fd(), slot, std::slice::from_ref(entry)).map_err(
+            |source| MapWriteError::Io {
+                map: MapId::FrontendIndex,
+                source,
+            },
+        )
+    }
+
+    /// Copies a frontend into its slot unless another frontend holds it.
+    fn put(&mut self, key: Frontend4Key, frontend: Frontend) -> Result<(), MapWriteError> {
+        let slot = index::slot(&key, self.secret);
+        let owner = &self.owners[slot as usize];
+        if *owner != Frontend4Key::default() && *owner != key {
+            return Ok(());
+        }
+        // Taken before the write: should the write fail, `clear` still empties the slot.
+        self.owners[slot as usize] = key;
+        self.write(slot, &self.entry(key, frontend))
+    }
+
+    /// Empties the frontend's slot if it holds it.
+    fn clear(&mut self, key: Frontend4Key) -> Result<(), MapWriteError> {
+        let slot = index::slot(&key, self.secret);
+        if self.owners[slot as usize] != key {
+            return Ok(());
+        }
+        self.write(slot, &IndexEntry::default())?;
+        self.owners[slot as usize] = Frontend4Key::default();
+        Ok(())
+    }
+
+    /// Rewrites the whole index from `FRONTENDS4` under this secret: what a crashed agent or an
+    /// earlier load left there is replaced (an entry under another secret already fails the
+    /// check of programs loaded with this one).
+    fn rebuild(
+        &mut self,
+        frontends: &HashMap<MapData, Frontend4Key, Frontend>,
+    ) -> Result<usize, MapReadError> {
+        let mut held: Vec<(u32, Frontend4Key, Frontend)> = Vec::new();
+        self.owners.fill(Frontend4Key::default());
+        for entry in frontends {
+            let (key, frontend) = entry.map_err(|e| read_error(MapId::Frontends4, e))?;
+            let slot = index::slot(&key, self.secret);
+            if self.owners[slot as usize] == Frontend4Key::default() {
+                self.owners[slot as usize] = key;
+                held.push((slot, key, frontend));
+            }
+        }
+        held.sort_unstable_by_key(|(slot, ..)| *slot);
+        let mut batch = vec![IndexEntry::default(); INDEX_BATCH];
+        let mut next = held.iter().peekable();
+        for start in (0..self.owners.len()).step_by(INDEX_BATCH) {
+            batch.fill(IndexEntry::default());
+            while let Some((slot, key, frontend)) =
+                next.next_if(|(slot, ..)| (*slot as usize) < start + INDEX_BATCH)
+            {
+                batch[*slot as usize - start] = self.entry(*key, *frontend);
+            }
+            sys::array_update_batch(self.fd.as_fd(), start as u32, &batch)
+                .map_err(|e| MapReadError::new(MapId::FrontendIndex, e))?;
+        }
+        Ok(held.len())
+    }
 }
 
 impl BpfServiceMaps {
@@ -96,7 +188,29 @@ impl BpfServiceMaps {
                     .inspect_err(|e| tracing::debug!(error = %e, "no program barrier: released backend ranges wait out their grace period"))
                     .ok()
             },
+            index: None,
         })
+    }
+
+    /// Opens the pinned service maps under `dir` for writing, by the agent whose programs were
+    /// loaded with `secret`, and rewrites the frontend index from `FRONTENDS4` under it.
+    pub fn open_writer(dir: &Path, secret: u64) -> Result<Self, MapReadError> {
+        let mut maps = Self::open(dir, false)?;
+        let data = open_map(dir, MapId::FrontendIndex, false)?;
+        let slots = max_entries(MapId::FrontendIndex, &data)?;
+        let mut index = FrontendIndex {
+            fd: data
+                .fd()
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| MapReadError::new(MapId::FrontendIndex, e))?,
+            secret,
+            owners: vec![Frontend4Key::default(); slots as usize],
+        };
+        let held = index.rebuild(&maps.frontends4)?;
+        tracing::debug!(held, slots, "frontend index rewritten");
+        maps.index = Some(index);
+        Ok(maps)
     }
 }
 
@@ -164,10 +278,25 @@ impl ServiceMaps for BpfServiceMaps {
         let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, e));
         match write {
             MapWrite::PutFrontend(k, f) if map == MapId::Frontends4 => {
-                put(self.frontends4.insert(k.v4(), f, 0))
+                if let Some(index) = &mut self.index {
+                    index.put(k.v4(), *f)?;
+                }
+                let r = put(self.frontends4.insert(k.v4(), f, 0));
+                if r.is_err()
+                    && let Some(index) = &mut self.index
+                    && let Err(e) = index.clear(k.v4())
+                {
+                    // The slot keeps a frontend FRONTENDS4 does not have; the next write of
+                    // that frontend, or the next start, replaces it.
+                    tracing::warn!(error = %e, "could not empty a frontend index slot");
+                }
+                r
             }
             MapWrite::PutFrontend(k, f) => put(self.frontends6.insert(k, f, 0)),
             MapWrite::DeleteFrontend(k) if map == MapId::Frontends4 => {
+                if let Some(index) = &mut self.index {
+                    index.clear(k.v4())?;
+                }
                 removed(map, cap, self.frontends4.remove(&k.v4()))
             }
             MapWrite::DeleteFrontend(k) => removed(map, cap, self.frontends6.remove(k)),

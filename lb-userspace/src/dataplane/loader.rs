@@ -410,6 +410,20 @@ impl Dataplane {
             } else {
                 0
             },
+            // Keys the frontend index. An agent that adopts a generation keeps its secret, so
+            // the index the last agent left serves on through the restart; it is rewritten
+            // from FRONTENDS4 anyway (`service_maps`), whatever a crash left in it.
+            index_secret: adopted
+                .then(|| read_config(&ebpf).ok())
+                .flatten()
+                .map(|c| c.index_secret)
+                .filter(|s| *s != 0)
+                .unwrap_or_else(|| {
+                    std::hash::BuildHasher::hash_one(
+                        &std::hash::RandomState::new(),
+                        std::process::id(),
+                    )
+                }),
         };
         Ok(Self {
             ebpf,
@@ -456,7 +470,7 @@ impl Dataplane {
 
     /// The service maps, writable (separate descriptors on the pinned maps).
     pub fn service_maps(&self) -> Result<BpfServiceMaps, MapReadError> {
-        BpfServiceMaps::open(&self.maps_dir, false)
+        BpfServiceMaps::open_writer(&self.maps_dir, self.config.index_secret)
     }
 
     /// Attaches every program to the cgroup, make-before-break, then removes what an older
@@ -643,6 +657,15 @@ fn map_fd(ebpf: &Ebpf, map: MapId) -> Result<OwnedFd, LoadError> {
         .as_fd()
         .try_clone_to_owned()
         .map_err(|source| LoadError::MapFd { map, source })
+}
+
+/// The settings the programs read now (an adopted generation's are the last agent's).
+fn read_config(ebpf: &Ebpf) -> Result<DatapathConfig, LoadError> {
+    let map = ebpf
+        .map(MapId::Config.name())
+        .ok_or(LoadError::MissingMap { map: MapId::Config })?;
+    let array: Array<&MapData, DatapathConfig> = Array::try_from(map).map_err(LoadError::Config)?;
+    array.get(&0, 0).map_err(LoadError::Config)
 }
 
 fn write_config(ebpf: &mut Ebpf, config: DatapathConfig) -> Result<(), LoadError> {
@@ -980,7 +1003,10 @@ mod tests {
             );
             assert_eq!(
                 m.map_flags() & lb_common::MAP_F_MMAPABLE != 0,
-                d.id == lb_common::MapId::Connections,
+                matches!(
+                    d.id,
+                    lb_common::MapId::Connections | lb_common::MapId::FrontendIndex
+                ),
                 "{}: mmapable (0x{:x})",
                 d.name,
                 m.map_flags()
