@@ -1166,6 +1166,20 @@ fn frontend_index_collisions_stay_in_the_hash_map() -> anyhow::Result<()> {
         "the first frontend keeps the slot"
     );
     assert!(maps.frontend(k3).is_ok(), "the other is in FRONTENDS4");
+    // What an operator sees: two frontends, one of them in the index.
+    let stats: Stats = w.sandbox.inspect_as(&["stats"])?;
+    let entries = |name: &str| {
+        stats
+            .maps
+            .iter()
+            .find(|m| m.map == name)
+            .and_then(|m| m.entries)
+    };
+    assert_eq!(
+        (entries("FRONTENDS4"), entries("FRONTEND_INDEX")),
+        (Some(2), Some(1)),
+        "{stats:?}"
+    );
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
     assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
 

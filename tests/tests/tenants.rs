@@ -1008,6 +1008,21 @@ fn a_datapath_fault_refuses_the_connect_and_charges_no_pod() -> anyhow::Result<(
         ..good
     };
     frontends.insert(key, broken, 0)?;
+    // The frontend index still holds the good copy, read before FRONTENDS4: empty its slot.
+    let secret =
+        aya::maps::Array::<_, lb_common::DatapathConfig>::try_from(aya::maps::Map::from_map_data(
+            aya::maps::MapData::from_pin(maps.join(MapId::Config.name()))?,
+        )?)?
+        .get(&0, 0)?
+        .index_secret;
+    aya::maps::Array::<_, lb_common::IndexEntry>::try_from(aya::maps::Map::from_map_data(
+        aya::maps::MapData::from_pin(maps.join(MapId::FrontendIndex.name()))?,
+    )?)?
+    .set(
+        lb_common::index::slot(&key, secret),
+        lb_common::IndexEntry::default(),
+        0,
+    )?;
     let faults = |sandbox: &Sandbox| -> anyhow::Result<u64> {
         let stats: socklb::cli::Stats = sandbox.inspect_as(&["stats"])?;
         Ok(stats

@@ -276,6 +276,7 @@ fn stats(other: &ReadOnlyMaps, maps: &BpfServiceMaps, snap: &MapSnapshot) -> any
         let (capacity, memory_bytes) = other.footprint(map)?;
         let entries = match map {
             MapId::Backends => Some(used_backends),
+            MapId::FrontendIndex => Some(other.index_held()?),
             _ => snap.entries(map).map(|n| n as u64),
         };
         rows.push(MapStats {

@@ -70,6 +70,8 @@ struct FrontendIndex {
     secret: u64,
     /// The frontend each slot holds (all zero: none).
     owners: Vec<Frontend4Key>,
+    /// Slots that hold one.
+    held: usize,
 }
 
 /// Entries written per batch when the whole index is rewritten (64 KiB).
@@ -101,6 +103,9 @@ impl FrontendIndex {
             return Ok(());
         }
         // Taken before the write: should the write fail, `clear` still empties the slot.
+        if *owner != key {
+            self.held += 1;
+        }
         self.owners[slot as usize] = key;
         self.write(slot, &self.entry(key, frontend))
     }
@@ -113,6 +118,7 @@ impl FrontendIndex {
         }
         self.write(slot, &IndexEntry::default())?;
         self.owners[slot as usize] = Frontend4Key::default();
+        self.held -= 1;
         Ok(())
     }
 
@@ -125,11 +131,13 @@ impl FrontendIndex {
     ) -> Result<usize, MapReadError> {
         let mut held: Vec<(u32, Frontend4Key, Frontend)> = Vec::new();
         self.owners.fill(Frontend4Key::default());
+        self.held = 0;
         for entry in frontends {
             let (key, frontend) = entry.map_err(|e| read_error(MapId::Frontends4, e))?;
             let slot = index::slot(&key, self.secret);
             if self.owners[slot as usize] == Frontend4Key::default() {
                 self.owners[slot as usize] = key;
+                self.held += 1;
                 held.push((slot, key, frontend));
             }
         }
@@ -206,6 +214,7 @@ impl BpfServiceMaps {
                 .map_err(|e| MapReadError::new(MapId::FrontendIndex, e))?,
             secret,
             owners: vec![Frontend4Key::default(); slots as usize],
+            held: 0,
         };
         let held = index.rebuild(&maps.frontends4)?;
         tracing::debug!(held, slots, "frontend index rewritten");
@@ -372,6 +381,10 @@ impl ServiceMaps for BpfServiceMaps {
     fn capacities(&self) -> Capacities {
         self.capacities
     }
+
+    fn frontend_index(&self) -> Option<(usize, u32)> {
+        self.index.as_ref().map(|i| (i.held, i.owners.len() as u32))
+    }
 }
 
 /// Read-only access to a pin folder's other maps (counters, affinity), for inspect and metrics.
@@ -409,6 +422,20 @@ impl ReadOnlyMaps {
             .take(limit)
             .map(|e| e.map_err(|e| read_error(map, e)))
             .collect()
+    }
+
+    /// The frontend index's slots that hold a frontend (an entry per IPv4 frontend but those
+    /// whose slot another holds).
+    pub fn index_held(&self) -> Result<u64, MapReadError> {
+        let map = MapId::FrontendIndex;
+        let data = open_map(&self.dir, map, true)?;
+        let slots = max_entries(map, &data)?;
+        let entries = sys::array_lookup_range::<IndexEntry>(data.fd().as_fd(), 0, slots)
+            .map_err(|e| MapReadError::new(map, e))?;
+        Ok(entries
+            .iter()
+            .filter(|e| **e != IndexEntry::default())
+            .count() as u64)
     }
 
     /// A map's capacity and the bytes the kernel charges for it (`memlock` in fdinfo).

@@ -530,6 +530,10 @@ pub trait ServiceMaps {
     fn barrier(&mut self) -> bool {
         true
     }
+    /// The frontend index's slots held and its slots, where the maps have one.
+    fn frontend_index(&self) -> Option<(usize, u32)> {
+        None
+    }
 }
 
 /// Decides whether the n-th write (counting from 0) fails; the flag says whether the write

@@ -412,6 +412,13 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(i64::from(caps.get(map)));
         }
+        if let Some((held, slots)) = r.maps().frontend_index() {
+            let labels = map_labels(MapId::FrontendIndex);
+            self.map_entries.get_or_create(&labels).set(gauge(held));
+            self.map_capacity
+                .get_or_create(&labels)
+                .set(i64::from(slots));
+        }
         self.services.set(gauge(r.service_count()));
         self.failing_services.set(gauge(r.failed().len()));
         self.conflicts
