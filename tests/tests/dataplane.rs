@@ -498,7 +498,14 @@ fn udp_termination(net: &Net, agent_args: &[&str], across_restart: bool) -> anyh
         matches!(error.as_deref(), Some("ECONNABORTED" | "EDESTADDRREQ")),
         "the stale UDP socket was not terminated: {error:?}"
     );
-    let terminated = w.agent.metric("socklb_udp_sockets_terminated_total")?;
+    // The agent counts a socket after destroying it, so the application can see the error
+    // first: wait for the count.
+    let counted = std::time::Instant::now();
+    let mut terminated = w.agent.metric("socklb_udp_sockets_terminated_total")?;
+    while terminated < Some(1.0) && counted.elapsed() < Duration::from_secs(5) {
+        sleep(Duration::from_millis(50));
+        terminated = w.agent.metric("socklb_udp_sockets_terminated_total")?;
+    }
     assert!(terminated >= Some(1.0), "metric: {terminated:?}");
     if across_restart {
         println!(
