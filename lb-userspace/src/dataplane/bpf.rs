@@ -66,6 +66,8 @@ pub struct BpfServiceMaps {
 /// `FRONTENDS4` write it copies, and cleared right before the delete, so the index is never
 /// older than `FRONTENDS4` and a removal reaches it first.
 struct FrontendIndex {
+    map: Array<MapData, IndexEntry>,
+    /// For the batch writes aya does not wrap.
     fd: OwnedFd,
     secret: u64,
     /// The frontend each slot holds (all zero: none).
@@ -86,13 +88,10 @@ impl FrontendIndex {
         }
     }
 
-    fn write(&self, slot: u32, entry: &IndexEntry) -> Result<(), MapWriteError> {
-        sys::array_update_batch(self.fd.as_fd(), slot, std::slice::from_ref(entry)).map_err(
-            |source| MapWriteError::Io {
-                map: MapId::FrontendIndex,
-                source,
-            },
-        )
+    fn write(&mut self, slot: u32, entry: IndexEntry) -> Result<(), MapWriteError> {
+        self.map
+            .set(slot, entry, 0)
+            .map_err(|e| write_error(MapId::FrontendIndex, index::SLOTS, e))
     }
 
     /// Copies a frontend into its slot unless another frontend holds it.
@@ -107,7 +106,8 @@ impl FrontendIndex {
             self.held += 1;
         }
         self.owners[slot as usize] = key;
-        self.write(slot, &self.entry(key, frontend))
+        let entry = self.entry(key, frontend);
+        self.write(slot, entry)
     }
 
     /// Empties the frontend's slot if it holds it.
@@ -116,7 +116,7 @@ impl FrontendIndex {
         if self.owners[slot as usize] != key {
             return Ok(());
         }
-        self.write(slot, &IndexEntry::default())?;
+        self.write(slot, IndexEntry::default())?;
         self.owners[slot as usize] = Frontend4Key::default();
         self.held -= 1;
         Ok(())
@@ -204,14 +204,17 @@ impl BpfServiceMaps {
     /// loaded with `secret`, and rewrites the frontend index from `FRONTENDS4` under it.
     pub fn open_writer(dir: &Path, secret: u64) -> Result<Self, MapReadError> {
         let mut maps = Self::open(dir, false)?;
-        let data = open_map(dir, MapId::FrontendIndex, false)?;
-        let slots = max_entries(MapId::FrontendIndex, &data)?;
+        let map = MapId::FrontendIndex;
+        let data = open_map(dir, map, false)?;
+        let slots = max_entries(map, &data)?;
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| MapReadError::new(map, e))?;
         let mut index = FrontendIndex {
-            fd: data
-                .fd()
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| MapReadError::new(MapId::FrontendIndex, e))?,
+            map: typed(map, data)?,
+            fd,
             secret,
             owners: vec![Frontend4Key::default(); slots as usize],
             held: 0,
