@@ -647,8 +647,11 @@ pub mod index {
     /// The slot of a frontend.
     #[inline(always)]
     pub const fn slot(key: &Frontend4Key, secret: u64) -> u32 {
-        // The product's top bits depend on every bit of the keyed word.
-        ((secret ^ key_word(key)).wrapping_mul(MUL) >> (64 - SLOT_BITS)) as u32
+        // Mixed twice before the top bits are taken. One product of the keyed word alone
+        // (`(secret ^ word) * MUL`) left 54-66% of 10,000 consecutive service addresses on one port
+        // outside the index, against 14% for random keys: a ClusterIP's varying bytes are the
+        // word's high ones, which one product carries into few top bits.
+        (fold(secret, key_word(key)).wrapping_mul(MUL) >> (64 - SLOT_BITS)) as u32
     }
 
     /// The check an entry holding `key` and `frontend` carries.
@@ -1073,4 +1076,62 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::AffinityTable {}
     unsafe impl aya::Pod for super::ServiceMeta {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
+    use super::{Frontend4Key, index};
+
+    /// The share of `n` keys that get a slot of their own, under a few secrets (the lowest).
+    fn least_held(keys: &[Frontend4Key]) -> f64 {
+        [0, 1, 0x0123_4567_89ab_cdef, u64::MAX, 0x9e37_79b9_7f4a_7c15]
+            .iter()
+            .map(|&secret| {
+                let mut taken = vec![false; index::SLOTS as usize];
+                let held = keys
+                    .iter()
+                    .filter(|k| {
+                        !std::mem::replace(&mut taken[index::slot(k, secret) as usize], true)
+                    })
+                    .count();
+                held as f64 / keys.len() as f64
+            })
+            .fold(1.0, f64::min)
+    }
+
+    fn key(addr: [u8; 4], port: u16) -> Frontend4Key {
+        Frontend4Key {
+            addr: u32::from_ne_bytes(addr),
+            port_be: port.to_be(),
+            protocol: 6,
+            _pad: 0,
+        }
+    }
+
+    /// Keys thrown into `SLOTS` slots at random: each gets one of its own with probability
+    /// (1 - e^-a) / a at load a = keys / slots. Service addresses set by hand or by a tool
+    /// often come in runs, and a service has several ports: the slot must scatter consecutive
+    /// addresses, and one address's ports, as well.
+    #[test]
+    fn consecutive_cluster_ips_are_held_as_random_keys_would_be() {
+        let n = 10_000u32;
+        let a = f64::from(n) / f64::from(index::SLOTS);
+        let random = (1.0 - (-a).exp()) / a;
+        let consecutive: Vec<_> = (0..n)
+            .map(|i| key((0x0a64_0000 + i).to_be_bytes(), 80))
+            .collect();
+        let ports: Vec<_> = (0..n / 4)
+            .flat_map(|i| [53, 80, 443, 8080].map(|p| key((0x0a60_0001 + i).to_be_bytes(), p)))
+            .collect();
+        for (what, keys) in [("consecutive", consecutive), ("four ports", ports)] {
+            let held = least_held(&keys);
+            assert!(
+                held > random - 0.02,
+                "{what}: {held:.3} of the keys hold a slot, random keys {random:.3}"
+            );
+        }
+    }
 }
