@@ -10,7 +10,7 @@ use super::{
     kernel::{CloseCost, KernelCost},
     listing::ListingCost,
     stats::Spread,
-    world::LoadTimes,
+    world::{IndexShare, LoadTimes},
 };
 
 #[derive(Clone, Debug, Serialize)]
@@ -40,6 +40,9 @@ pub struct Micro {
 pub struct Report {
     pub environment: Option<Environment>,
     pub load: Option<LoadTimes>,
+    /// How many of the installed IPv4 frontends the frontend index holds while the kernel
+    /// costs are measured (the others are read from `FRONTENDS4`).
+    pub index: Option<IndexShare>,
     /// socklb's programs ÷ empty programs, TCP sockets recorded (the default).
     pub kernel: Vec<KernelCost>,
     /// The same connect4 hit with `--tcp-peer-name backend` (no TCP record).
@@ -84,7 +87,7 @@ pub struct Verifier {
 const WHY_MISSED: &[(&str, &str)] = &[
     (
         "connect4 on a TCP service hit",
-        "cause: cache lines, code and data, that a whole TCP connection's kernel work has left cold (a perf profile, in the README: hot, the frontend lookup's bucket walk, the hit function, the entry point's first code line and port word and the clock read that waits for them share the time; spread, the bucket walk about a third and the backend's load a sixth): the lookups (the row without a record), the connection slot's line, which no connect touched for 131,072 connections (an experiment with every connect on one slot took about a sixth off the hot hit and a fifth off the spread one), and, spread, the lookups' own misses (compare the nanoseconds of the spread rows with and without a record, whose ratios also differ by their phases' empty programs); tried, no change beyond the noise: a 64-byte slot record (one cache line, not two), skipping the frontend filter inside the ClusterIP range, loading the slot before the frontend lookup, reading ahead the slot the next cookie picks, the record's cgroup id and clock read replaced by constants, a frontend map with a quarter of the buckets, rare branches marked cold, no debug log call on the hit, the record's clock from the coarse clock; tried, slower: the backends in a hash map; measured: no backend read at all takes about a seventh off the spread hit, the most that backends kept in the frontend's value could, and a throwaway that read IPv4 frontends from one array entry instead of the hash lookup took about a fifth off the hot hit (under 8x in every pair) and a quarter off the spread one, and with a backend kept beside the frontend in that entry about 30% came off the spread hit (11.0-13.9x, under 12 in three pairs of eight); built since (c1e7d23, FRONTEND_INDEX: the agent writes it, a keyed check against torn reads, rewritten at each start): the hot hit 6.98-7.98x against 8.41-9.03x in four pairs, the spread hit no better in the ratios (8% off its nanoseconds); not done: backends kept in the index's entry (see the README)",
+        "cause: cache lines, code and data, that a whole TCP connection's kernel work has left cold (a perf profile, in the README: hot, the frontend lookup's bucket walk, the hit function, the entry point's first code line and port word and the clock read that waits for them share the time; spread, the bucket walk about a third and the backend's load a sixth): the lookups (the row without a record), the connection slot's line, which no connect touched for 131,072 connections (an experiment with every connect on one slot took about a sixth off the hot hit and a fifth off the spread one), and, spread, the lookups' own misses (compare the nanoseconds of the spread rows with and without a record, whose ratios also differ by their phases' empty programs); tried, no change beyond the noise: a 64-byte slot record (one cache line, not two), skipping the frontend filter inside the ClusterIP range, loading the slot before the frontend lookup, reading ahead the slot the next cookie picks, the record's cgroup id and clock read replaced by constants, a frontend map with a quarter of the buckets, rare branches marked cold, no debug log call on the hit, the record's clock from the coarse clock; tried, slower: the backends in a hash map; measured: no backend read at all takes about a seventh off the spread hit, the most that backends kept in the frontend's value could, and a throwaway that read IPv4 frontends from one array entry instead of the hash lookup took about a fifth off the hot hit (under 8x in every pair) and a quarter off the spread one, and with a backend kept beside the frontend in that entry about 30% came off the spread hit (11.0-13.9x, under 12 in three pairs of eight); built since (c1e7d23, FRONTEND_INDEX: the agent writes it, a keyed check against torn reads, rewritten at each start): the hot hit 6.98-7.98x against 8.41-9.03x in four pairs, but the spread hit only 8% off its nanoseconds, because its slot hash left more than half of this benchmark's consecutive service addresses outside the index (the kernel section gives the share a run had); with the hash mixed twice (an lb-common test holds it to what random keys get) the spread hit came 15% off in four pairs (1,094 against 1,290 ns, 15.4x against 17.1x), and 11% without a record; not done: backends kept in the index's entry (the throwaway's backend beside its frontend gave about a twentieth more), a two-way index (about a tenth of the frontends would leave the hash map)",
     ),
     (
         "connect4, not a service, a live server",
@@ -621,6 +624,15 @@ impl Report {
             ],
             rows,
         );
+        if let Some(i) = &self.index {
+            let _ = writeln!(
+                m,
+                "\nIPv4 frontends read from `FRONTEND_INDEX`: {} of {} ({:.1}%); the others share a slot with one of them and are read from `FRONTENDS4`.",
+                i.held,
+                i.frontends4,
+                100.0 * i.held as f64 / i.frontends4.max(1) as f64
+            );
+        }
         if let Some(c) = &self.close {
             let _ = writeln!(
                 m,

@@ -10,6 +10,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use lb_common::MapId;
 
 use super::{
     baselines::{SvcPort, load_iptables, load_nftables},
@@ -140,6 +141,13 @@ pub struct World {
     pub services: usize,
 }
 
+/// The frontend index's share of the IPv4 frontends, from the agent's `socklb_map_entries`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct IndexShare {
+    pub frontends4: u64,
+    pub held: u64,
+}
+
 /// How long each way took to install N services.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LoadTimes {
@@ -245,6 +253,23 @@ impl World {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
+    }
+
+    /// How many IPv4 frontends the agent has installed, and how many the frontend index holds.
+    pub fn index_share(&self) -> anyhow::Result<IndexShare> {
+        let agent = self.agent()?;
+        let entries = |map: MapId| -> anyhow::Result<u64> {
+            let name = format!("socklb_map_entries{{map=\"{}\"}}", map.name());
+            let v = agent.metric(&name)?.with_context(|| format!("no {name}"))?;
+            // A gauge of entries: a whole number well within f64's exact integers.
+            format!("{v:.0}")
+                .parse()
+                .with_context(|| format!("{name} is {v}, not a count"))
+        };
+        Ok(IndexShare {
+            frontends4: entries(MapId::Frontends4)?,
+            held: entries(MapId::FrontendIndex)?,
+        })
     }
 
     /// Restarts the agent with `args` (the maps stay pinned; the programs are replaced).

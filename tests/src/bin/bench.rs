@@ -286,6 +286,7 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
     let mut world = World::new()?;
     eprintln!("data path: installing {} other services", s.services);
     report.load = Some(world.set_services(s.services)?);
+    report.index = Some(world.index_share()?);
     let pins = world.sandbox.pin_folder();
 
     eprintln!(
