@@ -40,6 +40,7 @@ fn sources<'a>(
         rejected,
         node,
         maps,
+        index: None,
         agent: None,
         ownership: None,
         connections: None,

@@ -13,6 +13,8 @@ use lb_common::{Counter, DatapathConfig, Frontend, Frontend4Key, IndexEntry, Map
 use socklb::{
     cli::{AffinityRow, SocketRow, Stats},
     dataplane::loader::ProgramView,
+    explain::{Link, ReadFrom},
+    vocab::{Protocol, ServiceAddr},
 };
 use socklb_tests::{
     Client, Sandbox,
@@ -1078,6 +1080,48 @@ fn answered(w: &World, vip: &str, port: u16) -> anyhow::Result<BTreeSet<usize>> 
 
 const VIP2: &str = "10.96.0.11";
 
+/// What `socklb explain` says of the TCP frontend `vip:port`: where the programs find it, the
+/// backends it shows for it, and whether it calls them the Service's.
+fn explained(
+    w: &World,
+    vip: &str,
+    port: u16,
+) -> anyhow::Result<(Option<ReadFrom>, Vec<SocketAddr>, bool)> {
+    let (e, _) = w.sandbox.explain(&format!("{vip}:{port}"))?;
+    let m = e
+        .maps
+        .iter()
+        .find(|m| m.frontend.addr == addr(vip, port) && m.frontend.protocol == Protocol::Tcp)
+        .with_context(|| format!("explain shows no {vip}:{port}: {:?}", e.maps))?;
+    Ok((
+        m.read_from.clone(),
+        m.maps_backends.clone().unwrap_or_default(),
+        m.matches,
+    ))
+}
+
+/// That `socklb explain` finds the TCP frontend `vip:port` where `read_from` says, with backend
+/// `backend` alone, which it calls the Service's.
+fn assert_explained(
+    w: &World,
+    vip: &str,
+    port: u16,
+    read_from: ReadFrom,
+    backend: usize,
+) -> anyhow::Result<()> {
+    assert_eq!(
+        explained(w, vip, port)?,
+        (Some(read_from), vec![backend_at(backend)], true),
+        "explain {vip}:{port}"
+    );
+    Ok(())
+}
+
+/// Backend `i`'s address as the maps hold it.
+fn backend_at(i: usize) -> SocketAddr {
+    addr(V4.backends[i], TARGET)
+}
+
 /// The frontend index holds each IPv4 frontend as `FRONTENDS4` does, the programs read it
 /// before `FRONTENDS4` and go on reading it with the agent killed, and an entry whose check
 /// fails (what a connect reading an entry the agent is rewriting sees: one frontend's key and
@@ -1102,6 +1146,12 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
         "the index holds each frontend at its slot"
     );
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
+    // explain names the slot the programs read.
+    let index = |agrees| ReadFrom::Index {
+        slot: s1,
+        frontends4_agrees: agrees,
+    };
+    assert_explained(&w, V4.vip, TCP_PORT, index(true), 0)?;
 
     w.agent.kill9();
     // FRONTENDS4 now sends svc to svc2's backend; the index entry still says backend 0.
@@ -1110,6 +1160,13 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
         answered(&w, V4.vip, TCP_PORT)?,
         BTreeSet::from([0]),
         "the index is read first, also with the agent killed"
+    );
+    // explain and inspect lookup show what the programs use, and that FRONTENDS4 disagrees.
+    assert_explained(&w, V4.vip, TCP_PORT, index(false), 0)?;
+    let lookup = w.sandbox.lookup(&format!("{}:{TCP_PORT}", V4.vip))?;
+    assert_eq!(
+        (lookup.candidates, lookup.read_from),
+        (vec![backend_at(0)], index(false))
     );
     maps.set_frontend(k1, e1.frontend)?;
     // Torn: svc's key and check around svc2's backends.
@@ -1123,6 +1180,13 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
         BTreeSet::from([0]),
         "an entry whose check fails is passed over for FRONTENDS4"
     );
+    assert_explained(
+        &w,
+        V4.vip,
+        TCP_PORT,
+        ReadFrom::EntryFailsCheck { slot: s1 },
+        0,
+    )?;
     // svc2's check, valid for svc2's entry, under svc's key.
     maps.set_entry(s1, IndexEntry { key: k1, ..e2 })?;
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
@@ -1134,6 +1198,17 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
     };
     maps.set_entry(s1, forged)?;
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([1]));
+    let (e, ok) = w.sandbox.explain(&format!("{}:{TCP_PORT}", V4.vip))?;
+    assert!(
+        !ok && e.broken == Link::Maps,
+        "explain calls the maps broken when what the programs read is not the Service's: {}",
+        e.verdict
+    );
+    assert_eq!(
+        explained(&w, V4.vip, TCP_PORT)?.1,
+        vec![backend_at(1)],
+        "and shows the backend the index sends connects to"
+    );
 
     // A restart (the same layout: the secret is kept) rewrites the index from FRONTENDS4.
     w.agent.restart(true)?;
@@ -1189,6 +1264,9 @@ fn frontend_index_collisions_stay_in_the_hash_map() -> anyhow::Result<()> {
     );
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
     assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
+    // explain names the frontend that holds the slot.
+    let by = Some(ServiceAddr::new(V4.vip.parse()?, TCP_PORT, Protocol::Tcp));
+    assert_explained(&w, &vip3, port3, ReadFrom::SlotHeld { slot: s1, by }, 2)?;
 
     w.sandbox.remove_manifest("svc.yaml")?;
     w.sandbox.remove_manifest("slice.yaml")?;
@@ -1205,6 +1283,10 @@ fn frontend_index_collisions_stay_in_the_hash_map() -> anyhow::Result<()> {
         "a deleted service is not translated: {r:?}"
     );
     assert_eq!(answered(&w, &vip3, port3)?, BTreeSet::from([2]));
+    assert_eq!(
+        explained(&w, &vip3, port3)?.0,
+        Some(ReadFrom::SlotEmpty { slot: s1 })
+    );
 
     w.agent.restart(true)?;
     let maps = IndexMaps::open(&w)?;

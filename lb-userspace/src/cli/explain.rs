@@ -5,7 +5,11 @@ use anyhow::Context as _;
 
 use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, agent_status, print_output};
 use crate::{
-    dataplane::{bpf::BpfServiceMaps, maps::ServiceMaps as _, pins::PinFolder},
+    dataplane::{
+        bpf::{BpfServiceMaps, ReadOnlyMaps},
+        maps::ServiceMaps as _,
+        pins::PinFolder,
+    },
     explain::{Link, Sources, explain, render},
     model::{NodeObject, Store},
     source::files::read_folder,
@@ -109,9 +113,22 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         .is_some()
         .then(|| ownership(&loaded.store, &node));
     let pins = PinFolder::new(&args.pins.pin_folder);
-    let snapshot = match pins.current() {
-        Some(dir) => Some(BpfServiceMaps::open(&dir, true)?.read_all()?),
-        None => None,
+    let (snapshot, index) = match pins.current() {
+        Some(dir) => {
+            let maps = BpfServiceMaps::open(&dir, true)?;
+            let mut snapshot = maps.read_all()?;
+            // A generation from before the index has none: frontends are then read from
+            // the hash maps, as its programs read them.
+            let index = ReadOnlyMaps::new(&dir)
+                .index_view()
+                .inspect_err(|e| tracing::debug!(error = %e, "frontend index not read"))
+                .ok();
+            if let Some(index) = &index {
+                maps.read_index_ranges(&mut snapshot, index)?;
+            }
+            (Some(snapshot), index)
+        }
+        None => (None, None),
     };
     let agent = agent_status(&args.agent, Duration::from_secs(1)).ok();
     let connections = snapshot.as_ref().and_then(|snap| {
@@ -124,6 +141,7 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             rejected: &loaded.rejected,
             node: &node,
             maps: snapshot.as_ref(),
+            index: index.as_ref(),
             agent: agent.as_ref(),
             ownership: ownership.as_ref(),
             connections: connections.as_ref(),

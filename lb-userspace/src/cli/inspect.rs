@@ -12,9 +12,10 @@ use crate::{
         bpf::{BpfServiceMaps, ReadOnlyMaps},
         dump::{self, ServiceView},
         loader::{ProgramView, attached_programs},
-        maps::{MapSnapshot, ServiceMaps as _},
+        maps::{IndexView, MapSnapshot, ServiceMaps as _},
         pins::PinFolder,
     },
+    explain::ReadFrom,
     vocab::{ServiceAddr, ServicePortKey},
 };
 
@@ -93,7 +94,7 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
         );
     };
     let maps = BpfServiceMaps::open(&dir, true)?;
-    let snap = maps.read_all()?;
+    let mut snap = maps.read_all()?;
     let other = ReadOnlyMaps::new(&dir);
     let filter = |key: Option<&ServicePortKey>, name: Option<&str>| {
         args.namespace
@@ -110,7 +111,12 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             print_output(args.output, &views, || services_table(&views))?;
         }
         What::Lookup { target } => {
-            let lookup = lookup(&snap, target)?;
+            // A generation from before the index has none: its programs read the hash maps.
+            let index = other.index_view().ok();
+            if let Some(index) = &index {
+                maps.read_index_ranges(&mut snap, index)?;
+            }
+            let lookup = lookup(&snap, index.as_ref(), target)?;
             print_output(args.output, &lookup, || lookup_text(&lookup))?;
         }
         What::Stats => {
@@ -189,11 +195,17 @@ pub struct Lookup {
     /// The backends a connect chooses among, in slot order.
     pub candidates: Vec<SocketAddr>,
     pub affinity_timeout_s: Option<u32>,
+    /// Where the programs find the frontend (an IPv4 one's `FRONTEND_INDEX` slot, or the hash
+    /// map and why), which is where `candidates` were read.
+    pub read_from: ReadFrom,
 }
 
-fn lookup(snap: &MapSnapshot, target: &str) -> anyhow::Result<Lookup> {
+fn lookup(snap: &MapSnapshot, index: Option<&IndexView>, target: &str) -> anyhow::Result<Lookup> {
     let frontend = ServiceAddr::parse(target)?;
-    let Some(reach) = snap.reach(&frontend) else {
+    // As the programs read the maps: an IPv4 frontend's index copy first.
+    let (reach, read) = snap.reach_as_read(&frontend, index);
+    let read_from = ReadFrom::of(read, snap, &frontend);
+    let Some(reach) = reach else {
         return Ok(Lookup {
             frontend,
             service: None,
@@ -201,6 +213,7 @@ fn lookup(snap: &MapSnapshot, target: &str) -> anyhow::Result<Lookup> {
             verdict: "not a service frontend: connect() is left untouched".into(),
             candidates: Vec::new(),
             affinity_timeout_s: None,
+            read_from,
         });
     };
     let fe = reach.frontend;
@@ -222,6 +235,7 @@ fn lookup(snap: &MapSnapshot, target: &str) -> anyhow::Result<Lookup> {
         candidates: reach.backends.into_iter().flatten().collect(),
         affinity_timeout_s: (fe.flags & lb_common::FRONTEND_FLAG_AFFINITY != 0)
             .then_some(fe.affinity_timeout_s),
+        read_from,
     })
 }
 
@@ -236,6 +250,13 @@ fn lookup_text(l: &Lookup) -> String {
     );
     if let Some(t) = l.affinity_timeout_s {
         let _ = writeln!(out, "affinity  ClientIP, {t}s");
+    }
+    if l.is_frontend {
+        let _ = writeln!(
+            out,
+            "read from {}",
+            l.read_from.describe(l.frontend.family())
+        );
     }
     for (i, c) in l.candidates.iter().enumerate() {
         let _ = writeln!(out, "  slot {i} -> {c}");

@@ -8,13 +8,14 @@ use std::{
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
-    AffinityTable, Backend, Counter, Frontend, Frontend4Key, FrontendKey, IndexEntry, MapId,
-    ServiceMeta, index,
+    AffinityTable, Backend, Counter, DatapathConfig, Frontend, Frontend4Key, FrontendKey,
+    IndexEntry, MapId, ServiceMeta, index,
 };
 
 use super::{
     maps::{
-        Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, PackedMeta, ServiceMaps,
+        Capacities, IndexView, MapReadError, MapSnapshot, MapWrite, MapWriteError, PackedMeta,
+        ServiceMaps,
     },
     sys,
 };
@@ -227,6 +228,56 @@ impl BpfServiceMaps {
 }
 
 impl BpfServiceMaps {
+    /// Reads into `snap` the backend ranges of `frontends`.
+    fn read_ranges(
+        &self,
+        snap: &mut MapSnapshot,
+        frontends: &[Frontend],
+    ) -> Result<(), MapReadError> {
+        let mut ranges: Vec<(u32, u32)> = frontends
+            .iter()
+            .filter(|f| f.count > 0)
+            .map(|f| (f.base, u32::from(f.count)))
+            .collect();
+        ranges.sort_unstable();
+        ranges.dedup();
+        for (base, count) in ranges {
+            let entries = sys::array_lookup_range::<Backend>(self.backends_fd.as_fd(), base, count)
+                .map_err(|e| MapReadError::new(MapId::Backends, e))?;
+            for (i, b) in entries.into_iter().enumerate() {
+                if b != Backend::default() {
+                    snap.backends.insert(base + i as u32, b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads into `snap` the backend ranges of the frontends only `index` still holds (a copy
+    /// the agent left while `FRONTENDS4` changed under it), so that the snapshot shows what the
+    /// programs read.
+    pub fn read_index_ranges(
+        &self,
+        snap: &mut MapSnapshot,
+        index: &IndexView,
+    ) -> Result<(), MapReadError> {
+        let used: std::collections::BTreeSet<(u32, u16)> =
+            snap.frontends.values().map(|f| (f.base, f.count)).collect();
+        // An entry is whatever the map holds (planted, torn): only ranges inside the array.
+        let capacity = u64::from(self.capacities.get(MapId::Backends));
+        let only_indexed: Vec<Frontend> = index
+            .entries
+            .iter()
+            .filter(|e| **e != IndexEntry::default())
+            .map(|e| e.frontend)
+            .filter(|f| {
+                !used.contains(&(f.base, f.count))
+                    && u64::from(f.base) + u64::from(f.count) <= capacity
+            })
+            .collect();
+        self.read_ranges(snap, &only_indexed)
+    }
+
     /// One frontend and the backends its range holds, without walking the other maps: what a
     /// connect to `key` would choose among right now.
     pub fn lookup(
@@ -361,23 +412,8 @@ impl ServiceMaps for BpfServiceMaps {
             }
         }
         // The backend array: only the ranges frontends use.
-        let mut ranges: Vec<(u32, u32)> = snap
-            .frontends
-            .values()
-            .filter(|f| f.count > 0)
-            .map(|f| (f.base, u32::from(f.count)))
-            .collect();
-        ranges.sort_unstable();
-        ranges.dedup();
-        for (base, count) in ranges {
-            let entries = sys::array_lookup_range::<Backend>(self.backends_fd.as_fd(), base, count)
-                .map_err(|e| MapReadError::new(MapId::Backends, e))?;
-            for (i, b) in entries.into_iter().enumerate() {
-                if b != Backend::default() {
-                    snap.backends.insert(base + i as u32, b);
-                }
-            }
-        }
+        let frontends: Vec<Frontend> = snap.frontends.values().copied().collect();
+        self.read_ranges(&mut snap, &frontends)?;
         Ok(snap)
     }
 
@@ -430,15 +466,34 @@ impl ReadOnlyMaps {
     /// The frontend index's slots that hold a frontend (an entry per IPv4 frontend but those
     /// whose slot another holds).
     pub fn index_held(&self) -> Result<u64, MapReadError> {
-        let map = MapId::FrontendIndex;
-        let data = open_map(&self.dir, map, true)?;
-        let slots = max_entries(map, &data)?;
-        let entries = sys::array_lookup_range::<IndexEntry>(data.fd().as_fd(), 0, slots)
-            .map_err(|e| MapReadError::new(map, e))?;
-        Ok(entries
+        Ok(self
+            .index_entries()?
             .iter()
             .filter(|e| **e != IndexEntry::default())
             .count() as u64)
+    }
+
+    /// The frontend index as the programs read it: its entries and the secret `CONFIG` gives
+    /// them.
+    pub fn index_view(&self) -> Result<IndexView, MapReadError> {
+        let map = MapId::Config;
+        let config: Array<MapData, DatapathConfig> = typed(map, open_map(&self.dir, map, true)?)?;
+        let secret = config
+            .get(&0, 0)
+            .map_err(|e| read_error(map, e))?
+            .index_secret;
+        Ok(IndexView {
+            secret,
+            entries: self.index_entries()?,
+        })
+    }
+
+    fn index_entries(&self) -> Result<Vec<IndexEntry>, MapReadError> {
+        let map = MapId::FrontendIndex;
+        let data = open_map(&self.dir, map, true)?;
+        let slots = max_entries(map, &data)?;
+        sys::array_lookup_range::<IndexEntry>(data.fd().as_fd(), 0, slots)
+            .map_err(|e| MapReadError::new(map, e))
     }
 
     /// A map's capacity and the bytes the kernel charges for it (`memlock` in fdinfo).

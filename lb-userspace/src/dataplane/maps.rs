@@ -3,7 +3,9 @@
 //! `InMemoryMaps` here, which unit tests use and which can fail writes on purpose.
 use std::{collections::BTreeMap, net::SocketAddr};
 
-use lb_common::{Backend, Frontend, FrontendKey, MapId, ServiceMeta, ports};
+use lb_common::{
+    Backend, FAMILY_IPV4, Frontend, FrontendKey, IndexEntry, MapId, ServiceMeta, index, ports,
+};
 
 use super::abi::{backend_addr, frontend_key, service_addr, service_port_key};
 use crate::vocab::{ServiceAddr, ServicePortKey};
@@ -176,6 +178,62 @@ pub struct Reach {
     pub frontend: Frontend,
     /// The backend set, in slot order (`None` for an entry that holds no address).
     pub backends: Vec<Option<SocketAddr>>,
+}
+
+/// How the programs find an IPv4 frontend: its `FRONTEND_INDEX` slot as they read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexRead {
+    /// The slot holds this frontend and its check holds: the programs use this copy and do not
+    /// read `FRONTENDS4`.
+    Held { slot: u32, frontend: Frontend },
+    /// The slot is empty: they read `FRONTENDS4`.
+    Empty { slot: u32 },
+    /// Another frontend holds the slot: they read `FRONTENDS4`.
+    Taken { slot: u32, holder: FrontendKey },
+    /// The slot has this frontend's key but fails its check (torn, or written under another
+    /// secret): they read `FRONTENDS4`.
+    Failed { slot: u32 },
+}
+
+/// `FRONTEND_INDEX` as read from its map, with the secret the programs check its entries with.
+#[derive(Clone, Debug, Default)]
+pub struct IndexView {
+    pub secret: u64,
+    pub entries: Vec<IndexEntry>,
+}
+
+impl IndexView {
+    /// What a connect to `key` finds in the index (`None`: IPv6, which has none).
+    pub fn read(&self, key: &FrontendKey) -> Option<IndexRead> {
+        if key.family != FAMILY_IPV4 {
+            return None;
+        }
+        let key = key.v4();
+        let slot = index::slot(&key, self.secret);
+        let entry = self.entries.get(slot as usize).copied().unwrap_or_default();
+        Some(if entry.key != key {
+            if entry == IndexEntry::default() {
+                IndexRead::Empty { slot }
+            } else {
+                IndexRead::Taken {
+                    slot,
+                    holder: FrontendKey {
+                        addr: [entry.key.addr, 0, 0, 0],
+                        port_be: entry.key.port_be,
+                        protocol: entry.key.protocol,
+                        family: FAMILY_IPV4,
+                    },
+                }
+            }
+        } else if entry.check == index::check(&key, &entry.frontend, self.secret) {
+            IndexRead::Held {
+                slot,
+                frontend: entry.frontend,
+            }
+        } else {
+            IndexRead::Failed { slot }
+        })
+    }
 }
 
 /// The non-empty entries of the backend array, by index: a vector as long as the highest index
@@ -434,6 +492,27 @@ impl MapSnapshot {
             frontend,
             backends: self.range(&frontend),
         })
+    }
+
+    /// What a connect to `addr` reaches as the programs read the maps: an IPv4 frontend's
+    /// `FRONTEND_INDEX` copy when they use it (a copy `FRONTENDS4` no longer agrees with, say
+    /// with the agent killed mid-change, is what they use), else `FRONTENDS4` or `FRONTENDS6`;
+    /// and what the index held for it.
+    pub fn reach_as_read(
+        &self,
+        addr: &ServiceAddr,
+        index: Option<&IndexView>,
+    ) -> (Option<Reach>, Option<IndexRead>) {
+        let read = index.and_then(|i| i.read(&frontend_key(*addr)));
+        let reach = match read {
+            Some(IndexRead::Held { frontend, .. }) => Some(Reach {
+                service_id: frontend.service_id,
+                frontend,
+                backends: self.range(&frontend),
+            }),
+            _ => self.reach(addr),
+        };
+        (reach, read)
     }
 
     /// The backend set a service id is, from its metadata.

@@ -14,7 +14,8 @@ pub use render::render;
 use crate::{
     connections::endpoints_of,
     dataplane::{
-        maps::MapSnapshot,
+        abi::service_addr,
+        maps::{IndexRead, IndexView, MapSnapshot},
         sockets::view::{BackendConnections, Condition, ConnectionsView},
     },
     model::{EndpointSlice, Service, Store},
@@ -42,6 +43,45 @@ pub enum Link {
     None,
 }
 
+/// Where the programs find a frontend, which is where `maps_backends` was read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadFrom {
+    /// The `FRONTEND_INDEX` entry at `slot` (IPv4): the programs do not read `FRONTENDS4`;
+    /// `frontends4_agrees` says whether `FRONTENDS4` holds the same frontend (it may not while
+    /// the agent is down mid-change; its next start rewrites the index from `FRONTENDS4`).
+    Index { slot: u32, frontends4_agrees: bool },
+    /// `FRONTENDS4`: the frontend's index slot is empty.
+    SlotEmpty { slot: u32 },
+    /// `FRONTENDS4`: another frontend holds the slot.
+    SlotHeld { slot: u32, by: Option<ServiceAddr> },
+    /// `FRONTENDS4`: the slot's entry has this frontend's key but fails its check (torn, or
+    /// written under another secret).
+    EntryFailsCheck { slot: u32 },
+    /// `FRONTENDS6` (IPv6 frontends have no index), or `FRONTENDS4` when the index could not
+    /// be read.
+    HashMap,
+}
+
+impl ReadFrom {
+    /// From what the index held for `addr` (`None`: IPv6, or no index read).
+    pub fn of(read: Option<IndexRead>, snapshot: &MapSnapshot, addr: &ServiceAddr) -> Self {
+        match read {
+            None => Self::HashMap,
+            Some(IndexRead::Held { slot, frontend }) => Self::Index {
+                slot,
+                frontends4_agrees: snapshot.reach(addr).map(|r| r.frontend) == Some(frontend),
+            },
+            Some(IndexRead::Empty { slot }) => Self::SlotEmpty { slot },
+            Some(IndexRead::Taken { slot, holder }) => Self::SlotHeld {
+                slot,
+                by: service_addr(&holder),
+            },
+            Some(IndexRead::Failed { slot }) => Self::EntryFailsCheck { slot },
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SliceSummary {
     pub name: String,
@@ -58,6 +98,8 @@ pub struct MapCheck {
     /// What the maps hold for the frontend: `None` when absent.
     pub maps_backends: Option<Vec<SocketAddr>>,
     pub desired_backends: Vec<SocketAddr>,
+    /// Where the programs find the frontend (`None`: no maps were read).
+    pub read_from: Option<ReadFrom>,
     /// Another Service owns this address (it is not written for this one).
     pub owned_by: Option<Conflict>,
     pub matches: bool,
@@ -128,6 +170,9 @@ pub struct Sources<'a> {
     pub node: &'a NodeInfo,
     /// `None` when no maps are pinned.
     pub maps: Option<&'a MapSnapshot>,
+    /// The frontend index beside them (`None`: not read; frontends are then looked up in the
+    /// hash maps only).
+    pub index: Option<&'a IndexView>,
     /// `None` when the agent could not be asked.
     pub agent: Option<&'a Status>,
     /// Every Service's claims, when the whole cluster was read (manifests); otherwise the
@@ -161,6 +206,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         rejected,
         node,
         maps: snapshot,
+        index,
         agent,
         ownership,
         connections,
@@ -229,7 +275,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
             }
         }
     }
-    e.check_maps(&translation, snapshot, &conflicts);
+    e.check_maps(&translation, snapshot.map(|s| (s, index)), &conflicts);
     e.live = connections.map(|view| live(store, &translation, view));
     e.translation = Some(translation.clone());
     let (link, verdict) = first_broken_link(&key, svc, &slices, &translation, &e);
@@ -485,14 +531,19 @@ impl Explanation {
     fn check_maps(
         &mut self,
         translation: &ServiceTranslation,
-        snapshot: Option<&MapSnapshot>,
+        maps: Option<(&MapSnapshot, Option<&IndexView>)>,
         conflicts: &[Conflict],
     ) {
         let mut checks: Vec<MapCheck> = Vec::new();
         for port in &translation.ports {
             for claim in &port.desired.frontends {
                 let owned_by = conflicts.iter().find(|c| c.addr == claim.addr).cloned();
-                let held = snapshot.and_then(|s| s.reach(&claim.addr)).map(|reach| {
+                // As the programs read the maps: the index first for an IPv4 frontend.
+                let (reach, read_from) = maps.map_or((None, None), |(snapshot, index)| {
+                    let (reach, read) = snapshot.reach_as_read(&claim.addr, index);
+                    (reach, Some(ReadFrom::of(read, snapshot, &claim.addr)))
+                });
+                let held = reach.map(|reach| {
                     let mut b: Vec<SocketAddr> = reach.backends.into_iter().flatten().collect();
                     crate::vocab::canonical(&mut b);
                     b
@@ -502,6 +553,7 @@ impl Explanation {
                     matches: owned_by.is_some() || held.as_ref() == Some(&port.desired.backends),
                     maps_backends: held,
                     desired_backends: port.desired.backends.clone(),
+                    read_from,
                     owned_by,
                 });
             }

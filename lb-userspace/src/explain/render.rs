@@ -1,8 +1,13 @@
 //! The explanation as the text a person reads: the chain, numbered, then the verdict.
 use std::fmt::Write as _;
 
-use super::{Explanation, Link};
-use crate::translate::{ServiceTranslation, report::endpoint_line};
+use lb_common::MapId;
+
+use super::{Explanation, Link, ReadFrom};
+use crate::{
+    translate::{ServiceTranslation, report::endpoint_line},
+    vocab::Family,
+};
 
 pub fn render(e: &Explanation) -> String {
     let mut out = String::new();
@@ -131,6 +136,13 @@ fn maps(out: &mut String, e: &Explanation) {
             (None, false) => "DIFFERS".into(),
         };
         let _ = writeln!(out, "   {} -> {held} [{verdict}]", m.frontend);
+        if let Some(from) = &m.read_from {
+            let _ = writeln!(
+                out,
+                "      read from {}",
+                from.describe(m.frontend.family())
+            );
+        }
     }
     if e.agent_reachable {
         if e.agent_problems.is_empty() {
@@ -150,6 +162,39 @@ fn maps(out: &mut String, e: &Explanation) {
         .map(|v| format!("{}@{}", v.object, dash(&v.resource_version)))
         .collect();
     let _ = writeln!(out, "   from {}", rvs.join(", "));
+}
+
+impl ReadFrom {
+    /// Where the programs find a frontend of `family`, as a person reads it.
+    pub fn describe(&self, family: Family) -> String {
+        let index = MapId::FrontendIndex.name();
+        let hash = match family {
+            Family::IPv4 => MapId::Frontends4.name(),
+            Family::IPv6 => MapId::Frontends6.name(),
+        };
+        match self {
+            ReadFrom::Index {
+                slot,
+                frontends4_agrees: true,
+            } => format!("{index} (slot {slot})"),
+            ReadFrom::Index {
+                slot,
+                frontends4_agrees: false,
+            } => format!(
+                "{index} (slot {slot}), which {hash} does not agree with: the agent rewrites the index from {hash} at its next start"
+            ),
+            ReadFrom::SlotEmpty { slot } => format!("{hash} ({index} slot {slot} is empty)"),
+            ReadFrom::SlotHeld { slot, by } => format!(
+                "{hash} ({index} slot {slot} holds {})",
+                by.as_ref()
+                    .map_or_else(|| "another frontend".into(), ToString::to_string)
+            ),
+            ReadFrom::EntryFailsCheck { slot } => {
+                format!("{hash} ({index} slot {slot} fails its check)")
+            }
+            ReadFrom::HashMap => hash.to_string(),
+        }
+    }
 }
 
 fn live(out: &mut String, e: &Explanation) {
