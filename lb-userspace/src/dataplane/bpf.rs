@@ -62,18 +62,20 @@ pub struct BpfServiceMaps {
     index: Option<FrontendIndex>,
 }
 
-/// The frontend index (`lb_common::index`) as its one writer keeps it: which frontend holds each
-/// slot, so a frontend never overwrites another's entry. Every entry is written right before the
-/// `FRONTENDS4` write it copies, and cleared right before the delete, so the index is never
-/// older than `FRONTENDS4` and a removal reaches it first.
+/// The frontend index (`lb_common::index`) as its one writer keeps it: which slots are taken,
+/// so a frontend never overwrites another's entry (whose, the entry itself says: a bit per slot
+/// here, where a copy of every holder's key took 256 KiB of the agent's memory). Every entry is
+/// written right before the `FRONTENDS4` write it copies, and cleared right before the delete,
+/// so the index is never older than `FRONTENDS4` and a removal reaches it first.
 struct FrontendIndex {
     map: Array<MapData, IndexEntry>,
     /// For the batch writes aya does not wrap.
     fd: OwnedFd,
     secret: u64,
-    /// The frontend each slot holds (all zero: none).
-    owners: Vec<Frontend4Key>,
-    /// Slots that hold one.
+    slots: u32,
+    /// A bit per slot: taken (by the frontend its entry names).
+    taken: Vec<u64>,
+    /// Slots taken.
     held: usize,
 }
 
@@ -92,21 +94,44 @@ impl FrontendIndex {
     fn write(&mut self, slot: u32, entry: IndexEntry) -> Result<(), MapWriteError> {
         self.map
             .set(slot, entry, 0)
-            .map_err(|e| write_error(MapId::FrontendIndex, index::SLOTS, e))
+            .map_err(|e| write_error(MapId::FrontendIndex, self.slots, e))
+    }
+
+    fn is_taken(&self, slot: u32) -> bool {
+        self.taken[slot as usize / 64] & (1 << (slot % 64)) != 0
+    }
+
+    fn mark(&mut self, slot: u32, taken: bool) {
+        let word = &mut self.taken[slot as usize / 64];
+        if taken {
+            *word |= 1 << (slot % 64);
+        } else {
+            *word &= !(1 << (slot % 64));
+        }
+    }
+
+    /// The frontend a taken slot's entry names (none: a write that failed left it empty).
+    fn holder(&self, slot: u32) -> Result<Frontend4Key, MapWriteError> {
+        self.map
+            .get(&slot, 0)
+            .map(|e| e.key)
+            .map_err(|e| write_error(MapId::FrontendIndex, self.slots, e))
     }
 
     /// Copies a frontend into its slot unless another frontend holds it.
     fn put(&mut self, key: Frontend4Key, frontend: Frontend) -> Result<(), MapWriteError> {
         let slot = index::slot(&key, self.secret);
-        let owner = &self.owners[slot as usize];
-        if *owner != Frontend4Key::default() && *owner != key {
-            return Ok(());
-        }
-        // Taken before the write: should the write fail, `clear` still empties the slot.
-        if *owner != key {
+        if self.is_taken(slot) {
+            let holder = self.holder(slot)?;
+            if holder != key && holder != Frontend4Key::default() {
+                return Ok(());
+            }
+        } else {
+            // Taken before the write: should the write fail, the slot stays taken by nobody,
+            // and the next frontend to want it takes it.
+            self.mark(slot, true);
             self.held += 1;
         }
-        self.owners[slot as usize] = key;
         let entry = self.entry(key, frontend);
         self.write(slot, entry)
     }
@@ -114,11 +139,11 @@ impl FrontendIndex {
     /// Empties the frontend's slot if it holds it.
     fn clear(&mut self, key: Frontend4Key) -> Result<(), MapWriteError> {
         let slot = index::slot(&key, self.secret);
-        if self.owners[slot as usize] != key {
+        if !self.is_taken(slot) || self.holder(slot)? != key {
             return Ok(());
         }
         self.write(slot, IndexEntry::default())?;
-        self.owners[slot as usize] = Frontend4Key::default();
+        self.mark(slot, false);
         self.held -= 1;
         Ok(())
     }
@@ -131,13 +156,13 @@ impl FrontendIndex {
         frontends: &HashMap<MapData, Frontend4Key, Frontend>,
     ) -> Result<usize, MapReadError> {
         let mut held: Vec<(u32, Frontend4Key, Frontend)> = Vec::new();
-        self.owners.fill(Frontend4Key::default());
+        self.taken.fill(0);
         self.held = 0;
         for entry in frontends {
             let (key, frontend) = entry.map_err(|e| read_error(MapId::Frontends4, e))?;
             let slot = index::slot(&key, self.secret);
-            if self.owners[slot as usize] == Frontend4Key::default() {
-                self.owners[slot as usize] = key;
+            if !self.is_taken(slot) {
+                self.mark(slot, true);
                 self.held += 1;
                 held.push((slot, key, frontend));
             }
@@ -145,7 +170,7 @@ impl FrontendIndex {
         held.sort_unstable_by_key(|(slot, ..)| *slot);
         let mut batch = vec![IndexEntry::default(); INDEX_BATCH];
         let mut next = held.iter().peekable();
-        for start in (0..self.owners.len()).step_by(INDEX_BATCH) {
+        for start in (0..self.slots as usize).step_by(INDEX_BATCH) {
             batch.fill(IndexEntry::default());
             while let Some((slot, key, frontend)) =
                 next.next_if(|(slot, ..)| (*slot as usize) < start + INDEX_BATCH)
@@ -217,7 +242,8 @@ impl BpfServiceMaps {
             map: typed(map, data)?,
             fd,
             secret,
-            owners: vec![Frontend4Key::default(); slots as usize],
+            slots,
+            taken: vec![0; (slots as usize).div_ceil(64)],
             held: 0,
         };
         let held = index.rebuild(&maps.frontends4)?;
@@ -422,7 +448,7 @@ impl ServiceMaps for BpfServiceMaps {
     }
 
     fn frontend_index(&self) -> Option<(usize, u32)> {
-        self.index.as_ref().map(|i| (i.held, i.owners.len() as u32))
+        self.index.as_ref().map(|i| (i.held, i.slots))
     }
 }
 
