@@ -14,8 +14,8 @@ use lb_common::{
 
 use super::{
     maps::{
-        Capacities, IndexView, MapReadError, MapSnapshot, MapWrite, MapWriteError, PackedMeta,
-        ServiceMaps,
+        BackendSlots, Capacities, IndexView, MapReadError, MapSnapshot, MapWrite, MapWriteError,
+        PackedMeta, ServiceMaps,
     },
     sys,
 };
@@ -254,14 +254,13 @@ impl BpfServiceMaps {
 }
 
 impl BpfServiceMaps {
-    /// Reads into `snap` the backend ranges of `frontends`.
-    fn read_ranges(
+    /// Reads into `backends` the ranges of `frontends`.
+    fn read_ranges<'a>(
         &self,
-        snap: &mut MapSnapshot,
-        frontends: &[Frontend],
+        backends: &mut BackendSlots,
+        frontends: impl Iterator<Item = &'a Frontend>,
     ) -> Result<(), MapReadError> {
         let mut ranges: Vec<(u32, u32)> = frontends
-            .iter()
             .filter(|f| f.count > 0)
             .map(|f| (f.base, u32::from(f.count)))
             .collect();
@@ -272,7 +271,7 @@ impl BpfServiceMaps {
                 .map_err(|e| MapReadError::new(MapId::Backends, e))?;
             for (i, b) in entries.into_iter().enumerate() {
                 if b != Backend::default() {
-                    snap.backends.insert(base + i as u32, b);
+                    backends.insert(base + i as u32, b);
                 }
             }
         }
@@ -301,7 +300,7 @@ impl BpfServiceMaps {
                     && u64::from(f.base) + u64::from(f.count) <= capacity
             })
             .collect();
-        self.read_ranges(snap, &only_indexed)
+        self.read_ranges(&mut snap.backends, only_indexed.iter())
     }
 
     /// One frontend and the backends its range holds, without walking the other maps: what a
@@ -438,8 +437,7 @@ impl ServiceMaps for BpfServiceMaps {
             }
         }
         // The backend array: only the ranges frontends use.
-        let frontends: Vec<Frontend> = snap.frontends.values().copied().collect();
-        self.read_ranges(&mut snap, &frontends)?;
+        self.read_ranges(&mut snap.backends, snap.frontends.values())?;
         Ok(snap)
     }
 
