@@ -22,7 +22,7 @@ use socklb_tests::{
     client::{Command, Reply},
     manifests::{Ep, service, slice},
     privileged,
-    stats::{chi_square_critical_p001, chi_square_uniform},
+    stats::{chi_square_critical_p1e6, chi_square_uniform},
 };
 
 /// One address family's addresses in the sandbox.
@@ -216,7 +216,7 @@ fn backend_index(net: &Net, backend: &str) -> usize {
         .expect("a known backend")
 }
 
-/// 10,000 connects over 3 backends: a uniform spread (chi-square at p = 0.001), every connect
+/// 10,000 connects over 3 backends: a uniform spread (chi-square at p = 10^-6), every connect
 /// answered, getpeername reports the service, the backend sees the client's own address.
 fn spread(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -237,7 +237,7 @@ fn spread(net: &Net) -> anyhow::Result<()> {
     let chi2 = chi_square_uniform(&counts);
     eprintln!("spread over 3 backends: {counts:?}, chi-square {chi2:.2}");
     assert!(
-        chi2 < chi_square_critical_p001(2),
+        chi2 < chi_square_critical_p1e6(2),
         "not uniform: {counts:?} (chi-square {chi2:.2})"
     );
     assert_eq!(
