@@ -627,6 +627,16 @@ pub struct IndexEntry {
     pub check: u64,
 }
 
+impl IndexEntry {
+    /// Whether this entry is `key`'s, whole, under `secret`: the one rule by which the programs
+    /// use an entry (anything else sends them to `FRONTENDS4`), and by which `explain` says so.
+    #[allow(clippy::inline_always, reason = "on the programs' hot path")]
+    #[inline(always)]
+    pub fn holds(&self, key: &Frontend4Key, secret: u64) -> bool {
+        self.key == *key && self.check == index::check(key, &self.frontend, secret)
+    }
+}
+
 /// The frontend index (`FRONTEND_INDEX`): one array read instead of a hash lookup for most IPv4
 /// frontends. Direct-mapped; a frontend whose slot another holds is found in `FRONTENDS4` only.
 /// The slot and the check are keyed with a secret the agent draws at each load
@@ -798,8 +808,8 @@ pub struct DatapathConfig {
     pub pod_level: u32,
     /// `CONFIG_*` bits.
     pub flags: u32,
-    /// Keys the frontend index's slots and checks (`index`): drawn afresh by each agent load,
-    /// so no entry an earlier agent wrote passes once this one's settings are in force.
+    /// Keys the frontend index's slots and checks (`index`): drawn by the agent that creates a
+    /// map generation and kept by one that adopts it (which rewrites the index anyway).
     pub index_secret: u64,
 }
 

@@ -69,8 +69,7 @@ fn indexed(key: &Frontend4Key, config: Option<&DatapathConfig>) -> Option<Fronte
     // One copy, checked and then used: the agent may be rewriting the entry under us.
     // SAFETY: a map value the verifier bounds; copied by value.
     let entry = unsafe { core::ptr::read_volatile(entry) };
-    (entry.key == *key && entry.check == index::check(key, &entry.frontend, secret))
-        .then_some(entry.frontend)
+    entry.holds(key, secret).then_some(entry.frontend)
 }
 
 /// Something the maps should never hold: a frontend whose range lies outside `BACKENDS`.

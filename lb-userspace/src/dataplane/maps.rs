@@ -211,7 +211,12 @@ impl IndexView {
         let key = key.v4();
         let slot = index::slot(&key, self.secret);
         let entry = self.entries.get(slot as usize).copied().unwrap_or_default();
-        Some(if entry.key != key {
+        Some(if entry.holds(&key, self.secret) {
+            IndexRead::Held {
+                slot,
+                frontend: entry.frontend,
+            }
+        } else if entry.key != key {
             if entry == IndexEntry::default() {
                 IndexRead::Empty { slot }
             } else {
@@ -224,11 +229,6 @@ impl IndexView {
                         family: FAMILY_IPV4,
                     },
                 }
-            }
-        } else if entry.check == index::check(&key, &entry.frontend, self.secret) {
-            IndexRead::Held {
-                slot,
-                frontend: entry.frontend,
             }
         } else {
             IndexRead::Failed { slot }
