@@ -9,6 +9,43 @@
 //! Addresses and ports are kept in network byte order, exactly as `struct bpf_sock_addr` hands them
 //! to the programs, so the hot path never swaps bytes. An IPv4 address lives in `addr[0]` with the
 //! other three words zero.
+//!
+//! What is here:
+//! - `MAPS`, one `MapDescriptor` per map: name, kind, key and value types and sizes, default
+//!   capacity, the agent flag that resizes it, preallocation, whether it is per socket, a line of
+//!   help. Maps are described once, here: the loader (pin paths, sizes, the layout digest, the
+//!   check of pinned layouts), `inspect stats`, the metrics and the agent's capacity flags all
+//!   iterate `MapId::ALL`, and the programs' map statics carry the same names and take their sizes
+//!   from the table. A test in the agent reads the built eBPF object and requires exactly these
+//!   maps with their kinds, key and value sizes, default sizes and allocation (and only
+//!   `CONNECTIONS` mmapable), and one requires every `capacity_flag` to be a flag that sizes them.
+//! - `Counter`, with the names and help texts the metrics and `inspect stats` show.
+//! - `program::ALL` (the eight cgroup programs), `program::RELEASE` and the iterator programs'
+//!   names.
+//! - `ports`: the layout of the `PORTS` array (the frontend port bitmap, the frontend filter and
+//!   its hash `frontend_bit`, shared by the programs and the agent, the backend port bitmap).
+//! - The per-socket records: `SockState` (the pod charged, the creation time, up to
+//!   `SOCK_DESTINATIONS` destinations) in socket storage, and `ConnRecord`, a `CONNECTIONS` slot
+//!   holding one TCP connection or connected UDP socket by socket cookie (`cookie` 0 when free). A
+//!   TCP connection's `cgroup_id` is the connecting process's own cgroup, not its pod's (no pod
+//!   lookup on the connect path; the connections view shows it as its pod); a UDP socket's is its
+//!   pod, the one charged.
+//! - The iterators' entries: `SocketEntry`, and `UdpSocketEntry` with `SockAddrs` (the socket's
+//!   IPv4 addresses, and whether it holds storage, a slot or both).
+//! - The affinity table: `AFFINITY_WAYS` entries per client, in buckets of `AFFINITY_BUCKET`.
+//! - The frontend index (`index`, `IndexEntry`): the slot and the check of an IPv4 frontend's
+//!   copy in `FRONTEND_INDEX`, keyed with a secret; `IndexEntry::holds` is the one rule by which
+//!   the programs use an entry and `explain` says so.
+//! - `DatapathConfig`, the `CONFIG` value: the per-pod bound, the pods' cgroup level `pod_level`,
+//!   the kubelet's quality-of-service `tiers` skipped to find a pod, the frontend index's secret,
+//!   and `flags` (`CONFIG_CONNECTION_SLOTS`).
+//! - The decision stream: `MonitorState` (the `MONITOR` value, `until_ns`), `Event` with its
+//!   `event::*` kinds and `HOOK_*`, and `EVENTS_BYTES`.
+//!
+//! Also asserted at compile time: `MAPS` and `Counter::ALL` are indexed by their enums; the
+//! kernel's element for a socket's value (72 bytes of header plus `SockState`) stays in its
+//! 256-byte slab; `CONNECTION_SLOTS` and `EVENTS_BYTES` are powers of two; a client's affinity
+//! table has at least two buckets.
 #![no_std]
 #![allow(
     clippy::pub_underscore_fields,

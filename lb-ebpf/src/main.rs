@@ -2,9 +2,12 @@
 //! when a socket connects (or sends an unconnected datagram), and translate it back when the
 //! application asks who its peer is. Nothing here runs per packet.
 //!
-//! The entry points in `programs` are thin; the logic lives in `translate` (`try_translate`
-//! returns a verdict or a `Fault` the entry point counts; `reverse` cannot fail), the map
-//! definitions in `maps`, and context access in `sockaddr`.
+//! The entry points in `programs` are thin: one per hook and family, the release program
+//! (`socklb_release`, `cgroup/sock_release`) and the two iterator programs
+//! (`iter/bpf_sk_storage_map` over `SOCKETS`, `iter/udp`). The logic lives in `translate`
+//! (`try_translate` returns a verdict or a `Fault` the entry point counts; `reverse` and `release`
+//! cannot fail), the map definitions in `maps`, and context access in `sockaddr` (single 4-byte
+//! loads and stores, as the verifier wants). This crate imports `lb-common` and aya-ebpf only.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // BPF has an atomic add but no compare-exchange, so core's `AtomicU64::fetch_add` does not

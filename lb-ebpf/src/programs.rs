@@ -1,4 +1,7 @@
-//! Entry points: one per hook and family, each a one-line call into `translate`.
+//! Entry points: one per hook and family, each a one-line call into `translate`; the release
+//! program (`cgroup/sock_release`); and the two iterator programs, over the socket records
+//! (`iter/bpf_sk_storage_map`) and over one network namespace's UDP sockets (`iter/udp`), which
+//! the agent uses to list the sockets it translated.
 #![allow(
     clippy::needless_pass_by_value,
     reason = "aya's entry-point macro hands the context over by value"

@@ -1,10 +1,59 @@
 //! The translation logic behind every hook. `try_translate` returns the hook's verdict or a
-//! `Fault` that the entry point counts and turns into a verdict.
+//! `Fault` that the entry point counts and turns into a verdict; `reverse` and `release` cannot
+//! fail.
 //!
-//! The miss path (a destination that is no service) is array lookups only: the frontend port
-//! bitmap (one word, a port no service uses ends there), then the frontend filter, a bit per
-//! hashed service address. Only a set bit (a service, or rarely another address whose hash
-//! collides) costs the frontend hash lookup.
+//! The miss path (a destination that is no service) is array lookups only, in `may_be_service`,
+//! inlined in the entry point: the frontend port bitmap (a bit per protocol and port, one word
+//! that stays in the cache; a port no service uses ends there), then the frontend filter, a bit per
+//! hashed service address and port (`lb_common::ports::frontend_bit`, shared with the agent). Only
+//! a set bit in both (a service, or rarely another address whose hash collides) costs the
+//! frontend lookup, in the hit path's function: `try_translate` runs in a BPF function of its own
+//! per hook, so a miss runs only the entry point's instructions, with its exit beside them, and
+//! code a miss does not touch stays out of its cache lines. getpeername and recvmsg check the
+//! backend port bitmap in `PORTS` before they look at the socket's record.
+//!
+//! What the programs write. They read frontends and backends and never write them (nor `PORTS`,
+//! `SERVICE_META`, `CONFIG` or `MONITOR`). What they write is per socket (`SOCKETS`, socket-local
+//! storage freed with the socket; `CONNECTIONS`, a slot by socket cookie, taken at connect only
+//! when free or already this socket's, and cleared by the release program only when it holds
+//! this socket's cookie), per pod (`SOCKET_QUOTA`, the count of its socket records), per client
+//! cgroup (`AFFINITY`, a fixed-size table each, so one pod only ever evicts its own choices; a
+//! Service's choices live in the bucket its id hashes to, so a connect searches
+//! `AFFINITY_BUCKET` entries, not the table), per CPU (`COUNTERS`), or, only while a reader has
+//! claimed the stream (`MONITOR.until_ns` in the future), a decision in `EVENTS` (`emit`,
+//! `BPF_RB_NO_WAKEUP`: the reader drains on its own clock; a full buffer drops it, counted as
+//! `EventsDropped`). While nobody reads, a decision costs one array load more.
+//!
+//! Verdicts. A frontend with `count == 0` refuses the connect with `ECONNREFUSED`; every lookup
+//! that reaches a frontend ends in exactly one of the counters `Translations`, `NoBackend`,
+//! `NoLocalBackend`, `RecordFailed`, `RecordQuota`, `Faults`.
+//!
+//! Where a socket's record goes. A translated UDP socket needs one, and so does a TCP one unless
+//! `--tcp-peer-name backend` (`RECORD_TCP`). A connect (TCP, or UDP) takes its `CONNECTIONS` slot
+//! (`cookie & SLOT_MASK`) when `CONFIG` sets `CONFIG_CONNECTION_SLOTS` and the slot is free or
+//! already this socket's: no allocation. A TCP connection's slot is not counted; a UDP socket's
+//! is charged to its pod (connected UDP sockets are free to make by the thousand), once, at the
+//! connect that took it. Otherwise (the slot held by another live connection, no slots, or a
+//! sendmsg: the sendmsg programs have no slot code) the record goes in socket storage (`SOCKETS`)
+//! and is charged to the pod. recvmsg and getpeername look at the slot first. A socket that needs
+//! a record and cannot get one fails with `ENOBUFS`, in that pod only: when its storage cannot be
+//! created (`RecordFailed`), or when its pod already holds the bound `CONFIG` sets
+//! (`--max-sockets-per-pod`; `RecordQuota`). It never goes on without a record (but for two
+//! connections whose cookies share a slot, racing for it at the same moment).
+//!
+//! The per-pod bound is kept in the kernel, with or without an agent. A record in socket storage is
+//! charged to the creating process's cgroup ancestor at `pod_level` (one level further under a
+//! kubelet quality-of-service tier; its own cgroup when `pod_level` is 0 or it sits higher) with an
+//! atomic add, and `release` takes it off that pod's count when the socket closes. It also frees
+//! the socket's `CONNECTIONS` slot, taking a UDP slot off its pod's count too; every closing TCP
+//! and UDP socket is looked at, since a failed connect, `connect(AF_UNSPEC)` or a connect elsewhere
+//! leaves its slot unseen. The UDP iterator reports a socket's slot record with its storage's, and
+//! the agent's recount counts both; it reports a UDP slot only while the socket's peer is on a
+//! backend port, so a recount may leave such a pod's count one lower until the socket closes, which
+//! only lets it through. The bound is approximate only by what CPUs add at the same moment.
+//! `SOCKET_QUOTA` is an LRU read as signed: a count the LRU forgot starts again and may go below
+//! zero as older sockets close, which only lets that pod through. With no bound configured nothing
+//! is counted.
 use aya_ebpf::{
     helpers::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns,

@@ -1,5 +1,8 @@
 //! The agent's own account of what it could not do, served as JSON on /status and read back by
-//! `socklb explain` (which therefore does not depend on the agent module).
+//! `socklb explain` (which therefore does not depend on the agent module): build, readiness,
+//! failed backend sets with their `ErrorKind`, address conflicts, rejected subjects, refused
+//! addresses (`refused_addresses`), each optional part's `Probe` and the guarantees lost
+//! (`features`, `degraded`), and the healthCheckNodePorts served (`health_check_ports`).
 use serde::{Deserialize, Serialize};
 
 use crate::{

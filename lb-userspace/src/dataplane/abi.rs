@@ -1,6 +1,7 @@
 //! Conversions between the vocabulary's types and the map ABI (`lb_common`: network byte order
 //! words, fixed-size names). The model and translation never see the ABI; only this module
-//! converts.
+//! converts. The one identity the ABI stores as text, `ServiceMeta.name` (`namespace/name`), is
+//! written and parsed only here.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use lb_common::{

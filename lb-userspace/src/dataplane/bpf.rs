@@ -1,5 +1,23 @@
 //! The real maps: `ServiceMaps` over the pinned BPF maps, and read-only access for `inspect`
 //! and metrics.
+//!
+//! The frontend index (`FRONTEND_INDEX`, a direct-mapped array of IPv4 frontends the programs read
+//! before `FRONTENDS4`) has one writer, here. Each entry is written right before the `FRONTENDS4`
+//! write it copies and emptied right before a delete (a failed `FRONTENDS4` write empties it
+//! again), so the index is never older than the hash map and a removal reaches it first. Each
+//! entry carries a 64-bit keyed hash of the key and the frontend: torn, misplaced and
+//! other-secret entries fail it, and the programs then read `FRONTENDS4`. The slot is keyed with
+//! the same secret, so a tenant choosing its services' addresses cannot aim at another's slot (a
+//! collision costs only the hash lookup), and mixed twice, so that consecutive addresses and one
+//! address's ports scatter as random keys do. The secret is in `CONFIG`, drawn by the agent that
+//! creates a generation and kept by one that adopts it; the whole index is rewritten from
+//! `FRONTENDS4` whenever a writer opens the maps, so nothing a crash left survives a start. The
+//! writer keeps a bit per slot (whose it is, the entry says), not a copy of every holder's key.
+//!
+//! End-to-end tests: `frontend_index_read_first_and_a_torn_entry_passed_over` (agent killed,
+//! planted torn and misplaced entries, a restart) and
+//! `frontend_index_collisions_stay_in_the_hash_map`, which also check what `socklb explain` and
+//! `inspect lookup` say.
 use std::{
     io,
     os::fd::{AsFd as _, OwnedFd},

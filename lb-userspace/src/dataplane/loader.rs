@@ -1,19 +1,31 @@
 //! Loading the programs, pinning maps and links, adopting what a previous agent pinned,
-//! migrating from an older map layout, and removing it all again.
-//!
-//! Pin layout under the pin folder (default `/sys/fs/bpf/socklb`, mode 0700):
-//! - `maps-<layout>/<MAP>`: every map of one layout generation. `<layout>` is a digest of the
-//!   map table (names, kinds, key and value sizes) and the configured sizes, so an agent whose
-//!   layout differs creates a new generation instead of misreading the old one;
-//! - `links/<program>`: every cgroup attachment.
+//! migrating from an older map layout, and removing it all again. Where each pin lives is
+//! `pins`' business (see there for the folder's layout).
 //!
 //! The pins keep the programs attached and the maps alive while no agent runs, so services keep
 //! working. A starting agent takes an exclusive lock on the pin folder (a second agent refuses
-//! to start), loads its programs against its generation's maps, and attaches them only once
-//! the first complete sync has filled those maps: until then the previous programs keep serving.
-//! Attaching is make-before-break (cgroup links run side by side; the pin then moves to the new
-//! link), after which links of programs this agent does not have, and other generations' maps,
-//! are removed.
+//! to start, naming the holder's pid), loads its programs against its generation's maps, and
+//! attaches them only once the first complete sync has filled those maps: until then the
+//! previous programs keep serving. Attaching is make-before-break (cgroup links run side by side;
+//! the pin then moves to the new link), after which links of programs this agent does not have,
+//! and other generations' maps, are removed.
+//!
+//! The core (`program::ALL`, the eight cgroup programs, and the maps) loads or `Dataplane::load`
+//! fails with a typed `LoadError`: a program the kernel refuses keeps the kernel's errno as its
+//! source and the verifier's last lines in its message, a map the kernel will not create is named
+//! (`MapCreate`), and the permission hint comes from the process's own effective capabilities
+//! (and lockdown mode), never from error text. A start that fails removes the map folders it
+//! created. The optional parts are then tried (`probe`); `probe_kernel` tries them on throwaway
+//! maps for `socklb version --features`.
+//!
+//! `attach` attaches the core and, when the kernel took it, the release program, and only then
+//! writes `CONFIG`: a record counted or a slot taken before the release program runs would never
+//! be given back. A new generation holds `DatapathConfig::default()` (no bound, no slots) until
+//! then, and starts with the backend port bitmap of the generations before it
+//! (`carry_backend_ports`): getpeername and recvmsg look for a record only on ports in that
+//! bitmap, which only grows. The bound and the slots are on only with the release program
+//! (`socket-release`); the slots also need TCP records (`--tcp-peer-name`). `refresh_pods`
+//! rewrites the pods' level and tiers in `CONFIG` when they change.
 use std::{
     collections::BTreeSet,
     fs, io,

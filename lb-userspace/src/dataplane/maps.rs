@@ -1,6 +1,12 @@
-//! The narrow interface through which the reconciler writes the maps: one write at a time, and
-//! a read of everything back. Two implementations: the real BPF maps (`bpf.rs`) and
-//! `InMemoryMaps` here, which unit tests use and which can fail writes on purpose.
+//! The narrow interface through which the reconciler writes the maps: one write at a time
+//! (`MapWrite`), and a read of everything back (`MapSnapshot`). Two implementations of
+//! `ServiceMaps`: the real BPF maps (`bpf.rs`) and `InMemoryMaps` here, which unit tests use and
+//! which can fail writes on purpose. A write the maps refuse is a `MapWriteError`.
+//!
+//! "Which backends does this address reach" is read from a snapshot in one place,
+//! `MapSnapshot::reach` (over `MapSnapshot::range`; `reach_as_read` also reads the frontend
+//! index as the programs do): `explain`, `inspect lookup`, `inspect sockets`, the connections
+//! view, the tests and the conformance runner all call it.
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use lb_common::{

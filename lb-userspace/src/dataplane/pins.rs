@@ -1,6 +1,20 @@
 //! The pin folder's layout on bpffs: the links, one map directory per map layout (a
 //! generation), one per-socket directory per record layout, and which of them the attached
 //! programs use. Below the loader, the map opener and the probes, which all find pins here.
+//!
+//! Under the pin folder (`--bpffs`, default `/sys/fs/bpf/socklb`, mode 0700, pins 0600 through
+//! `restrict`):
+//! - `maps-<layout>/<MAP>`: every map of one layout generation (`map_path`). `<layout>` is a
+//!   digest of the map table and the configured sizes of the maps that are not per socket
+//!   (`layout_digest`), so an agent whose layout differs creates a new generation instead of
+//!   misreading the old one; pinned maps whose sizes disagree with the table are refused.
+//! - `sockets-<record layout>/`: the per-socket maps (`SOCKETS`, `CONNECTIONS`, `SOCKET_QUOTA`)
+//!   and the links of the iterators the kernel accepted. Named by a digest of `SOCKETS`'s layout
+//!   alone (`socket_layout_digest`), so socket records outlive a capacity migration; a per-socket
+//!   map beside them whose own layout changed is made again, empty, and a record folder an older
+//!   agent named otherwise is taken over when its `SOCKETS` has this layout. An agent's start
+//!   removes the UDP iterator link of older agents, whose entries had another layout.
+//! - `links/<program>`: every cgroup attachment, the release program's included.
 use std::{
     fs,
     os::unix::fs::PermissionsExt as _,

@@ -1,6 +1,10 @@
 //! Trying each optional part against the running kernel (see `features`). The agent runs these
-//! probes on its real maps and keeps what loads, pinned; `socklb version --features` runs the
-//! same probes on throwaway maps, so a node can be checked before installing.
+//! probes on its real maps and keeps what loads, pinned (the iterators; the release program is
+//! loaded here and attached by the loader's `attach`); `socklb version --features` runs the same
+//! probes on throwaway maps (`loader::probe_kernel`), so a node can be checked before installing.
+//!
+//! Errors are `ProbeError`. `kernel_refusal` tells the kernel's refusal of a program (its errno
+//! and verifier log) from other load errors, for `ProbeError` and the loader's `LoadError` alike.
 use std::{
     collections::BTreeSet,
     io,

@@ -1,8 +1,11 @@
 //! The `bpf()` commands aya 0.14 does not wrap, in one place, on the kernel's own types as
 //! aya-obj generates them (`bpf_attr`, `bpf_cmd`, `bpf_attach_type`, `bpf_prog_info`): pin
 //! opening (read-only too) and pinning, iterator links and walks, batch reads and writes of
-//! array maps, and for the tests and the benchmark a program from raw bytecode, a cgroup link,
-//! a program's info and a cgroup's attached programs. Everything else goes through aya.
+//! array maps, an mmapable array mapped read-only (`MappedArray`), the program barrier
+//! (`ProgramBarrier`: an array-of-maps update, which returns once every program run in progress
+//! has ended), and for the tests and the benchmark a program from raw bytecode, a cgroup link,
+//! a program's info, a cgroup's attached programs and a frozen map. Everything else goes through
+//! aya.
 use std::{
     ffi::CString,
     io,

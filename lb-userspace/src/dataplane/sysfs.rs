@@ -1,4 +1,5 @@
-//! The kernel-facing filesystem facts socklb depends on: bpffs, cgroup v2, memlock.
+//! The kernel-facing filesystem facts socklb depends on: bpffs, cgroup v2, memlock, and the
+//! kernel's lockdown mode (read for the permission hint of a failed start).
 use std::{
     io,
     path::{Path, PathBuf},

@@ -1,7 +1,9 @@
 //! `socklb explain`: the chain from a Service to this node's maps, link by link, ending with
-//! the first broken one. Pure: objects, node identity, a map snapshot and the agent's status
-//! in, an `Explanation` out (rendered as text or JSON by the CLI). Everything is compared as
-//! typed values; digests are taken over the canonical (numeric) order.
+//! the first broken one. Pure: objects, node identity, a map snapshot, the agent's status, (with
+//! manifests) every Service's claims, and this node's live connections when they could be listed,
+//! in; an `Explanation` out (rendered as text or JSON by the CLI). Everything is compared as typed
+//! values; digests are taken over the canonical (numeric) order. It never imports the agent: the
+//! agent's side comes in as its `/status`.
 use std::{collections::BTreeMap, fmt::Write as _, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};

@@ -1,6 +1,11 @@
 //! Kubernetes objects as socklb uses them: parsed from the API or from YAML, validated once, and
 //! turned into plain Rust types (addresses parsed, ports ranged, enums instead of strings).
-//! Everything downstream (translation, explain) works on these types only.
+//! Everything downstream (translation, explain) works on these types only; the model knows
+//! nothing of maps.
+//!
+//! Validation never panics and never loses an object silently: a rejected object is a
+//! `ValidationError` naming the object (`ObjectRef`) and the field. The `Store` indexes what
+//! validated.
 mod intern;
 mod manifest;
 mod service;

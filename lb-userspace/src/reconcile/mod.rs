@@ -2,15 +2,50 @@
 //! a time, in an order that never lets a concurrent connect see a half-written service:
 //!
 //! 1. a changed backend set is written into a fresh range of the backend array (no frontend
-//!    points there yet); 2. the prefilters gain the new frontends and ports; 3. metadata;
-//!    4. the frontends flip to the new range and count; 5. frontends no longer wanted are
-//!    deleted; 6. the filter loses bits no frontend sets; 7. the old range waits out a grace
-//!    period before reuse.
+//!    points there yet); 2. the prefilters gain the new frontends' port and filter bits and the
+//!    backends' ports; 3. metadata; 4. the frontends flip to the new range and count; 5. frontends
+//!    no longer wanted are deleted; 6. the frontend port bitmap and filter lose bits no frontend
+//!    sets; 7. the old range waits out a grace period (`DEFAULT_GRACE`, 1 s) before reuse.
 //!
 //! A range a frontend uses is never written, so no connect can read a half-written or deleted
-//! backend. When a write fails, the writes already done are undone in reverse order, which walks
-//! back through the same valid states, so the service is left exactly as it was; it is recorded
-//! as failed and retried later. Other services are unaffected.
+//! backend (`invariants::overwrites_used_range`), and after every write each frontend's range lies
+//! in the array and holds backends of its family (`invariants::violations`). When a set finds no
+//! free range, a program barrier (`ServiceMaps::barrier`; on the real maps an array-of-maps
+//! update, which returns once every program run in progress has ended) frees every waiting range
+//! at once (`Ranges::reclaim_waiting`); without a barrier they wait out the grace.
+//!
+//! When a write fails, the writes already done are undone in reverse order, which walks back
+//! through the same valid states, so the service is left exactly as it was; it is recorded as
+//! failed and retried later. Other services are unaffected.
+//!
+//! A full map never freezes a removal. When a changed set finds no free range and some of its
+//! backends left, its frontends are pointed at the longest run of its current range that stays
+//! wanted (or at none: connects are refused), never at a backend that left; nothing is written
+//! into the range. The set is reported (`MapWriteError::Narrowed`) and retried. Only a set that
+//! loses no backend waits whole (`MapWriteError::NoRange`).
+//!
+//! Capacity goes to the oldest Service first (`Seniority::age`: `creationTimestamp`, then uid;
+//! never by name). `sync_all` removes the sets the desired state lacks first, then writes the
+//! others oldest first, so on a fresh node, after a restart or a migration, the newest Service is
+//! the one that finds the maps full. The engine orders each batch the same way, once the sets
+//! that gain an address have gone first, and what the batch's removals free goes, in the same
+//! pass, to its sets that found no room. When the room is taken, an older Service's set takes it
+//! from sets of strictly newer Services, newest first (a set adopted from the pins and not yet
+//! written counts as the newest): a backend range (`make_room`, only when their ranges would make
+//! it fit), a `SERVICE_META` entry (`make_meta_room`) or frontend entries
+//! (`frontends_with_room`). A set taken out is removed as if deleted, reported as
+//! `MapWriteError::Evicted` naming the older set, and retried.
+//!
+//! A frontend that does not fit never holds back the rest. The set's frontends stay; of its new
+//! ones, those that fit are written, the strongest claims first (`ClaimKind::precedence`, then the
+//! address), and the rest are reported (`MapWriteError::FrontendsLeftOut`) and retried. A set none
+//! of whose frontends fits is not written at all (`MapWriteError::Full`). Every refusal for room
+//! is `ErrorKind::MapFull`.
+//!
+//! Ids and ranges are recovered from the maps when a `Reconciler` is made over maps a previous
+//! agent wrote: service ids from the metadata, ranges and backends from the frontends, including
+//! every range a frontend points into (an agent killed mid-change leaves a set's frontends on
+//! two, and neither is given to another set while one does).
 pub mod invariants;
 mod layout;
 mod mirror;

@@ -6,6 +6,11 @@
 //! queries must reach that cache, as kube-proxy's rules let them; kube-proxy IPVS's
 //! `kube-ipvs0` binds every ClusterIP and listens on none, and those are translated as any
 //! other.
+//!
+//! The addresses are read with `getifaddrs`, followed with rtnetlink address events and re-read
+//! every 30 s, and sent as `SourceEvent::LocalAddresses`. The listeners (`watch_listeners`: TCP in
+//! `LISTEN`, UDP bound and unconnected below the ephemeral range) are sent as
+//! `SourceEvent::LocalListeners` when they change.
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},

@@ -1,7 +1,12 @@
 //! The Kubernetes API as the source: kube-rs watchers on Services, discovery.k8s.io/v1
-//! EndpointSlices and this node's Node. A watcher lists, then watches; when the watch expires
-//! (410 Gone) or drops, it re-lists and the listing replaces what was known, so deletions missed
-//! meanwhile are not lost.
+//! EndpointSlices and this node's Node (and its deletion), and the API server's version. A
+//! watcher lists, then watches; when the watch expires (410 Gone) or drops, it re-lists and the
+//! listing replaces what was known, so deletions missed meanwhile are not lost.
+//!
+//! After an API server outage a watch is back within seconds: a failed watch is retried on its
+//! own delay (200 ms doubling to at most 2 s, each with up to a quarter of jitter, back to 200 ms
+//! on any event), and a 410 Gone re-lists at once. A watch reported failing is reported healthy
+//! again as soon as a one-object list answers.
 use std::{path::Path, time::Duration};
 
 use futures::{StreamExt as _, TryStreamExt as _};

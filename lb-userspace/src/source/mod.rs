@@ -1,5 +1,6 @@
-//! Where Services and EndpointSlices come from: the Kubernetes API (watchers) or a folder of
-//! YAML manifests. Both speak the same events to the agent.
+//! Where Services and EndpointSlices come from: the Kubernetes API (watchers, `kube`) or a
+//! folder of YAML manifests (`files`). Both speak the same events to the agent, beside this
+//! node's interface addresses and listening sockets (`addresses`).
 pub mod addresses;
 pub mod files;
 pub mod kube;

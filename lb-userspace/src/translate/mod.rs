@@ -2,8 +2,41 @@
 //!
 //! Pure functions: no IO, no clock, no randomness. The same inputs always give the same tables,
 //! which is what the golden tests and `socklb explain` rely on. The rules are kube-proxy's
-//! (`pkg/proxy`), as a socket on this node can observe them; where socklb differs on purpose,
-//! the README's compatibility table says so.
+//! (`pkg/proxy`), as a socket on this node can observe them, of one Kubernetes version
+//! (`KubeVersion`, in `NodeInfo`: zone hints need the topology annotation up to 1.30, node hints
+//! apply from 1.34; the newest rules by default). Where socklb differs on purpose,
+//! docs/compatibility.md says so.
+//!
+//! For each backend set (a Service port, in one family, for one scope) the translation gives its
+//! frontends and its backends, with every endpoint's decision and reason when asked
+//! (`Detail::Decisions`). This module also holds who this node is (`NodeInfo`, `NodeFlags`,
+//! `NodePortAddresses`); `types` the desired state, the claim kinds and the typed refusals
+//! (`SpecialAddress`, `Refusal`); `endpoints` which endpoints become backends; `ownership` who
+//! owns a contested address; `health` which Services need a healthCheckNodePort on this node and
+//! what it answers; `report` the translation as text.
+//!
+//! Special addresses. A special address is never a frontend, whoever names it
+//! (`SpecialAddress::of`): loopback, unspecified, link-local, multicast, broadcast, `0.0.0.0/8`,
+//! `240.0.0.0/4`, and the cloud providers' metadata and DNS services every pod reaches at the
+//! same address (`CLOUD_SERVICES`: AWS's `fd00:ec2::254` and `::253`, Google's `fd20:ce::254`,
+//! Alibaba's `100.100.100.200`, Azure's `168.63.129.16`). Nor, except as a NodePort, is an
+//! address of this node (`NodeInfo::own_addresses`: the Node object's, the flags', those bound on
+//! its interfaces) where something on the node listens on that port (`NodeInfo::serves`: a
+//! listener bound to that address, or, on the node's identity addresses, to every address): a
+//! node-local DNS cache keeps the DNS ClusterIP, while an address merely bound (kube-proxy IPVS's
+//! `kube-ipvs0`) is translated as any other. Such a claim is dropped and returned as a `Refusal`
+//! naming the field.
+//!
+//! Who this node is. `NodeInfo::resolve` is the one rule: a flag wins over the Node object. The
+//! NodePort addresses are decided per family (`NodePortAddresses::resolve`, kube-proxy's
+//! `NewNodePortAddresses`): a family's `--node-address`es if given, else what
+//! `--nodeport-addresses` picks (`primary`, the default, is the Node's first `InternalIP`, else its
+//! first `ExternalIP`; CIDRs pick among the interface addresses, or the Node's while those are not
+//! known; loopback never). A family with no primary address, or with no CIDR of its own or its
+//! `/0`, takes every address of the family (special ones skipped) and is named in
+//! `NodeInfo::node_ports_match_all`, where health-check ports listen on the family's wildcard.
+//! The agent and `explain` both call it, with the interface addresses and listeners they read;
+//! the healthCheckNodePort rules (`health_checks`) take the same `NodeInfo`.
 mod endpoints;
 mod health;
 mod ownership;

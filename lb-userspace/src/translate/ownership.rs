@@ -7,6 +7,9 @@
 //! a controller), then an externalIP (any Service author may write one). Within a kind the
 //! older Service wins (`creationTimestamp`), then the smaller uid. Names and namespaces never
 //! decide. The losing claim is not written and is reported.
+//!
+//! The ranks are `ClaimKind::precedence`; the age order is `Seniority::age` (`creationTimestamp`,
+//! then uid), which is also the order the reconciler hands out map capacity in.
 use std::{collections::BTreeSet, sync::Arc};
 
 use serde::{Deserialize, Serialize};
