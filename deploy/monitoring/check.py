@@ -4,13 +4,14 @@
 - prometheusrule.yaml's spec.groups are exactly rules.yaml's groups (rules.yaml is the one
   source; `check.py --write` regenerates prometheusrule.yaml from it);
 - every alert has a severity (critical, warning or info), a summary, a description and the
-  runbook_url of its README section;
+  runbook_url of its section in docs/runbook.md;
 - rules-test.yaml has, for every alert, a case where it fires and one where it stays quiet;
 - `promtool check rules rules.yaml` and `promtool test rules rules-test.yaml` pass;
 - every PromQL expression of dashboard.json parses (promtool, as recording rules, with the
   dashboard's variables replaced by plain values);
-- the README's "## Runbook" section has a "### <alertname>" heading per alert, with a
-  paragraph under it, and no heading for an alert that does not exist.
+- docs/runbook.md has a "### <alertname>" heading per alert (under headings of its own that
+  group them), each with a section that says what the alert means and the fix, and no such
+  heading for an alert that does not exist.
 
 promtool: $PROMTOOL, else /usr/local/bin/promtool, else the one on PATH.
 Run from anywhere: `python3 deploy/monitoring/check.py [--write]`.
@@ -31,8 +32,8 @@ RULES = os.path.join(HERE, "rules.yaml")
 CRD = os.path.join(HERE, "prometheusrule.yaml")
 TESTS = os.path.join(HERE, "rules-test.yaml")
 DASHBOARD = os.path.join(HERE, "dashboard.json")
-README = os.path.join(ROOT, "README.md")
-RUNBOOK_BASE = "https://github.com/socklb/socklb/blob/main/README.md#"
+RUNBOOK = os.path.join(ROOT, "docs", "runbook.md")
+RUNBOOK_BASE = "https://github.com/socklb/socklb/blob/main/docs/runbook.md#"
 SEVERITIES = {"critical", "warning", "info"}
 
 CRD_HEADER = """\
@@ -188,24 +189,31 @@ def check_dashboard(problems, tool, scratch):
     run(problems, [tool, "check", "rules", path], scratch)
 
 
-def check_readme(problems, names):
-    with open(README, encoding="utf-8") as f:
-        text = f.read()
-    match = re.search(r"^## Runbook\n(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if not match:
-        problems.append("README.md: no \"## Runbook\" section")
+def check_runbook(problems, names):
+    where = os.path.relpath(RUNBOOK, ROOT)
+    try:
+        with open(RUNBOOK, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        problems.append(f"{where}: cannot be read ({e})")
         return
-    sections = dict(
-        re.findall(r"^### (\S+)\s*\n(.*?)(?=^### |\Z)", match.group(1), re.M | re.S)
-    )
+    # Outside fenced code blocks only: a "### " line in a shell example is no heading.
+    text = re.sub(r"^```.*?^```[^\n]*$", "", text, flags=re.M | re.S)
+    # A section runs from its "### <alertname>" heading to the next heading of any level.
+    found = re.findall(r"^### (\S+)[ \t]*\n(.*?)(?=^#{1,3} |\Z)", text, re.M | re.S)
+    sections = {}
+    for name, body in found:
+        if name in sections:
+            problems.append(f"{where}: \"### {name}\" appears twice")
+        sections[name] = body
     for name in names:
         if name not in sections:
-            problems.append(f"README.md: no \"### {name}\" under \"## Runbook\"")
+            problems.append(f"{where}: no \"### {name}\" section")
         elif "**Fix:**" not in sections[name] or "**Means:**" not in sections[name]:
-            problems.append(f"README.md: the runbook of {name} does not say what it means and the fix")
+            problems.append(f"{where}: the runbook of {name} does not say what it means and the fix")
     for name in sections:
         if name not in names:
-            problems.append(f"README.md: runbook section {name} for an alert that does not exist")
+            problems.append(f"{where}: runbook section {name} for an alert that does not exist")
 
 
 def main():
@@ -224,7 +232,7 @@ def main():
         )
     names = check_alerts(problems, groups)
     check_tests_cover(problems, names)
-    check_readme(problems, names)
+    check_runbook(problems, names)
     tool = promtool()
     if tool is None:
         problems.append("promtool not found (set $PROMTOOL, or `cargo xtask setup`)")

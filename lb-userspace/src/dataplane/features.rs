@@ -6,6 +6,16 @@
 //! kernel's errno and what is lost, in `/status` and the `socklb_feature_enabled` gauge, and
 //! the agent runs without it, through a fallback where one exists. `socklb version --features`
 //! runs the same probes without an agent.
+//!
+//! The parts (`Feature`): `sockets-iterator`, `udp-iterator`, `sock-diag-storage`,
+//! `socket-destroy`, `socket-release`. What became of each at start is a `Probe` (its `State`:
+//! enabled, disabled by `--disable-feature`, or refused, with the kernel's errno and reason).
+//! From them, `Features` says how sockets can be listed (`Listing`), whether UDP termination,
+//! the per-pod bound and the connection slots work, and in words what is lost (`losses`) and
+//! which fallback stands in (`fallbacks`). Whatever depends on a part asks `Features`
+//! (`listing`, `udp_termination`, `socket_bound`, `connection_slots`), never the kernel again;
+//! `inspect`, which has no agent, reads which iterators are there from the pins
+//! (`SocketPins::listing`). docs/requirements.md gives the same table for operators.
 use std::{collections::BTreeSet, fmt};
 
 use serde::{Deserialize, Serialize};
@@ -242,29 +252,28 @@ impl Features {
     /// Each guarantee lost with the parts that are off, in words for logs, `/status` and the
     /// demo. Empty when nothing is lost.
     pub fn losses(&self) -> Vec<&'static str> {
+        self.lost().into_iter().map(Guarantee::lost).collect()
+    }
+
+    /// The guarantees lost with the parts that are off (a part whose loss another part
+    /// makes up for, such as the sockets iterator where the per-namespace listing works,
+    /// loses none).
+    pub fn lost(&self) -> Vec<Guarantee> {
+        Guarantee::ALL
+            .into_iter()
+            .filter(|g| !self.keeps(*g))
+            .collect()
+    }
+
+    /// Whether the parts that are on keep `guarantee`.
+    pub fn keeps(&self, guarantee: Guarantee) -> bool {
         let listing = self.listing();
-        let mut lost = Vec::new();
-        if !self.udp_termination() {
-            lost.push(
-                "connected UDP sockets whose backend leaves are not terminated: they keep sending to the old endpoint until the application reconnects",
-            );
+        match guarantee {
+            Guarantee::UdpTermination => self.udp_termination(),
+            Guarantee::UdpListing => listing.udp(),
+            Guarantee::TcpListing => listing.tcp(),
+            Guarantee::SocketBound => self.socket_bound(),
         }
-        if !listing.udp() {
-            lost.push(
-                "translated UDP sockets are not listed (inspect connections, explain, live-socket metrics)",
-            );
-        }
-        if !listing.tcp() {
-            lost.push(
-                "translated TCP sockets are not listed (inspect connections, explain, live-socket metrics)",
-            );
-        }
-        if !self.socket_bound() {
-            lost.push(
-                "no per-pod bound on socket records (--max-sockets-per-pod): counting them needs the release program",
-            );
-        }
-        lost
     }
 
     /// How the parts that are on stand in for those that are off, in words.
@@ -282,6 +291,63 @@ impl Features {
             );
         }
         out
+    }
+}
+
+/// What socklb promises that an optional part (or a pair of them) stands behind: what
+/// `/status` (`degraded`), the log and `socklb_guarantee_lost` name when it is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Guarantee {
+    /// Connected UDP sockets whose backend leaves are terminated.
+    UdpTermination,
+    /// Translated UDP sockets are listed.
+    UdpListing,
+    /// Translated TCP sockets are listed.
+    TcpListing,
+    /// The per-pod bound on socket records.
+    SocketBound,
+}
+
+impl Guarantee {
+    pub const ALL: [Self; 4] = [
+        Self::UdpTermination,
+        Self::UdpListing,
+        Self::TcpListing,
+        Self::SocketBound,
+    ];
+
+    /// The name in metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::UdpTermination => "udp-termination",
+            Self::UdpListing => "udp-listing",
+            Self::TcpListing => "tcp-listing",
+            Self::SocketBound => "socket-bound",
+        }
+    }
+
+    /// What is lost without it, in words.
+    pub const fn lost(self) -> &'static str {
+        match self {
+            Self::UdpTermination => {
+                "connected UDP sockets whose backend leaves are not terminated: they keep sending to the old endpoint until the application reconnects"
+            }
+            Self::UdpListing => {
+                "translated UDP sockets are not listed (inspect connections, explain, live-socket metrics)"
+            }
+            Self::TcpListing => {
+                "translated TCP sockets are not listed (inspect connections, explain, live-socket metrics)"
+            }
+            Self::SocketBound => {
+                "no per-pod bound on socket records (--max-sockets-per-pod): counting them needs the release program"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Guarantee {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -220,7 +220,8 @@ fn fixed_sizes(
     affinity
 }
 
-/// `socklb_feature_enabled{feature}`: decided at start, fixed for the agent's life.
+/// `socklb_feature_enabled{feature}` and `socklb_guarantee_lost{guarantee}`: decided at start,
+/// fixed for the agent's life.
 fn register_features(r: &mut Registry, features: &Features) {
     let feature_enabled: Family<Labels, Gauge> = register(
         r,
@@ -233,6 +234,18 @@ fn register_features(r: &mut Registry, features: &Features) {
         feature_enabled
             .get_or_create(&vec![("feature".to_string(), probe.feature.to_string())])
             .set(i64::from(features.enabled(probe.feature)));
+    }
+    let lost: Family<Labels, Gauge> = register(
+        r,
+        "guarantee_lost",
+        "Whether a guarantee of socklb is lost (1) with the optional parts that are off, or \
+         kept (0): what alerts should follow; a part off whose loss another part makes up \
+         for loses nothing",
+        Family::default(),
+    );
+    for g in crate::dataplane::features::Guarantee::ALL {
+        lost.get_or_create(&vec![("guarantee".to_string(), g.to_string())])
+            .set(i64::from(!features.keeps(g)));
     }
 }
 
