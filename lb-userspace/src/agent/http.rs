@@ -206,7 +206,7 @@ async fn connections(
     }
     match shared.connections.fresh().await {
         Some(view) => {
-            let view = super::connections::filtered(&view, &filter);
+            let view = super::tasks::census::filtered(&view, &filter);
             (
                 [(header::CONTENT_TYPE, "application/json")],
                 serde_json::to_string_pretty(&view).unwrap_or_default(),

@@ -12,7 +12,7 @@ use std::{
 
 use tokio::sync::{mpsc, watch};
 
-use super::engine::Engine;
+use crate::agent::engine::Engine;
 use crate::{
     connections::FromObjects,
     dataplane::{
@@ -28,11 +28,11 @@ use crate::{
 /// How often the agent counts live sockets and its connection slots for its metrics.
 pub const REFRESH: Duration = Duration::from_secs(15);
 /// A request is answered from a census at most this old.
-pub(super) const FRESH: Duration = Duration::from_secs(2);
+pub(in crate::agent) const FRESH: Duration = Duration::from_secs(2);
 
 /// A census's result, as it comes back from its thread: the connections counted as they
 /// streamed by (its size grows with the connections' kinds, not with the sockets).
-pub(super) struct Counted {
+pub(in crate::agent) struct Counted {
     census: Result<(Tally, CensusStats), ListError>,
     cgroups: HashMap<u64, PathBuf>,
     took: Duration,
@@ -73,7 +73,7 @@ impl Handle {
 }
 
 /// The loop's side.
-pub(super) struct Refresher {
+pub(in crate::agent) struct Refresher {
     pins: SocketPins,
     listing: Listing,
     cgroup: PathBuf,
@@ -83,13 +83,13 @@ pub(super) struct Refresher {
 }
 
 /// What the loop waits on: finished censuses, and requests for a fresh one.
-pub(super) struct Inbox {
+pub(in crate::agent) struct Inbox {
     pub done: mpsc::Receiver<Counted>,
     pub asked: mpsc::Receiver<()>,
 }
 
 impl Refresher {
-    pub(super) fn new(
+    pub(in crate::agent) fn new(
         pins: SocketPins,
         listing: Listing,
         cgroup: PathBuf,
@@ -117,12 +117,12 @@ impl Refresher {
     }
 
     /// Whether the kernel lets the agent list any socket at all.
-    pub(super) fn possible(&self) -> bool {
+    pub(in crate::agent) fn possible(&self) -> bool {
         self.listing.tcp() || self.listing.udp()
     }
 
     /// Starts a census on a blocking thread unless one runs.
-    pub(super) fn start(&mut self) {
+    pub(in crate::agent) fn start(&mut self) {
         if self.in_flight || !self.possible() {
             return;
         }
@@ -148,7 +148,7 @@ impl Refresher {
     }
 
     /// Groups a finished census with the engine's objects and maps, and publishes it.
-    pub(super) fn finish<M: ServiceMaps>(
+    pub(in crate::agent) fn finish<M: ServiceMaps>(
         &mut self,
         counted: Counted,
         engine: &Engine<M>,
@@ -182,7 +182,7 @@ impl Refresher {
 }
 
 /// The view narrowed to one Service and/or backend.
-pub(super) fn filtered(view: &ConnectionsView, filter: &Filter) -> ConnectionsView {
+pub(in crate::agent) fn filtered(view: &ConnectionsView, filter: &Filter) -> ConnectionsView {
     let mut out = view.clone();
     out.services.retain(|s| {
         filter

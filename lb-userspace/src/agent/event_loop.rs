@@ -1,0 +1,339 @@
+//! The agent's event loop: one task owns the engine; source events, ticks and finished
+//! background work arrive here and are routed to the engine and the periodic tasks
+//! (`tasks/`); after each round the maps are reconciled, the programs attached once the first
+//! complete sync is written, and readiness, liveness and status recorded.
+use std::{
+    sync::{Arc, PoisonError, atomic::Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::mpsc,
+};
+
+use super::{
+    AgentConfig, Engine, Listeners, Pass, Progress, Shared,
+    api_route::ApiRoute,
+    listeners, probes, start,
+    tasks::{census, pods, recount, udp_termination, version},
+};
+use crate::{
+    dataplane::{abi::frontend_key, bpf::BpfServiceMaps, loader::Dataplane},
+    reconcile::Reconciler,
+    source::SourceEvent,
+    status::{Failed, Owned, Rejected, Status},
+    vocab::{Protocol, ServiceAddr},
+};
+
+/// How long the source may fail before the agent reports itself not ready.
+const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
+
+pub(super) async fn run(
+    config: AgentConfig,
+    listeners: Listeners,
+    mut dataplane: Dataplane,
+) -> anyhow::Result<()> {
+    spawn_ebpf_logger(&mut dataplane, config.load.log_level);
+    let maps = dataplane
+        .service_maps()
+        .context("opening the service maps")?;
+    let reconciler = Reconciler::new(maps).context("reading the pinned maps")?;
+    if reconciler.service_count() > 0 {
+        tracing::info!(
+            service_ports = reconciler.service_count(),
+            "adopted pinned state; it stays in effect until the first complete sync"
+        );
+    }
+    let flags = start::node_flags(&config).await;
+    let (mut version_rx, version_asked) = version::spawn_follower(&config, flags.kube_version);
+    let mut engine = Engine::new(reconciler, flags);
+    let (mut refresher, mut inbox, handle) = census::Refresher::new(
+        dataplane.sockets.clone(),
+        dataplane.features.listing(),
+        config.load.cgroup.clone(),
+    );
+    let shared = Shared::new(&config, &dataplane, handle);
+    listeners::serve(listeners, &shared)?;
+
+    let (tx, mut rx) = mpsc::channel::<SourceEvent>(4096);
+    // This node's interface addresses first: none of them may be written as a frontend.
+    engine.await_local_addresses();
+    start::watch_the_node(&tx)?;
+    let mut api_route = start::start_source(&config, tx).await?;
+
+    let mut retry = tokio::time::interval(config.retry_interval);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pods_tick = tokio::time::interval(pods::PODS_EVERY);
+    pods_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut census_tick = tokio::time::interval(census::REFRESH);
+    census_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut attached = false;
+    let udp = udp_termination::UdpTermination::default();
+    let mut unhealthy_since: Option<Instant> = None;
+    let mut health_checks = config
+        .health_check_node_ports
+        .then(|| probes::HealthCheckServers::new(shared.clone()));
+    loop {
+        tokio::select! {
+            event = rx.recv() => {
+                let Some(event) = event else {
+                    anyhow::bail!("the source stopped");
+                };
+                engine.handle(event);
+                while let Ok(event) = rx.try_recv() {
+                    engine.handle(event);
+                }
+            }
+            _ = retry.tick() => {
+                engine.retry_failed();
+                // Ports that could not listen are tried again.
+                if let Some(servers) = health_checks.as_mut().filter(|s| s.failing() > 0) {
+                    sync_health_checks(servers, &engine);
+                }
+            }
+            Some(version) = version_rx.recv() => engine.set_kube_version(version),
+            _ = census_tick.tick() => {
+                refresher.start();
+                recount::record_counts(&config, &dataplane, &shared);
+            }
+            _ = pods_tick.tick(), if attached => pods::refresh_pods(&mut dataplane),
+            Some(()) = inbox.asked.recv() => refresher.start(),
+            Some(counted) = inbox.done.recv() => {
+                if let Some((view, took)) = refresher.finish(counted, &engine) {
+                    shared.metrics.record_connections(&view, took);
+                }
+            }
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
+        if let Some(pass) = engine.reconcile() {
+            log_pass(&pass);
+            if pass.report.udp_changed && attached && shared.features.udp_termination() {
+                udp.request(&config, &dataplane, &engine, &shared);
+            }
+            shared.metrics.record_pass(&pass);
+            shared.node_health.written(&engine);
+            if let Some(servers) = &mut health_checks {
+                sync_health_checks(servers, &engine);
+            }
+        }
+        if engine.is_synced() && !attached {
+            attach(&config, &mut dataplane, &engine, &shared, &udp)?;
+            attached = true;
+        }
+        check_api_route(api_route.as_mut().filter(|_| attached), &engine);
+        if record_progress(&engine, &shared, attached, &mut unhealthy_since) {
+            // The watches work again: after a control-plane upgrade the version may be newer.
+            version_asked.notify_one();
+        }
+        record_state(&engine, &shared, health_checks.as_ref());
+    }
+    tracing::info!(
+        "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
+    );
+    Ok(())
+}
+
+/// After the first complete sync: attaches the programs, starts the recounts, and looks for the
+/// connected UDP sockets whose backend left while no agent ran (they are found now, not at the
+/// next change).
+fn attach(
+    config: &AgentConfig,
+    dataplane: &mut Dataplane,
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Arc<Shared>,
+    udp: &udp_termination::UdpTermination,
+) -> anyhow::Result<()> {
+    let ids = dataplane.attach().context("attaching the programs")?;
+    tracing::info!(
+        cgroup = %config.load.cgroup.display(),
+        programs = ids.len(),
+        pod_level = dataplane.config().pod_level,
+        "first complete sync written; programs attached"
+    );
+    recount::spawn(config, dataplane, shared);
+    if shared.features.udp_termination() {
+        udp.request(config, dataplane, engine, shared);
+    }
+    Ok(())
+}
+
+/// Whether the API server's address is a Service frontend in the maps (once they are attached):
+/// the agent would depend on its own translation (said once).
+fn check_api_route(route: Option<&mut ApiRoute>, engine: &Engine<BpfServiceMaps>) {
+    let Some(route) = route else {
+        return;
+    };
+    let server = ServiceAddr::new(route.server.ip(), route.server.port(), Protocol::Tcp);
+    let frontends = &engine.reconciler().snapshot().frontends;
+    let is_frontend = frontends.contains_key(&frontend_key(server));
+    tokio::task::block_in_place(|| route.check_frontend(is_frontend));
+}
+
+/// Readiness, liveness and the Node's eligibility from the engine's state. Readiness also goes
+/// while the watches keep failing (no Service routes to the agent, and a rollout waits);
+/// liveness does not. Returns whether the watches work again after failing.
+fn record_progress(
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Shared,
+    attached: bool,
+    unhealthy_since: &mut Option<Instant>,
+) -> bool {
+    shared
+        .node_health
+        .follow(engine.node_object(), engine.node_deleted());
+    let was_failing = unhealthy_since.is_some();
+    *unhealthy_since = if engine.is_healthy() {
+        None
+    } else {
+        unhealthy_since.or(Some(Instant::now()))
+    };
+    // A watch that fails once (a 410 Gone before the re-list, a dropped connection) is not
+    // "failing": readiness goes only when it stays unhealthy.
+    let ready = attached && unhealthy_since.is_none_or(|t| t.elapsed() < UNHEALTHY_GRACE);
+    if shared.ready.swap(ready, Ordering::Relaxed) != ready {
+        tracing::info!(ready, "readiness changed");
+    }
+    *shared
+        .progress
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = Progress {
+        unapplied_since: engine.unapplied_since(),
+    };
+    was_failing && unhealthy_since.is_none()
+}
+
+/// Opens and closes the healthCheckNodePorts as the Services say.
+fn sync_health_checks(servers: &mut probes::HealthCheckServers, engine: &Engine<BpfServiceMaps>) {
+    servers.sync(
+        crate::translate::health_checks(engine.store(), engine.node()),
+        &probes::listen_addresses(engine.node()),
+    );
+}
+
+fn record_state(
+    engine: &Engine<BpfServiceMaps>,
+    shared: &Shared,
+    health_checks: Option<&probes::HealthCheckServers>,
+) {
+    let r = engine.reconciler();
+    shared.metrics.record_state(
+        engine,
+        health_checks.map_or(0, probes::HealthCheckServers::failing),
+    );
+    let status = Status {
+        version: crate::status::VERSION.to_string(),
+        commit: crate::status::COMMIT.to_string(),
+        ready: shared.ready.load(Ordering::Relaxed),
+        failed: r
+            .failed()
+            .iter()
+            .map(|(k, e)| Failed {
+                service_port: k.clone(),
+                kind: e.kind(),
+                error: e.to_string(),
+            })
+            .collect(),
+        conflicts: engine
+            .conflicts()
+            .iter()
+            .flat_map(|(k, list)| {
+                list.iter().map(|c| Owned {
+                    service_port: k.clone(),
+                    conflict: c.clone(),
+                })
+            })
+            .collect(),
+        rejected: engine
+            .rejected()
+            .iter()
+            .map(|(s, m)| Rejected {
+                subject: s.clone(),
+                message: m.clone(),
+            })
+            .collect(),
+        refused_addresses: engine
+            .refused()
+            .iter()
+            .flat_map(|(service, list)| {
+                list.iter().map(|r| crate::status::RefusedAddress {
+                    service: service.clone(),
+                    refusal: r.clone(),
+                })
+            })
+            .collect(),
+        features: shared.features.probes.clone(),
+        degraded: shared
+            .features
+            .losses()
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+        health_check_ports: health_checks
+            .map(probes::HealthCheckServers::report)
+            .unwrap_or_default(),
+    };
+    *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
+}
+
+fn log_pass(pass: &Pass) {
+    let report = &pass.report;
+    if pass.full {
+        tracing::info!(
+            services = pass.services,
+            writes = report.writes,
+            changed = report.services_changed,
+            removed = report.services_removed,
+            failing = report.failed.len(),
+            duration_ms = pass.duration.as_secs_f64() * 1e3,
+            "full sync"
+        );
+    } else if report.writes > 0 || !report.failed.is_empty() {
+        tracing::info!(
+            services = pass.services,
+            writes = report.writes,
+            failing = report.failed.len(),
+            duration_us = pass.duration.as_micros() as u64,
+            "sync"
+        );
+    }
+    for (key, conflict) in &pass.new_conflicts {
+        tracing::warn!(service = %key, "address not served: {conflict}");
+    }
+}
+
+/// With a log level above 0, forwards the programs' aya-log records to our logs.
+fn spawn_ebpf_logger(dataplane: &mut Dataplane, level: u8) {
+    if level == 0 {
+        return;
+    }
+    match aya_log::EbpfLogger::init(&mut dataplane.ebpf) {
+        Ok(logger) => {
+            tokio::spawn(async move {
+                // SAFETY: the logger owns its ring buffer descriptor for as long as the AsyncFd
+                // holds the logger, and nothing else closes it.
+                let registered = unsafe {
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        logger,
+                        tokio::io::Interest::READABLE,
+                    )
+                };
+                let Ok(mut fd) = registered else {
+                    return;
+                };
+                loop {
+                    let Ok(mut guard) = fd.readable_mut().await else {
+                        return;
+                    };
+                    guard.get_inner_mut().flush();
+                    guard.clear_ready();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "eBPF log forwarding unavailable"),
+    }
+}
