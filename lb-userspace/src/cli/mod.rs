@@ -5,6 +5,7 @@ mod explain;
 mod inspect;
 mod manpages;
 mod monitor;
+pub mod reference;
 mod reset;
 mod table;
 mod version;
