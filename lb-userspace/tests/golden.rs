@@ -4,7 +4,8 @@
 //! the cluster (each file is the whole world at that step), applied to one agent engine over
 //! in-memory maps, so a case shows both the result and what each change wrote. The first
 //! file's first line may name the node: `# node: name=node-a zone=zone-a addresses=192.0.2.10`.
-//! The output is compared with `expected.txt`; `UPDATE_GOLDEN=1 cargo test` rewrites it.
+//! The output is compared with `expected.txt`; `UPDATE_GOLDEN=1 cargo test` rewrites it (any
+//! other value, or `UPDATE_GOLDEN` under `CI=true`, stops the run: CI only ever compares).
 //! Before every single map write the write-order rule is checked, after it the maps'
 //! invariants. Each case is a test of its own: a failing case is named, and the others still
 //! run.
@@ -144,10 +145,23 @@ fn run_case(case: &Path) -> Result<String, String> {
     Ok(out)
 }
 
-fn check(case: &Path) -> Result<(), Failed> {
+/// Whether this run rewrites `expected.txt`: only with `UPDATE_GOLDEN=1`, never under
+/// `CI=true`; any other value is refused, so a typo cannot pass every case.
+fn rewriting(update: Option<&str>, ci: bool) -> Result<bool, String> {
+    match (update, ci) {
+        (None, _) => Ok(false),
+        (Some(_), true) => Err("UPDATE_GOLDEN is refused under CI=true: CI compares".into()),
+        (Some("1"), false) => Ok(true),
+        (Some(other), false) => Err(format!(
+            "UPDATE_GOLDEN={other:?}: only UPDATE_GOLDEN=1 rewrites expected.txt"
+        )),
+    }
+}
+
+fn check(case: &Path, rewrite: bool) -> Result<(), Failed> {
     let actual = run_case(case)?;
     let expected_path = case.join("expected.txt");
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+    if rewrite {
         std::fs::write(&expected_path, &actual).map_err(|e| e.to_string())?;
         return Ok(());
     }
@@ -170,6 +184,18 @@ fn check(case: &Path) -> Result<(), Failed> {
 }
 
 fn main() {
+    let update = std::env::var("UPDATE_GOLDEN").ok();
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let rewrite = match rewriting(update.as_deref(), ci) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("golden: {e}");
+            std::process::exit(2);
+        }
+    };
+    assert_eq!(rewriting(None, true), Ok(false));
+    assert!(rewriting(Some("1"), true).is_err() && rewriting(Some("yes"), false).is_err());
+    assert_eq!(rewriting(Some("1"), false), Ok(true));
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let mut cases: Vec<PathBuf> = std::fs::read_dir(&root)
         .expect("tests/golden")
@@ -186,7 +212,7 @@ fn main() {
                 .expect("name")
                 .to_string_lossy()
                 .into_owned();
-            Trial::test(name, move || check(&case))
+            Trial::test(name, move || check(&case, rewrite))
         })
         .collect();
     libtest_mimic::run(&Arguments::from_args(), trials).exit();

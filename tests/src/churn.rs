@@ -180,6 +180,95 @@ impl<'s> Roller<'s> {
     }
 }
 
+/// What the maps give one frontend, watched about every millisecond on a thread of its own:
+/// each change of the set, with the wall-clock time it was first seen.
+pub struct Watcher {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<Seen>>,
+}
+
+/// Each change a [`Watcher`] saw: when, and the set the maps held from then on.
+pub type Seen = Vec<(u64, BTreeSet<String>)>;
+
+impl Watcher {
+    pub fn start(sandbox: &Sandbox, frontend: ServiceAddr) -> anyhow::Result<Self> {
+        use std::sync::{Arc, atomic::AtomicBool, atomic::Ordering};
+        let dir = PinFolder::new(sandbox.pin_folder())
+            .current()
+            .context("no pinned maps")?;
+        let maps = BpfServiceMaps::open(&dir, true)?;
+        let running = Arc::new(AtomicBool::new(true));
+        let flag = running.clone();
+        let thread = std::thread::spawn(move || {
+            let mut seen = Seen::new();
+            while flag.load(Ordering::Relaxed) {
+                let snap = maps.read_all()?;
+                let now = wall_ns();
+                let set: BTreeSet<String> = snap
+                    .reach(&frontend)
+                    .map(|r| {
+                        r.backends
+                            .into_iter()
+                            .flatten()
+                            .map(|b| b.to_string())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if seen.last().is_none_or(|(_, last)| *last != set) {
+                    seen.push((now, set));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Ok(seen)
+        });
+        Ok(Self { running, thread })
+    }
+
+    /// Stops watching; the changes seen, in order.
+    pub fn stop(self) -> anyhow::Result<Seen> {
+        self.running
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?
+    }
+}
+
+/// The timeline of sets written in order (`written`: when, and the set) from what a
+/// [`Watcher`] saw: write j was in effect at the latest from the first moment the maps were
+/// seen holding its set or a later write's (the maps only move forward). Sets may repeat, so
+/// an observation is taken for the earliest write it can be, at or after the last one matched
+/// (the conservative choice: a later one would close more windows than the maps may have).
+/// A write never seen stays possible until a later one is.
+pub fn timeline(
+    written: &[(u64, BTreeSet<String>)],
+    seen: &[(u64, BTreeSet<String>)],
+) -> Vec<State> {
+    let mut converged = vec![u64::MAX; written.len()];
+    let mut last = 0;
+    for (t, set) in seen {
+        let Some(k) = (last..written.len())
+            .take_while(|&k| written[k].0 <= *t)
+            .find(|&k| written[k].1 == *set)
+        else {
+            continue;
+        };
+        for c in converged.iter_mut().take(k + 1) {
+            *c = (*c).min(*t);
+        }
+        last = k;
+    }
+    written
+        .iter()
+        .zip(&converged)
+        .map(|((w, set), c)| State {
+            written_ns: *w,
+            converged_ns: *c,
+            backends: set.clone(),
+        })
+        .collect()
+}
+
 /// What a recorded run shows.
 #[derive(Debug, Default)]
 pub struct Verdict {
@@ -245,6 +334,38 @@ pub fn check(record: &Path, timeline: &[State]) -> anyhow::Result<Verdict> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Observations map to the latest write of their set made before them; every earlier
+    /// write is over from then on, and a write never seen stays possible until a later one is.
+    #[test]
+    fn a_timeline_follows_what_the_maps_were_seen_holding() {
+        let set = |names: &[&str]| -> BTreeSet<String> {
+            names.iter().map(|n| (*n).to_string()).collect()
+        };
+        let written = vec![
+            (0, set(&["a", "b"])),
+            (100, set(&["b"])),
+            (200, set(&["a"])),
+            (300, set(&["a", "b"])),
+        ];
+        // The maps held a+b, then b (at 110), skipped a, then a+b again at 320.
+        let seen = vec![
+            (5, set(&["a", "b"])),
+            (110, set(&["b"])),
+            (320, set(&["a", "b"])),
+        ];
+        let t = timeline(&written, &seen);
+        let converged: Vec<u64> = t.iter().map(|s| s.converged_ns).collect();
+        assert_eq!(converged, [5, 110, 320, 320]);
+        // The maps seen at a+b again before b was ever seen: that may still be the first
+        // write (the agent behind), so b and the later writes stay possible.
+        let seen = vec![(5, set(&["a", "b"])), (310, set(&["a", "b"]))];
+        let converged: Vec<u64> = timeline(&written, &seen)
+            .iter()
+            .map(|s| s.converged_ns)
+            .collect();
+        assert_eq!(converged, [5, u64::MAX, u64::MAX, u64::MAX]);
+    }
 
     #[test]
     fn a_connect_may_use_any_state_that_was_possibly_in_effect() {

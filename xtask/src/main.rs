@@ -7,6 +7,7 @@ use std::{
     fmt::Write as _,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -181,15 +182,15 @@ fn test() -> anyhow::Result<()> {
         validate_deploy,
     )?;
     let mut jobs = Vec::new();
-    step("build the tests", || {
-        jobs = parallel::build()?;
+    step("build the tests (and list each binary's tests)", || {
+        jobs = test_jobs(&parallel::build()?)?;
         Ok(())
     })?;
     step(
         "tests (unit, golden, property, privileged end-to-end; then those that depend on an \
-         optional part again with every one off, SOCKLB_DISABLE_FEATURE=all), three binaries \
+         optional part again with every one off, SOCKLB_DISABLE_FEATURE=all), three processes \
          at a time",
-        || parallel::run(test_order(jobs), TEST_BINARIES_AT_ONCE, STRESS_RUN_LIMIT),
+        || parallel::run(jobs, TEST_PROCESSES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
     // The fuzz target builds with flags of its own (every dependency again, without the eBPF
     // programs). Built beside the other steps, even at the lowest priority, it slowed them by
@@ -220,10 +221,13 @@ fn test() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Test binaries running at once: their tests mostly wait (agents, sockets, timeouts).
-const TEST_BINARIES_AT_ONCE: usize = 3;
+/// Test processes running at once: their tests mostly wait (agents, sockets, timeouts).
+const TEST_PROCESSES_AT_ONCE: usize = 3;
 
-/// The binaries whose tests take longest, first (so the last to start are short ones).
+/// The end-to-end binary (`tests/tests/e2e`), run in shards of one module each.
+const E2E: &str = "e2e";
+
+/// The end-to-end modules whose tests take longest, first (so the last to start are short).
 const SLOWEST_FIRST: [&str; 10] = [
     "dataplane",
     "isolation",
@@ -231,65 +235,83 @@ const SLOWEST_FIRST: [&str; 10] = [
     "conformance_changes",
     "reliability",
     "tenants",
-    "conformance",
     "deploy",
     "features",
     "demo",
-];
-
-/// The privileged test binaries whose behaviour depends on an optional part or on the cgroup
-/// layout: they run a second time as on a kernel that refuses every optional part.
-const AGAIN_WITHOUT_OPTIONAL_PARTS: [&str; 7] = [
-    "agent",
-    "dataplane",
-    "tenants",
-    "connections",
     "node",
-    "reliability",
-    "deploy",
 ];
 
-/// The jobs in the order they run: the slowest first, and a second time, as on a kernel that
-/// refuses every optional part whatever this kernel allows (the agents these tests start read
-/// the variable as their `--disable-feature`), the binaries of `AGAIN_WITHOUT_OPTIONAL_PARTS`
-/// (of the data-path tests, those whose behaviour depends on an optional part: UDP termination,
-/// the UDP sockets' listing, the socket records' replies, TCP connection records). The data path's translation with every
-/// part off is `features.rs`'s.
-fn test_order(mut jobs: Vec<parallel::Job>) -> Vec<parallel::Job> {
-    let again: Vec<parallel::Job> = jobs
-        .iter()
-        .filter(|j| {
-            AGAIN_WITHOUT_OPTIONAL_PARTS.contains(&j.name.as_str()) && j.cwd.ends_with("tests")
-        })
-        .cloned()
-        .map(|mut j| {
-            j.envs.push(("SOCKLB_DISABLE_FEATURE".into(), "all".into()));
-            if j.name == "dataplane" {
-                j.args = vec![
-                    "connected_udp_socket_terminated".into(),
-                    "connected_udp_sockets_listed".into(),
-                    "connected_udp_slot_freed".into(),
-                    "tcp_slot_freed_after_a_failed_connect".into(),
-                    "tcp_slot_freed_after_reconnecting_elsewhere".into(),
-                    "udp_reverse_translation".into(),
-                    "established_connection_stays".into(),
-                    "verifier_accepts_every_program".into(),
-                ];
-            }
-            j
-        })
-        .collect();
-    let rank = |j: &parallel::Job| {
-        SLOWEST_FIRST
-            .iter()
-            .position(|n| *n == j.name && j.cwd.ends_with("tests"))
-            .unwrap_or(SLOWEST_FIRST.len())
-    };
-    jobs.sort_by_key(rank);
-    // The reruns right after the first long ones, so they do not end the run alone.
-    let at = jobs.len().min(4);
+/// The end-to-end modules whose behaviour depends on an optional part or on the cgroup
+/// layout, run a second time as on a kernel that refuses every optional part (the agents
+/// these tests start read the variable as their `--disable-feature`): the whole module, or the
+/// tests whose names start with one of the prefixes. A prefix that matches no test fails the
+/// run. The data path's translation with every part off is `features`'s.
+const AGAIN_WITHOUT_OPTIONAL_PARTS: [(&str, &[&str]); 7] = [
+    ("agent", &[]),
+    (
+        "dataplane",
+        &[
+            "connected_udp_socket_terminated",
+            "connected_udp_sockets_listed",
+            "connected_udp_slot_freed",
+            "tcp_slot_freed_after_a_failed_connect",
+            "tcp_slot_freed_after_reconnecting_elsewhere",
+            "udp_reverse_translation",
+            "established_connection_stays",
+            "verifier_accepts_every_program",
+        ],
+    ),
+    ("tenants", &[]),
+    ("connections", &[]),
+    ("node", &[]),
+    ("reliability", &[]),
+    ("deploy", &[]),
+];
+
+/// The jobs in the order they run: the end-to-end modules slowest first, the reruns with
+/// every optional part off right after the first long ones (so they do not end the run
+/// alone), then every other binary whole.
+fn test_jobs(binaries: &[Arc<parallel::Binary>]) -> anyhow::Result<Vec<parallel::Job>> {
+    let labels = parallel::labels(binaries);
+    let mut e2e = Vec::new();
+    let mut others = Vec::new();
+    let mut again = Vec::new();
+    for (binary, label) in binaries.iter().zip(labels) {
+        if binary.name != E2E {
+            others.push(parallel::Job::whole(binary, label));
+            continue;
+        }
+        let mut modules = parallel::modules(binary);
+        let rank = |m: &String| {
+            SLOWEST_FIRST
+                .iter()
+                .position(|n| n == m)
+                .unwrap_or(SLOWEST_FIRST.len())
+        };
+        modules.sort_by_key(rank);
+        for module in modules {
+            e2e.push(parallel::Job {
+                binary: binary.clone(),
+                label: format!("{label} {module}"),
+                tests: Some(parallel::select(binary, &module, &[])?),
+                envs: Vec::new(),
+            });
+        }
+        for (module, prefixes) in AGAIN_WITHOUT_OPTIONAL_PARTS {
+            again.push(parallel::Job {
+                binary: binary.clone(),
+                label: format!("{label} {module} (SOCKLB_DISABLE_FEATURE=all)"),
+                tests: Some(parallel::select(binary, module, prefixes)?),
+                envs: vec![("SOCKLB_DISABLE_FEATURE".into(), "all".into())],
+            });
+        }
+    }
+    anyhow::ensure!(!e2e.is_empty(), "no test binary named {E2E} was built");
+    let at = e2e.len().min(4);
+    let mut jobs = e2e;
     jobs.splice(at..at, again);
-    jobs
+    jobs.extend(others);
+    Ok(jobs)
 }
 
 /// cargo fuzz's arguments for the manifests target, after the action (`build`, `run`).
@@ -365,8 +387,9 @@ fn stress() -> anyhow::Result<()> {
                 "-p",
                 "socklb-tests",
                 "--test",
-                "reliability",
+                E2E,
                 "--",
+                "reliability::",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
@@ -385,8 +408,9 @@ fn stress() -> anyhow::Result<()> {
                 "-p",
                 "socklb-tests",
                 "--test",
-                "isolation",
+                E2E,
                 "--",
+                "isolation::",
                 "--nocapture",
                 "--test-threads=1",
             ],
@@ -408,7 +432,8 @@ fn stress() -> anyhow::Result<()> {
                 "-p",
                 "lb-userspace",
                 "--test",
-                "properties",
+                "integration",
+                "properties::",
             ],
             &[("PROPTEST_CASES", cases)],
             STRESS_RUN_LIMIT,

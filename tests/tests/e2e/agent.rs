@@ -4,7 +4,6 @@
 use std::{
     collections::BTreeMap,
     os::unix::fs::PermissionsExt as _,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
@@ -17,6 +16,8 @@ use socklb_tests::{
     Sandbox,
     agent::AgentOptions,
     apiserver::{ApiServer, Resource},
+    churn::wall_ns,
+    load::Load,
     manifests::{Ep, service, slice},
 };
 
@@ -24,9 +25,7 @@ const A: &str = "10.244.1.21:8080";
 const B: &str = "10.244.2.34:8080";
 const C: &str = "10.244.3.47:8080";
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
+use socklb_tests::examples;
 
 fn backends(sandbox: &Sandbox) -> anyhow::Result<()> {
     for b in [A, B, C] {
@@ -148,6 +147,9 @@ fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kill -9 five times under a connect loop: every connect is answered, also the tens made
+/// while no agent runs (counted per outage, from the kill to the new agent's readiness), a
+/// change made while it is down is applied after, and service ids survive.
 #[test]
 fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
@@ -166,12 +168,13 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
         .dir
         .join(socklb::dataplane::sockets::LEGACY_UDP_ITER_PIN);
 
-    let mut client = sandbox.client()?;
-    let load =
-        std::thread::spawn(move || client.connect("10.96.0.10:80".parse().expect("vip"), 15_000));
+    let load = Load::start(&sandbox, "10.96.0.10:80".parse()?, 1, 5_000)?;
+    // Each outage: from the kill to the next agent's start (no agent process at all).
+    let mut outages = Vec::new();
     for round in 0..5 {
         std::thread::sleep(Duration::from_millis(150));
         agent.kill9();
+        let killed = wall_ns();
         if round == 0 {
             // What an agent of an older version leaves: its UDP iterator, whose entries have
             // another layout, at the old pin (any object will do: only the name counts).
@@ -188,16 +191,31 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
                 )?,
             )?;
         }
+        outages.push((killed, wall_ns()));
         agent.restart(true)?;
     }
-    let reply = load.join().expect("load thread")?;
+    let done = load.finish()?;
     assert_eq!(
-        reply.failures(),
-        0,
-        "connects failed across restarts: {:?}",
-        reply.errors
+        done.failed(),
+        Vec::<&socklb_tests::load::Connect>::new(),
+        "connects failed across restarts"
     );
-    assert_eq!(reply.answers(), 15_000);
+    assert!(done.connects.len() >= 5_000, "{}", done.connects.len());
+    for (i, (from, to)) in outages.iter().enumerate() {
+        let during = done
+            .connects
+            .iter()
+            .filter(|c| c.within(*from, *to))
+            .count();
+        println!(
+            "FIGURE outage {i}: {during} connects answered in the {} ms no agent ran",
+            (to - from) / 1_000_000
+        );
+        assert!(
+            during >= 10,
+            "outage {i}: only {during} connects ran while no agent did"
+        );
+    }
     sandbox.wait_candidates("10.96.0.10:80", &[B])?;
     assert_eq!(service_ids(&sandbox)?, ids, "service ids survive restarts");
     let log = agent.log_tail(400);

@@ -15,7 +15,6 @@
 //! than as addresses (issue 11).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    fmt::Write as _,
     net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
@@ -30,6 +29,7 @@ use socklb_tests::{
     agent::{AgentOptions, AgentProcess},
     apiserver::{ApiServer, Resource},
     client::{Command, Reply},
+    manifests::{Meta, service_object, slice_object},
 };
 
 const A: &str = "10.244.1.21";
@@ -134,43 +134,17 @@ fn on_sockets(client: &mut Client, target: &str, want: Want<'_>) -> anyhow::Resu
 
 /// A Service in `default`: `spec` lines are YAML (flow style) under `spec:`.
 fn service(name: &str, labels: &[(&str, &str)], spec: &[&str]) -> String {
-    let mut y = format!(
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n  uid: uid-{name}\n"
-    );
-    if !labels.is_empty() {
-        y.push_str("  labels:\n");
-        for (k, v) in labels {
-            let _ = writeln!(y, "    {k}: \"{v}\"");
-        }
-    }
-    y.push_str("spec:\n");
-    for line in spec {
-        let _ = writeln!(y, "  {line}");
-    }
-    y
+    let meta = labels
+        .iter()
+        .fold(Meta::default().uid(&format!("uid-{name}")), |m, (k, v)| {
+            m.label(k, v)
+        });
+    service_object(name, &meta, spec, &[])
 }
 
 /// An EndpointSlice for `service` with `ports` (a YAML flow list) and `endpoints` (flow maps).
 fn slice(name: &str, service: &str, ports: &str, endpoints: &[String]) -> String {
-    // The first quoted string of an endpoint is its address.
-    let family = if endpoints
-        .iter()
-        .any(|e| e.split('"').nth(1).is_some_and(|ip| ip.contains(':')))
-    {
-        "IPv6"
-    } else {
-        "IPv4"
-    };
-    let mut y = format!(
-        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    kubernetes.io/service-name: {service}\naddressType: {family}\nports: {ports}\nendpoints:\n"
-    );
-    if endpoints.is_empty() {
-        y.push_str("  []\n");
-    }
-    for e in endpoints {
-        let _ = writeln!(y, "  - {e}");
-    }
-    y
+    slice_object(name, &Meta::default(), service, ports, endpoints)
 }
 
 /// A ready endpoint.

@@ -25,6 +25,7 @@ use socklb_tests::{
     bins,
     churn::wall_ns,
     client::{Command, Reply},
+    load::Load,
     manifests::{Ep, service, slice},
     system::{cgroup_program_ids, cgroup_programs},
 };
@@ -33,9 +34,7 @@ const A: &str = "10.244.1.21:8080";
 const B: &str = "10.244.2.34:8080";
 const WEB: &str = "10.96.0.10:80";
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
+use socklb_tests::examples;
 
 fn figure(name: &str, value: impl std::fmt::Display) {
     println!("FIGURE {name}: {value}");
@@ -343,68 +342,6 @@ fn uninstall_after_kill_9_leaves_no_program_and_no_pin() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One connect of the load: (start ns, end ns, backend or `!errno`).
-type Connect = (u64, u64, String);
-
-/// Connect loops from several client processes at once, recording every connect.
-struct Load {
-    threads: Vec<std::thread::JoinHandle<anyhow::Result<Reply>>>,
-    records: Vec<PathBuf>,
-    stop: PathBuf,
-}
-
-impl Load {
-    fn start(sandbox: &Sandbox, target: SocketAddr, clients: usize) -> anyhow::Result<Self> {
-        let stop = sandbox.workdir.join("stop-load");
-        let mut threads = Vec::new();
-        let mut records = Vec::new();
-        for i in 0..clients {
-            let out = sandbox.workdir.join(format!("load-{i}.txt"));
-            let mut client = sandbox.client()?;
-            let (o, s) = (out.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || {
-                client.run(&Command::Record {
-                    target,
-                    out: o,
-                    stop: s,
-                    min_count: 1,
-                    max_seconds: 120,
-                })
-            }));
-            records.push(out);
-        }
-        Ok(Self {
-            threads,
-            records,
-            stop,
-        })
-    }
-
-    /// Stops the loops; every connect as (start ns, end ns, backend or `!errno`).
-    fn finish(self) -> anyhow::Result<(Vec<Reply>, Vec<Connect>)> {
-        std::fs::write(&self.stop, "")?;
-        let mut replies = Vec::new();
-        for t in self.threads {
-            let reply = t
-                .join()
-                .map_err(|_| anyhow::anyhow!("load thread panicked"))??;
-            anyhow::ensure!(reply.ok, "the load client failed: {reply:?}");
-            replies.push(reply);
-        }
-        let mut connects = Vec::new();
-        for r in &self.records {
-            for line in std::fs::read_to_string(r)?.lines() {
-                let mut f = line.split_whitespace();
-                let (Some(t0), Some(t1), Some(what)) = (f.next(), f.next(), f.next()) else {
-                    continue;
-                };
-                connects.push((t0.parse()?, t1.parse()?, what.to_string()));
-            }
-        }
-        Ok((replies, connects))
-    }
-}
-
 /// An upgrade to an agent whose map layout differs (other map sizes: another `maps-<digest>`
 /// generation) while three client processes connect in a loop: the old programs keep serving
 /// until the new agent has written its first full sync into its new maps, the new links go in
@@ -424,7 +361,7 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     assert_eq!(old_programs.len(), links);
 
     let (mut held, opened) = hold_a_connection(&sandbox)?;
-    let load = Load::start(&sandbox, WEB.parse()?, 3)?;
+    let load = Load::start(&sandbox, WEB.parse()?, 3, 1)?;
     std::thread::sleep(Duration::from_millis(300));
     // A rolling update: the old pod gets SIGTERM and exits, then the new one starts.
     let stopped = old.stop()?;
@@ -438,20 +375,19 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
     ]))?;
     let switch_end = wall_ns();
     std::thread::sleep(Duration::from_millis(300));
-    let (replies, connects) = load.finish()?;
-
-    let failed: Vec<&(u64, u64, String)> =
-        connects.iter().filter(|c| c.2.starts_with('!')).collect();
+    let done = load.finish()?;
+    let (replies, connects) = (&done.replies, &done.connects);
+    let failed = done.failed();
     let during = connects
         .iter()
-        .filter(|(t0, t1, _)| *t1 >= switch_start && *t0 <= switch_end)
+        .filter(|c| c.overlaps(switch_start, switch_end))
         .count();
     let switch_ms = (switch_end - switch_start) / 1_000_000;
     figure("layout migration: connects", connects.len());
     figure("layout migration: connects during the switch", during);
     figure("layout migration: failed connects", failed.len());
     figure("layout migration: new agent start to ready (ms)", switch_ms);
-    for r in &replies {
+    for r in replies {
         assert!(r.errors.is_empty(), "failed connects: {:?}", r.errors);
     }
     assert!(failed.is_empty(), "failed connects: {failed:?}");
@@ -460,7 +396,7 @@ fn a_new_map_layout_takes_over_make_before_break_under_load() -> anyhow::Result<
         "only {during} connects overlapped the {switch_ms} ms switch"
     );
     let backends: std::collections::BTreeSet<&str> =
-        connects.iter().map(|c| c.2.as_str()).collect();
+        connects.iter().map(|c| c.outcome.as_str()).collect();
     assert_eq!(
         backends,
         [A, B].into_iter().collect(),

@@ -3,7 +3,7 @@
 //! oracle (a two-instruction iterator program of the same target, loaded from raw bytecode);
 //! every optional part refused on purpose, with translation intact; and failed starts that
 //! leave nothing behind and say what happened.
-use std::{path::PathBuf, process::Command};
+use std::{net::SocketAddrV4, process::Command};
 
 use socklb::{
     cli::Versions,
@@ -14,12 +14,10 @@ use socklb::{
 };
 use socklb_tests::{
     Sandbox, agent::AgentOptions, bench::floor::EMPTY_PROGRAM, bins, client::Command as Client,
-    features::disabled_by_env,
+    features::disabled_by_env, kernel,
 };
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
+use socklb_tests::examples;
 
 const A: &str = "10.244.1.21:8080";
 const B: &str = "10.244.2.34:8080";
@@ -59,6 +57,55 @@ fn kernel_loads_iterator(target: &str) -> anyhow::Result<bool> {
         "probe_iter",
     )
     .is_ok())
+}
+
+/// Whether the kernel reports a translated TCP connection's record in `sock_diag`: an agent
+/// that keeps TCP records in socket storage (no release program, so no connection slots), a
+/// connection through the Service, and a dump in the client's network namespace asking for
+/// the pinned `SOCKETS` map, made with the test's own netlink code.
+fn kernel_reports_storage(sandbox: &Sandbox) -> anyhow::Result<bool> {
+    use std::os::fd::AsFd as _;
+    sandbox.add_backend(A.parse()?, false)?;
+    sandbox.add_backend(B.parse()?, false)?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args([
+        "--disable-feature",
+        "socket-release",
+    ]))?;
+    let mut client = sandbox.client()?;
+    let opened = client.run(&Client::Open {
+        id: 1,
+        target: "10.96.0.10:80".parse()?,
+        udp: false,
+    })?;
+    anyhow::ensure!(opened.ok, "{opened:?}");
+    let parse = |m: &std::collections::BTreeMap<String, usize>| -> anyhow::Result<SocketAddrV4> {
+        m.keys()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no address in {opened:?}"))?
+            .parse()
+            .map_err(Into::into)
+    };
+    let (local, peer) = (parse(&opened.seen_as)?, parse(&opened.backends)?);
+    let sockets = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
+        .current_sockets()
+        .ok_or_else(|| anyhow::anyhow!("no socket pins"))?;
+    let map = aya::maps::MapData::from_pin(sockets.dir.join("SOCKETS"))?;
+    let netns = std::fs::File::open(format!("/run/netns/{}", sandbox.client_ns))?;
+    let found = std::thread::scope(|s| {
+        s.spawn(|| -> anyhow::Result<bool> {
+            // SAFETY: setns(2) on this scoped thread alone, which ends after the dump.
+            if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&netns), libc::CLONE_NEWNET) }
+                != 0
+            {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            kernel::reports_socket_storage(map.fd().as_fd(), local, peer)
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the dump thread panicked"))?
+    })?;
+    drop(agent);
+    Ok(found)
 }
 
 /// The probe, the agent and the kernel agree on every optional part, with this run's switch
@@ -142,6 +189,70 @@ fn the_probe_agrees_with_the_agent_and_the_kernel() -> anyhow::Result<()> {
         "{:?}",
         kernel.losses
     );
+    Ok(())
+}
+
+/// Every optional part the probe reports against the kernel's own verdict, asked without
+/// socklb's probe or netlink code (`socklb_tests::kernel`): a minimal release program, a
+/// `SOCK_DESTROY` of a loopback UDP socket, a `sock_diag` dump asking for a translated
+/// connection's storage; and, under `CI=true`, against the parts `tests/expected-parts.txt`
+/// lists for this kernel. (The iterators are checked above.)
+#[test]
+fn the_probe_agrees_with_the_kernels_own_verdict_on_each_part() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let (versions, ok) = probe(&[])?;
+    assert!(ok, "the core loads here");
+    let kernel = versions.kernel.expect("--features reports the kernel");
+    let verdict = |feature: Feature, takes: bool| {
+        if disabled_by_env().contains(&feature) {
+            State::Disabled
+        } else if takes {
+            State::Enabled
+        } else {
+            State::Refused
+        }
+    };
+    let sandbox = Sandbox::new()?;
+    sandbox.copy_manifests(&examples().join("seed"))?;
+    let storage = kernel_reports_storage(&sandbox)?;
+    for (feature, expected) in [
+        (
+            Feature::SocketRelease,
+            verdict(Feature::SocketRelease, kernel::loads_release_program()),
+        ),
+        (
+            Feature::SocketDestroy,
+            verdict(Feature::SocketDestroy, kernel::destroys_udp_sockets()?),
+        ),
+        (
+            Feature::SockDiagStorage,
+            verdict(Feature::SockDiagStorage, storage),
+        ),
+    ] {
+        let state = kernel
+            .features
+            .iter()
+            .find(|p| p.feature == feature)
+            .map(|p| p.state);
+        assert_eq!(
+            state,
+            Some(expected),
+            "{feature}: the probe against the kernel"
+        );
+    }
+    // And this machine's expected list (CI), against the probe.
+    if let Some(required) = socklb_tests::features::required_parts() {
+        for p in &kernel.features {
+            assert_eq!(
+                p.state == State::Enabled,
+                required.contains(&p.feature),
+                "{}: tests/expected-parts.txt against the probe ({:?})",
+                p.feature,
+                p.state
+            );
+        }
+    }
+
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use socklb_tests::{
     agent::{AgentOptions, AgentProcess},
     apiserver::ApiServer,
     client::Command,
-    manifests::{Ep, service, slice},
+    manifests::{Ep, Meta, service, service_object, slice, slice_object},
 };
 
 const VICTIM: &str = "10.96.0.10";
@@ -30,22 +30,22 @@ fn owned_service(
     created: &str,
     backend: &str,
 ) -> String {
-    let svc = service(name, cluster_ip, "http", "TCP", 80, "8080", extra)
-        .replace("namespace: default", &format!("namespace: {namespace}"))
-        .replace(
-            &format!("  name: {name}\n"),
-            &format!("  name: {name}\n  uid: \"{uid}\"\n  creationTimestamp: \"{created}\"\n"),
-        );
+    let meta = Meta::default().namespace(namespace);
+    let address_line = format!("clusterIP: \"{cluster_ip}\"");
+    let mut spec = vec![
+        address_line.as_str(),
+        "ports: [{name: http, protocol: TCP, port: 80, targetPort: 8080}]",
+    ];
+    spec.extend(extra);
+    let svc = service_object(name, &meta.clone().uid(uid).created(created), &spec, &[]);
     let ip = backend.split(':').next().unwrap_or_default();
-    let sl = slice(
+    let sl = slice_object(
         &format!("{name}-1"),
+        &meta,
         name,
-        "http",
-        "TCP",
-        8080,
-        &[Ep::ready(ip)],
-    )
-    .replace("namespace: default", &format!("namespace: {namespace}"));
+        "[{name: http, protocol: TCP, port: 8080}]",
+        &[Ep::ready(ip).yaml()],
+    );
     format!("{svc}---\n{sl}")
 }
 
@@ -665,11 +665,24 @@ fn a_second_agent_on_the_same_pins_refuses() -> anyhow::Result<()> {
 }
 
 /// Backend sets shrink and grow thousands of times (through the API stand-in, as fast as the
-/// agent takes them) while several client processes connect in loops: no connect fails and
-/// none lands outside the service's pods. (A connect that read a frontend just before it moved
-/// still finds its old range: ranges in use are never written, freed ones wait.)
+/// agent takes them) while three client processes connect in loops: no connect fails, and
+/// every connect lands on an endpoint its Service had while the connect ran (the timeline
+/// oracle: each set's window runs from its write to the maps holding a later one, watched
+/// every millisecond). A second Service churns beside it on a pod of its own, so ranges are
+/// freed and reused by another set all along: a connect that read a range after it was reused
+/// would land on that pod, outside the first Service's set. (Ranges in use are never written,
+/// freed ones wait.)
 #[test]
-fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
+#[allow(
+    clippy::too_many_lines,
+    reason = "one scenario: two Services churning under load, then the timeline's verdict"
+)]
+fn no_connect_fails_or_leaves_its_set_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
+    use socklb::vocab::{Protocol, ServiceAddr};
+    use socklb_tests::churn::{Watcher, check, timeline, wall_ns};
+    // The other Service's pods: never a backend of `web`.
+    const OUTSIDE: [&str; 2] = ["10.244.4.58:8080", "10.244.5.69:8080"];
+
     socklb_tests::require_privileges!();
     let cycles: usize = std::env::var("SOCKLB_STORM_CYCLES")
         .ok()
@@ -677,12 +690,16 @@ fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
         .unwrap_or(1_000);
     let sandbox = Sandbox::new()?;
     backends(&sandbox)?;
+    for b in OUTSIDE {
+        sandbox.add_backend(b.parse()?, false)?;
+    }
     let api = ApiServer::start()?;
     let three = [
         Ep::ready("10.244.1.21"),
         Ep::ready("10.244.2.34"),
         Ep::ready("10.244.3.47"),
     ];
+    let others = [Ep::ready("10.244.4.58"), Ep::ready("10.244.5.69")];
     api.apply(&service(
         "web",
         "10.96.0.10",
@@ -693,13 +710,31 @@ fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
         &[],
     ))?;
     api.apply(&slice("web-1", "web", "http", "TCP", 8080, &three))?;
+    api.apply(&service(
+        "other",
+        "10.96.0.11",
+        "http",
+        "TCP",
+        80,
+        "8080",
+        &[],
+    ))?;
+    api.apply(&slice("other-1", "other", "http", "TCP", 8080, &others))?;
     let agent = sandbox.start_agent_watching(&api, AgentOptions::default())?;
+    sandbox.wait_candidates("10.96.0.11:80", &["10.244.4.58:8080", "10.244.5.69:8080"])?;
     let vip: SocketAddr = "10.96.0.10:80".parse()?;
+    let frontend = ServiceAddr::new(vip.ip(), vip.port(), Protocol::Tcp);
+    let names =
+        |eps: &[Ep]| -> BTreeSet<String> { eps.iter().map(|e| format!("{}:8080", e.ip)).collect() };
+
+    let watcher = Watcher::start(&sandbox, frontend)?;
     let stop = sandbox.workdir.join("stop");
     let mut loads = Vec::new();
+    let mut records = Vec::new();
     for i in 0..3 {
         let mut client = sandbox.client()?;
         let (out, stop) = (sandbox.workdir.join(format!("record-{i}")), stop.clone());
+        records.push(out.clone());
         loads.push(std::thread::spawn(move || {
             client.run(&Command::Record {
                 target: vip,
@@ -711,16 +746,15 @@ fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
         }));
     }
     let subsets: [&[Ep]; 4] = [&three[..2], &three[1..], &three[..1], &three];
+    // Each write of `web`'s slice, in order: when, and the set it names.
+    let mut written: Vec<(u64, BTreeSet<String>)> = vec![(0, names(&three))];
     let start = Instant::now();
     for c in 0..cycles {
-        api.apply(&slice(
-            "web-1",
-            "web",
-            "http",
-            "TCP",
-            8080,
-            subsets[c % subsets.len()],
-        ))?;
+        let set = subsets[c % subsets.len()];
+        written.push((wall_ns(), names(set)));
+        api.apply(&slice("web-1", "web", "http", "TCP", 8080, set))?;
+        let other: &[Ep] = if c % 2 == 0 { &others[..1] } else { &others };
+        api.apply(&slice("other-1", "other", "http", "TCP", 8080, other))?;
         std::thread::sleep(Duration::from_millis(2));
     }
     // Let the agent catch up with the last change, then stop the load.
@@ -731,30 +765,59 @@ fn no_connect_fails_while_backend_sets_shrink_and_grow() -> anyhow::Result<()> {
     std::fs::write(&stop, "")?;
     let mut connects = 0;
     let mut failures = 0;
-    let mut outside = BTreeSet::new();
     for load in loads {
         let reply = load.join().expect("load thread")?;
         connects += reply.answers() + reply.failures();
         failures += reply.failures();
-        for b in reply.backends.keys() {
-            if !three.iter().any(|e| b == &format!("{}:8080", e.ip)) {
-                outside.insert(b.clone());
-            }
-        }
         assert!(
             reply.errors.is_empty(),
             "failed connects: {:?}",
             reply.errors
         );
     }
+    let seen = watcher.stop()?;
+    let timeline = timeline(&written, &seen);
+    let mut misrouted = 0;
+    let mut during = 0;
+    let mut examples = Vec::new();
+    let mut outside = BTreeSet::new();
+    for record in &records {
+        let v = check(record, &timeline)?;
+        misrouted += v.misrouted;
+        during += v.during_changes;
+        examples.extend(v.examples);
+        outside.extend(
+            v.backends
+                .keys()
+                .filter(|b| OUTSIDE.contains(&b.as_str()))
+                .cloned(),
+        );
+    }
     let elapsed = start.elapsed();
     println!(
-        "FIGURE storm: {cycles} shrink/grow cycles in {:.1}s, {connects} connects from 3 processes, {failures} failed",
-        elapsed.as_secs_f64()
+        "FIGURE storm: {cycles} shrink/grow cycles of two Services in {:.1}s, {connects} connects from 3 processes ({during} while sets changed), {failures} failed, {misrouted} to a backend not in the set then; {} distinct sets seen in the maps",
+        elapsed.as_secs_f64(),
+        seen.len()
     );
     assert_eq!(failures, 0);
-    assert!(outside.is_empty(), "connects left the service: {outside:?}");
+    assert!(
+        outside.is_empty(),
+        "connects reached another Service's pods: {outside:?}"
+    );
+    assert_eq!(
+        misrouted, 0,
+        "connects to a backend not in the set then: {examples:?}"
+    );
     assert!(connects > 1000, "the load ran: {connects} connects");
+    assert!(
+        during > 1000,
+        "the load ran while the sets changed: {during}"
+    );
+    assert!(
+        seen.len() > cycles / 10,
+        "the watcher saw the sets change: {} of {cycles}",
+        seen.len()
+    );
     assert!(
         agent.metric("socklb_datapath_faults_total")? == Some(0.0),
         "no frontend ever pointed at a missing backend"

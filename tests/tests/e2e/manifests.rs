@@ -1,9 +1,15 @@
 //! The manifests source under an operator's hands: a syntax error written into a file mid-run
 //! removes nothing from the maps, is reported in /status and counted until fixed; edits reach
 //! the maps within milliseconds (inotify).
-use std::time::{Duration, Instant};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
-use socklb::vocab::{ObjectKey, ObjectRef, Subject};
+use socklb::{
+    dataplane::maps::ServiceMaps as _,
+    vocab::{ObjectKey, ObjectRef, Protocol, ServiceAddr, Subject},
+};
 use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
@@ -127,10 +133,7 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     // 1. A half-finished edit of the second document (the web slice), saved in place: an
     //    unclosed flow sequence. The web slice keeps its last good version, the api Service
     //    after it still loads.
-    let broken = good.replace(
-        "  - addresses: [\"10.244.2.34\"]",
-        "  - addresses: [\"10.244.2.34\", \"10.244.",
-    );
+    let broken = good.replace("[\"10.244.2.34\"]", "[\"10.244.2.34\", \"10.244.");
     assert_ne!(broken, good);
     std::fs::write(&path, &broken)?;
     wait_status(&agent, "the broken document is reported", |r| {
@@ -210,6 +213,13 @@ fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
     let _agent = sandbox.start_agent(&AgentOptions::default())?;
     sandbox.wait_candidates(WEB, &[A, B])?;
 
+    // The maps read directly (no `socklb inspect` process per look), every millisecond.
+    let dir = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
+        .current()
+        .ok_or_else(|| anyhow::anyhow!("no pinned maps"))?;
+    let maps = socklb::dataplane::bpf::BpfServiceMaps::open(&dir, true)?;
+    let web: SocketAddr = WEB.parse()?;
+    let frontend = ServiceAddr::new(web.ip(), web.port(), Protocol::Tcp);
     let mut times = Vec::new();
     for round in 0..7 {
         let (text, want): (&str, &[&str]) = if round % 2 == 0 {
@@ -220,7 +230,18 @@ fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
         let start = Instant::now();
         sandbox.write_manifest("web.yaml", text)?;
         loop {
-            let mut got = sandbox.candidates(WEB)?.unwrap_or_default();
+            let got: Vec<String> = maps
+                .read_all()?
+                .reach(&frontend)
+                .map(|r| {
+                    r.backends
+                        .iter()
+                        .flatten()
+                        .map(ToString::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut got = got;
             got.sort();
             if got == want {
                 break;
@@ -229,19 +250,20 @@ fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
                 start.elapsed() < Duration::from_secs(5),
                 "round {round}: still {got:?}"
             );
+            std::thread::sleep(Duration::from_millis(1));
         }
         times.push(start.elapsed());
     }
     times.sort();
-    let median = times[times.len() / 2];
-    eprintln!("edit to maps (with one `socklb inspect` per check): {times:?}");
+    let (median, max) = (times[times.len() / 2], times[times.len() - 1]);
+    eprintln!("edit to maps: {times:?}");
     figure(
-        "manifest edit to maps, median of 7 (ms)",
-        median.as_millis(),
+        "manifest edit to maps, median and slowest of 7 (ms)",
+        format!("{} and {}", median.as_millis(), max.as_millis()),
     );
     assert!(
-        median < Duration::from_millis(200),
-        "median {median:?} ({times:?})"
+        max < Duration::from_millis(200),
+        "every edit within 200 ms: {times:?}"
     );
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream},
-    path::{Path, PathBuf},
+    path::Path,
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
@@ -15,9 +15,7 @@ use socklb_tests::{Sandbox, agent::AgentOptions, bins};
 /// What Prometheus sends when it scrapes.
 const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
+use socklb_tests::examples;
 
 /// A GET with the given `Accept`: (status, headers in lower case, body).
 fn get(

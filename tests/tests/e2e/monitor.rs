@@ -4,7 +4,6 @@
 //! nothing is written while nobody reads.
 use std::{
     io::BufRead as _,
-    path::PathBuf,
     process::{Command as Process, Stdio},
 };
 
@@ -18,9 +17,7 @@ const A: &str = "10.244.1.21:8080";
 const B: &str = "10.244.2.34:8080";
 const C: &str = "10.244.3.47:8080";
 
-fn examples() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples")
-}
+use socklb_tests::examples;
 
 /// `socklb monitor -o json ARGS` until it has claimed the stream.
 fn monitor(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<std::process::Child> {

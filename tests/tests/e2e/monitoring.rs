@@ -354,6 +354,7 @@ fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyho
         "socklb_network_programming_duration_seconds_bucket",
         "socklb_live_sockets",
         "socklb_feature_enabled",
+        "socklb_guarantee_lost",
         "process_start_time_seconds",
     ] {
         assert!(used.contains_key(name), "no expression names {name}");
