@@ -10,25 +10,25 @@
 //! - `dataplane`: the map ABI, the real and in-memory maps, loading and pinning.
 //! - `source`: the Kubernetes API and manifest folders as event streams.
 //! - `status`: what the agent reports it could not do (read back by `explain`).
-//! - `connections`: backends' conditions and pods' names from the objects, for the view of
-//!   live connections.
+//! - `sockets`: the live-sockets subsystem: the translated sockets read from the kernel, the
+//!   UDP termination pass, the per-pod counts, and the view of live connections for people.
 //! - `explain`: the chain from a Service to the maps, and the first broken link.
 //! - `agent`: the long-running process; `cli`: the `socklb` command line.
 //!
 //! Modules import only downward: vocab ← model ← translate ← reconcile → dataplane → vocab;
-//! source on model; status on translate and dataplane; connections on model and dataplane;
-//! explain on status, connections, translate and dataplane; agent on all of those but
-//! explain; cli on everything. `tests/layering.rs` holds the exact table and checks it;
+//! source on model; status on translate and dataplane; sockets on model and dataplane;
+//! explain on status, sockets, translate and dataplane; agent on all of those but
+//! explain; cli on everything. `tests/integration/layering.rs` holds the exact table and checks it;
 //! ARCHITECTURE.md explains it.
 pub mod agent;
 pub mod cli;
-pub mod connections;
 pub mod dataplane;
 pub mod explain;
 pub mod fuzzing;
 pub mod hashing;
 pub mod model;
 pub mod reconcile;
+pub mod sockets;
 pub mod source;
 pub mod status;
 pub mod translate;

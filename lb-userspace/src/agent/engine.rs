@@ -3,6 +3,12 @@
 //! EndpointSlices have been listed once; the first write is a full sync that also sweeps what
 //! the maps hold but the cluster no longer has. After that, each change recomputes only the
 //! Services it touches, and the Services whose contested addresses change hands with it.
+//!
+//! It schedules each failing backend set's retries on its own (0.5 s doubling to 60 s, with
+//! jitter), logs only when a set starts failing, fails for another reason or is written again,
+//! and keeps since when each change that arrived after the first full sync waits to be written
+//! (`unapplied_since`, kube-proxy's queued updates), which is all the health probes look at: a
+//! failing source is not a change, and neither is a set the maps refuse for room.
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},

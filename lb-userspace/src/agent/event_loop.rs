@@ -2,6 +2,12 @@
 //! background work arrive here and are routed to the engine and the periodic tasks
 //! (`tasks/`); after each round the maps are reconciled, the programs attached once the first
 //! complete sync is written, and readiness, liveness and status recorded.
+//!
+//! Nothing is written before both Services and EndpointSlices have been listed once and this
+//! node's interface addresses are known; the first write is a full sync that also sweeps what
+//! the maps hold and the cluster no longer has. The programs are attached only after it, and
+//! `CONFIG` written only after them. The loop never lists sockets: censuses, recounts and
+//! termination passes run on blocking threads, one of each kind at a time.
 use std::{
     sync::{Arc, PoisonError, atomic::Ordering},
     time::{Duration, Instant},

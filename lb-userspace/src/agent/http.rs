@@ -173,7 +173,7 @@ async fn connections(
     State(shared): State<Arc<Shared>>,
     axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Response {
-    let mut filter = crate::dataplane::sockets::view::Filter::default();
+    let mut filter = crate::sockets::view::Filter::default();
     for pair in query
         .as_deref()
         .unwrap_or("")

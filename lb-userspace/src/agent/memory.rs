@@ -1,7 +1,9 @@
 //! The agent's use of the C allocator: one malloc arena (the agent has a few threads and no
 //! allocation-heavy parallelism; more arenas only hold more freed memory), large blocks always
 //! in their own mappings, and freed memory handed back to the kernel after a full sync (its
-//! transients are large, once).
+//! transients are large, once). The mmap threshold is held at 128 KiB: glibc raises its own to
+//! the largest mapping freed so far, and a full sync's transients would then land among
+//! long-lived objects and leave holes `malloc_trim` cannot return.
 
 /// A block this large or larger gets its own mapping, returned to the kernel when freed (glibc's
 /// initial threshold, held fixed).

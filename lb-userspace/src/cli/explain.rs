@@ -54,8 +54,8 @@ fn live_connections(
     snapshot: &crate::dataplane::maps::MapSnapshot,
     store: &Store,
     service: ObjectKey,
-) -> Option<crate::dataplane::sockets::view::ConnectionsView> {
-    use crate::dataplane::sockets::view;
+) -> Option<crate::sockets::view::ConnectionsView> {
+    use crate::sockets::view;
     let socket_pins = pins.current_sockets()?;
     let cgroup = args
         .cgroup
@@ -66,7 +66,7 @@ fn live_connections(
         &cgroup,
         socket_pins.listing(),
         snapshot,
-        &crate::connections::FromObjects::new(store),
+        &crate::sockets::cluster::FromObjects::new(store),
         &view::cgroup_paths(&cgroup),
         &view::Filter {
             service: Some(service),

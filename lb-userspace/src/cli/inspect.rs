@@ -140,7 +140,7 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             backend,
             agent,
         } => {
-            let filter = crate::dataplane::sockets::view::Filter {
+            let filter = crate::sockets::view::Filter {
                 service: service.as_deref().map(crate::vocab::ObjectKey::parse),
                 backend: *backend,
             };
@@ -372,7 +372,7 @@ fn sockets(
     cgroup: &std::path::Path,
     snap: &MapSnapshot,
 ) -> anyhow::Result<Vec<SocketRow>> {
-    use crate::dataplane::sockets;
+    use crate::sockets;
     let Some(socket_pins) = pins.current_sockets() else {
         anyhow::bail!("no socket maps pinned under {}", pins.root.display());
     };
@@ -424,10 +424,10 @@ fn connections(
     pins: &PinFolder,
     cgroup: &std::path::Path,
     snap: &MapSnapshot,
-    filter: &crate::dataplane::sockets::view::Filter,
+    filter: &crate::sockets::view::Filter,
     agent: &str,
-) -> anyhow::Result<crate::dataplane::sockets::view::ConnectionsView> {
-    use crate::dataplane::sockets::view;
+) -> anyhow::Result<crate::sockets::view::ConnectionsView> {
+    use crate::sockets::view;
     let mut query = Vec::new();
     if let Some(s) = &filter.service {
         query.push(format!("service={s}"));
@@ -463,7 +463,7 @@ fn connections(
     )?)
 }
 
-fn connections_text(v: &crate::dataplane::sockets::view::ConnectionsView) -> String {
+fn connections_text(v: &crate::sockets::view::ConnectionsView) -> String {
     let mut out = String::new();
     for s in &v.services {
         let name = s

@@ -25,11 +25,9 @@ use crate::{
         events::{Reader, Seen},
         maps::MapSnapshot,
         pins::PinFolder,
-        sockets::{
-            monotonic_now,
-            view::{cgroup_paths, pod_uid},
-        },
+        sys::monotonic_now,
     },
+    sockets::view::{cgroup_paths, pod_uid},
     vocab::{ObjectKey, ServicePortKey},
 };
 

@@ -2,6 +2,10 @@
 //! per connect or sendmsg to a service address into the `EVENTS` ring buffer, but only while a
 //! reader has said it is there (`MONITOR.until_ns`, renewed every second, so a reader that dies
 //! stops the stream by itself). While nobody reads, a decision costs one array load more.
+//! `Reader` is the only reader (an abstract unix socket named after the generation;
+//! `ReaderError::Busy` for a second one), drains `EVENTS` on its own clock (the programs write
+//! with `BPF_RB_NO_WAKEUP`) and decodes each `Event`; a full buffer drops decisions, counted as
+//! `EventsDropped`.
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use aya::maps::{Array, Map, MapData, RingBuf};
@@ -159,7 +163,7 @@ impl Reader {
 
     /// Tells the programs a reader is there for the next `CLAIM` (call it every second).
     pub fn claim(&mut self) -> Result<(), MapReadError> {
-        let until = super::sockets::monotonic_now() + CLAIM;
+        let until = super::sys::monotonic_now() + CLAIM;
         self.set(u64::try_from(until.as_nanos()).unwrap_or(u64::MAX))
     }
 

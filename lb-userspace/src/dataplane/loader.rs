@@ -47,10 +47,9 @@ use super::{
     bpf::BpfServiceMaps,
     features::{Feature, Features},
     maps::{Capacities, MapReadError},
-    pins::{PinFolder, layout_digest, restrict, socket_layout_digest},
+    pins::{PinFolder, SocketPins, layout_digest, restrict, socket_layout_digest},
     pods::{self, PodCgroups},
     probe::{self, kernel_refusal},
-    sockets::SocketPins,
     sysfs,
 };
 

@@ -11,6 +11,6 @@ pub mod maps;
 pub mod pins;
 pub mod pods;
 pub mod probe;
-pub mod sockets;
+pub mod sock_diag;
 pub mod sys;
 pub mod sysfs;

@@ -28,7 +28,7 @@ use aya::{
 use lb_common::{MapDescriptor, MapId, program};
 use sha2::{Digest as _, Sha256};
 
-use super::{maps::Capacities, sockets::SocketPins};
+use super::{features::Listing, maps::Capacities};
 
 /// The pin folder's layout.
 #[derive(Clone, Debug)]
@@ -198,5 +198,35 @@ fn digest<'a>(maps: impl Iterator<Item = &'a MapDescriptor>, capacities: &Capaci
 pub(crate) fn restrict(path: &Path, mode: u32) {
     if let Err(e) = fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
         tracing::debug!(path = %path.display(), error = %e, "could not restrict pin permissions");
+    }
+}
+
+/// The pin of the `SOCKETS` iterator's link, beside the socket maps.
+pub const ITER_PIN: &str = "SOCKETS_ITER";
+/// The pin of the UDP iterator's link, beside the socket maps.
+pub const UDP_ITER_PIN: &str = "UDP_SOCKETS_ITER";
+/// Where agents before the UDP iterator wrote addresses pinned it (a `SocketEntry` per socket):
+/// an agent's start removes it, so no reader takes one layout for the other.
+pub const LEGACY_UDP_ITER_PIN: &str = "UDP_ITER";
+
+/// The pins socket records are read through: the folder holding `SOCKETS` and the iterators.
+#[derive(Clone, Debug)]
+pub struct SocketPins {
+    pub dir: PathBuf,
+}
+
+impl SocketPins {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    /// How records can be read, from the pins present: the agent pins only the iterators the
+    /// kernel accepted, and `sock_diag` storage is tried by asking.
+    pub fn listing(&self) -> Listing {
+        Listing {
+            global: self.dir.join(ITER_PIN).exists(),
+            tcp_per_namespace: self.dir.join(lb_common::MapId::Sockets.name()).exists(),
+            udp_per_namespace: self.dir.join(UDP_ITER_PIN).exists(),
+        }
     }
 }

@@ -18,8 +18,8 @@ use lb_common::program;
 
 use super::{
     features::{Feature, Features, Probe},
-    sockets::{ITER_PIN, LEGACY_UDP_ITER_PIN, UDP_ITER_PIN, sock_diag},
-    sys,
+    pins::{ITER_PIN, LEGACY_UDP_ITER_PIN, UDP_ITER_PIN},
+    sock_diag, sys,
 };
 
 /// Why an optional part did not load.

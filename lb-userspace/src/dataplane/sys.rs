@@ -386,3 +386,13 @@ impl<T> Drop for MappedArray<T> {
         }
     }
 }
+
+/// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads: a record's age is now minus its
+/// `created_ns`.
+pub fn monotonic_now() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    std::time::Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}

@@ -14,13 +14,15 @@ mod render;
 pub use render::render;
 
 use crate::{
-    connections::endpoints_of,
     dataplane::{
         abi::service_addr,
         maps::{IndexRead, IndexView, MapSnapshot},
-        sockets::view::{BackendConnections, Condition, ConnectionsView},
     },
     model::{EndpointSlice, Service, Store},
+    sockets::{
+        cluster::endpoints_of,
+        view::{BackendConnections, Condition, ConnectionsView},
+    },
     status::Status,
     translate::{
         Conflict, Exclusion, NodeInfo, Ownership, PortTranslation, Rule, ServiceTranslation,

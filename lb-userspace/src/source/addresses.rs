@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::SourceEvent;
 use crate::{
-    dataplane::sockets::sock_diag,
+    dataplane::sock_diag,
     vocab::{Listener, Protocol},
 };
 

@@ -49,51 +49,26 @@ pub async fn client(path: Option<&Path>, api_server: Option<&str>) -> anyhow::Re
     Ok(Client::try_from(config(path, api_server).await?)?)
 }
 
-/// The delay before a watch is tried again after an error: 200 ms doubling to at most 2 s,
-/// each with up to a quarter of jitter, and back to 200 ms on any success (kube-runtime's
-/// `StreamBackoff` resets it on every event). kube-runtime's default grows to 30 s and more,
-/// so after an API server outage (a control-plane upgrade) changes reached the maps 7 to 32 s
-/// after the server was back; with this cap a watch is back within about 2.5 s of it, and a
-/// 410 Gone (a restarted server's fresh watch cache) re-lists after one short delay.
-#[derive(Clone, Debug)]
-pub struct WatchBackoff {
-    next: Duration,
-    seed: u64,
+/// The delay before a watch is tried again after an error: 200 ms doubling to 1.25 s, each
+/// with up to as much again of jitter (backon's), and back to 200 ms on any success
+/// (kube-runtime's `StreamBackoff` resets it on every event). kube-runtime's default grows to
+/// 30 s and more, so after an API server outage (a control-plane upgrade) changes reached the
+/// maps 7 to 32 s after the server was back; with this cap a watch is back within about 2.5 s
+/// of it, and a 410 Gone (a restarted server's fresh watch cache) re-lists after one short
+/// delay.
+pub fn watch_backoff() -> kube::runtime::watcher::ExponentialBackoff {
+    backon::ExponentialBuilder::new()
+        .with_min_delay(WATCH_RETRY_MIN)
+        .with_max_delay(WATCH_RETRY_MAX)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
-/// The first and the longest delay of [`WatchBackoff`].
+/// The first delay of [`watch_backoff`], and the longest before its jitter.
 pub const WATCH_RETRY_MIN: Duration = Duration::from_millis(200);
-pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(2);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self {
-            next: WATCH_RETRY_MIN,
-            seed: u64::from(std::process::id()) | 1,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let base = self.next;
-        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
-        // xorshift: jitter without a random number generator crate.
-        self.seed ^= self.seed << 13;
-        self.seed ^= self.seed >> 7;
-        self.seed ^= self.seed << 17;
-        let jitter = base.mul_f64((self.seed % 1000) as f64 / 4000.0);
-        Some(base + jitter)
-    }
-}
-
-impl kube::runtime::utils::Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = WATCH_RETRY_MIN;
-    }
-}
+pub const WATCH_RETRY_MAX: Duration = Duration::from_millis(1250);
 
 /// The API server's version (`GET /version`): its major and minor, as it says them
 /// (`"1"`, `"33+"`).
@@ -145,7 +120,7 @@ async fn watch_kind<K>(
     // The retry delay is applied here rather than by a stream adapter: a 410 Gone re-lists at
     // once (the watcher goes back to listing on its next poll), everything else waits.
     let mut stream = watcher(api.clone(), config).boxed();
-    let mut backoff = WatchBackoff::default();
+    let mut backoff = watch_backoff();
     let mut listing: Option<Vec<Object>> = None;
     let mut healthy = true;
     let mut probe = tokio::time::interval(Duration::from_secs(1));
@@ -223,9 +198,7 @@ async fn watch_kind<K>(
 /// listing without it: deleted while the watch was down, or never created).
 async fn watch_node(api: Api<core::Node>, name: &str, tx: mpsc::Sender<SourceEvent>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut stream = watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .boxed();
+    let mut stream = watcher(api, config).backoff(watch_backoff()).boxed();
     // Whether the listing in progress has found the Node.
     let mut found = false;
     loop {
@@ -270,19 +243,19 @@ async fn send(tx: &mpsc::Sender<SourceEvent>, event: SourceEvent) {
 mod tests {
     use kube::runtime::utils::Backoff as _;
 
-    use super::{WATCH_RETRY_MAX, WATCH_RETRY_MIN, WatchBackoff};
+    use super::{WATCH_RETRY_MAX, WATCH_RETRY_MIN, watch_backoff};
 
     #[test]
     fn watch_retries_stay_short_and_reset_on_success() {
-        let mut b = WatchBackoff::default();
+        let mut b = watch_backoff();
         let delays: Vec<_> = b.by_ref().take(12).collect();
-        assert!(delays[0] >= WATCH_RETRY_MIN && delays[0] <= WATCH_RETRY_MIN.mul_f64(1.25));
-        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX.mul_f64(1.25)));
+        assert!(delays[0] >= WATCH_RETRY_MIN && delays[0] <= WATCH_RETRY_MIN * 2);
+        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX * 2));
         assert!(
             delays[11] >= WATCH_RETRY_MAX,
             "grows to the cap: {delays:?}"
         );
         b.reset();
-        assert!(b.next().is_some_and(|d| d <= WATCH_RETRY_MIN.mul_f64(1.25)));
+        assert!(b.next().is_some_and(|d| d <= WATCH_RETRY_MIN * 2));
     }
 }

@@ -21,12 +21,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     ("source", &["model", "dataplane", "vocab"]),
     ("status", &["translate", "dataplane", "vocab"]),
-    ("connections", &["model", "dataplane", "vocab"]),
+    ("sockets", &["model", "dataplane", "vocab"]),
     (
         "explain",
         &[
             "status",
-            "connections",
+            "sockets",
             "translate",
             "model",
             "dataplane",
@@ -38,7 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "source",
             "status",
-            "connections",
+            "sockets",
             "reconcile",
             "translate",
             "model",

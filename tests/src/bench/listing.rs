@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 use serde::Serialize;
-use socklb::dataplane::{
-    pins::PinFolder,
-    sockets::{self, NamespaceError, sock_diag},
+use socklb::{
+    dataplane::{pins::PinFolder, sock_diag},
+    sockets::{self, NamespaceError},
 };
 
 use super::{

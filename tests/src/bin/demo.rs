@@ -258,7 +258,7 @@ fn who_is_connected(
     agent: &AgentProcess,
     client: &mut Client,
 ) -> anyhow::Result<()> {
-    use socklb::dataplane::sockets::view::{Condition, ConnectionsView};
+    use socklb::sockets::view::{Condition, ConnectionsView};
     for id in [101, 102] {
         client.run(&Command::Open {
             id,

@@ -166,7 +166,7 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
         .expect("socket pins");
     let legacy_pin = socket_pins
         .dir
-        .join(socklb::dataplane::sockets::LEGACY_UDP_ITER_PIN);
+        .join(socklb::dataplane::pins::LEGACY_UDP_ITER_PIN);
 
     let load = Load::start(&sandbox, "10.96.0.10:80".parse()?, 1, 5_000)?;
     // Each outage: from the kill to the next agent's start (no agent process at all).

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use socklb::{
-    dataplane::sockets::view::{Condition, ConnectionsView},
     explain::Explanation,
+    sockets::view::{Condition, ConnectionsView},
 };
 use socklb_tests::{
     Sandbox,
@@ -82,9 +82,9 @@ fn counts(
                     .entry(c.cgroup.clone().unwrap_or_default())
                     .or_default() += c.total;
                 assert!(
-                    c.sockets.len() == c.total.min(socklb::dataplane::sockets::view::SAMPLE),
+                    c.sockets.len() == c.total.min(socklb::sockets::view::SAMPLE),
                     "the sample holds the oldest {} of {}: {c:?}",
-                    socklb::dataplane::sockets::view::SAMPLE,
+                    socklb::sockets::view::SAMPLE,
                     c.total
                 );
             }

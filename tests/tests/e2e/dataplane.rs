@@ -543,7 +543,7 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
         *opened.entry(only_backend(&r)).or_default() += 1;
     }
     // Listed by `inspect` itself (no agent answers on port 1): what the kernel holds now.
-    let view: socklb::dataplane::sockets::view::ConnectionsView = w.sandbox.inspect_as(&[
+    let view: socklb::sockets::view::ConnectionsView = w.sandbox.inspect_as(&[
         "--cgroup",
         w.sandbox.cgroup.to_str().unwrap_or_default(),
         "connections",
@@ -595,13 +595,11 @@ fn connected_udp_sockets_listed(net: &Net) -> anyhow::Result<()> {
 }
 
 /// How many connection slots are held now, read from the sandbox's pinned maps at each call.
-fn held_slots(
-    w: &World,
-) -> impl Fn() -> Result<usize, socklb::dataplane::sockets::ListError> + use<> {
+fn held_slots(w: &World) -> impl Fn() -> Result<usize, socklb::sockets::ListError> + use<> {
     let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
         .current_sockets()
         .expect("socket pins");
-    move || socklb::dataplane::sockets::held_slots(&pins)
+    move || socklb::sockets::held_slots(&pins)
 }
 
 /// A connected UDP socket keeps its record in a connection slot, which it gives back when it

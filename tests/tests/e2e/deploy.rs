@@ -14,9 +14,9 @@ use socklb::{
     cli::Reset,
     dataplane::{
         loader::ProgramView,
-        pins::{PinFolder, socket_layout_digest},
-        sockets::{SocketPins, held_slots},
+        pins::{PinFolder, SocketPins, socket_layout_digest},
     },
+    sockets::held_slots,
 };
 use socklb_tests::{
     Client, Sandbox,

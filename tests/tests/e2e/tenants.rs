@@ -971,7 +971,7 @@ fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyh
     assert_eq!(r.answers(), 5, "{r:?}");
     if claims.socket_release {
         // What the pod holds now, as the kernel counts it: nothing.
-        let counts = socklb::dataplane::sockets::quota::counts(
+        let counts = socklb::sockets::quota::counts(
             &socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
                 .current_sockets()
                 .expect("socket pins"),
@@ -1000,7 +1000,8 @@ fn short_lived_sockets_never_reach_the_bound_with_or_without_the_agent() -> anyh
 fn a_datapath_fault_refuses_the_connect_and_charges_no_pod() -> anyhow::Result<()> {
     use lb_common::{Counter, Frontend, Frontend4Key, MapId};
     use socklb::{
-        dataplane::{abi::frontend_key, pins::PinFolder, sockets::quota},
+        dataplane::{abi::frontend_key, pins::PinFolder},
+        sockets::quota,
         vocab::{Protocol, ServiceAddr},
     };
     const FAULTS: usize = 50;

@@ -35,9 +35,8 @@ use prometheus_client::{
 
 use super::engine::{Engine, Pass};
 use crate::{
-    dataplane::{
-        bpf::ReadOnlyMaps, features::Features, maps::ServiceMaps, sockets::quota::Recount,
-    },
+    dataplane::{bpf::ReadOnlyMaps, features::Features, maps::ServiceMaps},
+    sockets::quota::Recount,
     vocab::ErrorKind,
 };
 
@@ -471,7 +470,7 @@ impl Metrics {
     /// Replaces the live-socket counts with those of `view` (series that dropped to zero go).
     pub fn record_connections(
         &self,
-        view: &crate::dataplane::sockets::view::ConnectionsView,
+        view: &crate::sockets::view::ConnectionsView,
         took: std::time::Duration,
     ) {
         let mut counts: std::collections::BTreeMap<Labels, usize> =

@@ -14,14 +14,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::engine::Engine;
 use crate::{
-    connections::FromObjects,
-    dataplane::{
-        features::Listing,
-        maps::ServiceMaps,
-        sockets::{
-            CensusStats, ListError, SocketPins, census_each, monotonic_now,
-            view::{self, ConnectionsView, Filter, Tally},
-        },
+    dataplane::{features::Listing, maps::ServiceMaps, pins::SocketPins, sys::monotonic_now},
+    sockets::{
+        CensusStats, ListError, census_each,
+        cluster::FromObjects,
+        view::{self, ConnectionsView, Filter, Tally},
     },
 };
 

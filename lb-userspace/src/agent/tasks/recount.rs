@@ -5,10 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use crate::{
     agent::{AgentConfig, Shared},
-    dataplane::{
-        loader::Dataplane,
-        sockets::{self, SocketPins, quota},
-    },
+    dataplane::{loader::Dataplane, pins::SocketPins},
+    sockets::{self, quota},
 };
 
 /// How often the agent recounts the per-pod socket records from the live sockets: a safety net

@@ -9,11 +9,8 @@ use std::{
 
 use crate::{
     agent::{AgentConfig, Engine, Shared},
-    dataplane::{
-        bpf::BpfServiceMaps,
-        loader::Dataplane,
-        sockets::{self, SocketPins},
-    },
+    dataplane::{bpf::BpfServiceMaps, loader::Dataplane, pins::SocketPins},
+    sockets,
 };
 
 /// Whether a pass runs, and the state the next one is to judge by when a change came

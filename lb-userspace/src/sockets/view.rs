@@ -3,7 +3,8 @@
 //! (its cgroup, the pod UID in the cgroup's path, and its name where the caller knows it), each
 //! socket with its age. Pure: a census and the maps' snapshot in, a view out; the backend's
 //! condition and the client's name come from the caller (the agent and `explain` have the
-//! cluster's objects, `inspect` alone only the maps).
+//! cluster's objects, `inspect` alone only the maps). Counted as the census streams by
+//! (`Tally`) and grouped without IO (`summarize`); `connections` lists and groups in one go.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
@@ -13,11 +14,12 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::{CensusStats, LiveSocket, records, sock_diag};
+use super::listing::{CensusStats, LiveSocket, records};
 use crate::{
     dataplane::{
         abi::{backend_addr, service_addr},
         maps::MapSnapshot,
+        sock_diag,
     },
     vocab::{ObjectKey, Protocol, ServiceAddr, ServicePortKey},
 };
@@ -442,16 +444,16 @@ pub fn summarize<S: std::hash::BuildHasher>(
 
 /// Lists and groups in one go: the census streams into a tally.
 pub fn connections<S: std::hash::BuildHasher>(
-    pins: &super::SocketPins,
+    pins: &crate::dataplane::pins::SocketPins,
     cgroup: &Path,
-    listing: super::Listing,
+    listing: crate::dataplane::features::Listing,
     snapshot: &MapSnapshot,
     cluster: &dyn Cluster,
     cgroups: &HashMap<u64, PathBuf, S>,
     filter: &Filter,
-) -> Result<ConnectionsView, super::ListError> {
-    let mut tally = Tally::new(super::monotonic_now());
-    let stats = super::census_each(pins, cgroup, listing, true, |s| tally.add(&s))?;
+) -> Result<ConnectionsView, super::listing::ListError> {
+    let mut tally = Tally::new(crate::dataplane::sys::monotonic_now());
+    let stats = super::listing::census_each(pins, cgroup, listing, true, |s| tally.add(&s))?;
     Ok(summarize(tally, &stats, snapshot, cluster, cgroups, filter))
 }
 

@@ -2,9 +2,10 @@
 //! was translated, for which client, since when) and, where asked, the kernel's own view of it
 //! (TCP state, connected or not, its network namespace).
 //!
-//! A TCP connection's record lives in its `CONNECTIONS` slot (read in place, by cookie) unless
-//! the slot was taken; every other record in the socket's own storage (`SOCKETS`), read in one
-//! of two ways, whichever the kernel allowed at start (see `features`):
+//! A connect's record (a TCP connection, or a connected UDP socket) lives in its `CONNECTIONS`
+//! slot (read in place, by cookie) unless the slot was taken; every other record in the
+//! socket's own storage (`SOCKETS`), read in one of two ways, whichever the kernel allowed at
+//! start (see `features`):
 //! - in one walk over the storage map (`SOCKETS_ITER`, an iterator over map elements), or
 //! - one pod network namespace at a time: TCP sockets through `sock_diag` with the storage
 //!   attribute, UDP sockets through `UDP_SOCKETS_ITER` (an iterator over the namespace's UDP
@@ -15,10 +16,15 @@
 //! the attached cgroup tree, entered with `setns()` on a thread of the walk's own): from the UDP
 //! iterator for IPv4 UDP sockets, from `sock_diag` for the others. A namespace that cannot be
 //! read is reported and the walk goes on.
-pub mod quota;
-pub mod sock_diag;
-mod terminate;
-pub mod view;
+//!
+//! The slots are read in place (`Slots`, mapped read-only): the kernel maps every page of an
+//! array at `mmap`, which counts in the RSS, so a scan maps windows of 576 KiB one after the
+//! other. `census_each` streams every record with the kernel's view where asked: an IPv4 UDP
+//! socket's addresses come from the UDP iterator itself (the start of `struct sock_common`,
+//! checked by the verifier against the kernel's BTF), so a namespace's UDP sockets cost one
+//! iterator walk and no dump. Dumps ask only for the states a socket with a record can be in
+//! (`sock_diag::RECORD_STATES`), and both TCP families in one dump where the kernel takes the
+//! older request.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -29,22 +35,19 @@ use std::{
         unix::fs::MetadataExt as _,
     },
     path::{Path, PathBuf},
-    time::Duration,
 };
 
 use lb_common::{ConnRecord, MapId, SockAddrs, SockRecord, SockState, SocketEntry, UdpSocketEntry};
 
-pub use self::terminate::{TerminateError, Terminated, terminate_stale};
-use super::{features::Listing, sys};
-use crate::vocab::Protocol;
-
-/// The pin of the `SOCKETS` iterator's link, beside the socket maps.
-pub const ITER_PIN: &str = "SOCKETS_ITER";
-/// The pin of the UDP iterator's link, beside the socket maps.
-pub const UDP_ITER_PIN: &str = "UDP_SOCKETS_ITER";
-/// Where agents before the UDP iterator wrote addresses pinned it (a `SocketEntry` per socket):
-/// an agent's start removes it, so no reader takes one layout for the other.
-pub const LEGACY_UDP_ITER_PIN: &str = "UDP_ITER";
+pub use crate::dataplane::sys::monotonic_now;
+use crate::{
+    dataplane::{
+        features::Listing,
+        pins::{ITER_PIN, SocketPins, UDP_ITER_PIN},
+        sock_diag, sys,
+    },
+    vocab::Protocol,
+};
 
 /// Why a listing failed as a whole (one namespace failing does not fail it).
 #[derive(Debug, thiserror::Error)]
@@ -101,27 +104,7 @@ impl NamespaceError {
     }
 }
 
-/// The pins socket records are read through: the folder holding `SOCKETS` and the iterators.
-#[derive(Clone, Debug)]
-pub struct SocketPins {
-    pub dir: PathBuf,
-}
-
 impl SocketPins {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
-    }
-
-    /// How records can be read, from the pins present: the agent pins only the iterators the
-    /// kernel accepted, and `sock_diag` storage is tried by asking.
-    pub fn listing(&self) -> Listing {
-        Listing {
-            global: self.dir.join(ITER_PIN).exists(),
-            tcp_per_namespace: self.dir.join(lb_common::MapId::Sockets.name()).exists(),
-            udp_per_namespace: self.dir.join(UDP_ITER_PIN).exists(),
-        }
-    }
-
     /// Every socket with a record, in one walk (`SOCKETS_ITER`), handed to `each` as it is
     /// read (nothing is collected here: the walk costs a buffer, whatever the socket count).
     pub fn for_each_global(&self, each: impl FnMut(&SocketEntry)) -> Result<(), ListError> {
@@ -135,12 +118,12 @@ impl SocketPins {
         for_each_entry(file, each).map_err(err)
     }
 
-    fn sockets_map(&self) -> Result<OwnedFd, ListError> {
+    pub(super) fn sockets_map(&self) -> Result<OwnedFd, ListError> {
         let path = self.dir.join(lb_common::MapId::Sockets.name());
         sys::obj_get(&path, false).map_err(|source| ListError::Map { path, source })
     }
 
-    fn udp_iter(&self) -> Result<OwnedFd, ListError> {
+    pub(super) fn udp_iter(&self) -> Result<OwnedFd, ListError> {
         let path = self.dir.join(UDP_ITER_PIN);
         sys::obj_get(&path, false).map_err(|source| ListError::Iterator { path, source })
     }
@@ -148,7 +131,7 @@ impl SocketPins {
 
 /// Decodes an iterator's output as it reads it: one entry (`SocketEntry` or `UdpSocketEntry`)
 /// after another, through a buffer of a few hundred entries.
-fn for_each_entry<E: IterEntry>(
+pub(super) fn for_each_entry<E: IterEntry>(
     mut file: std::fs::File,
     mut each: impl FnMut(&E),
 ) -> io::Result<()> {
@@ -173,7 +156,7 @@ fn for_each_entry<E: IterEntry>(
 }
 
 /// What an iterator writes per socket: plain old data, any bit pattern valid.
-trait IterEntry: Copy {}
+pub(super) trait IterEntry: Copy {}
 impl IterEntry for SocketEntry {}
 impl IterEntry for UdpSocketEntry {}
 
@@ -186,7 +169,7 @@ pub fn records(state: &SockState) -> impl Iterator<Item = &SockRecord> {
 pub fn protocol_of(state: &SockState) -> Option<Protocol> {
     records(state)
         .next()
-        .and_then(|r| super::abi::protocol_from(r.frontend.protocol))
+        .and_then(|r| crate::dataplane::abi::protocol_from(r.frontend.protocol))
 }
 
 /// One pod network namespace: a `/proc/PID/ns/net` of a process in the cgroup tree.
@@ -644,7 +627,7 @@ fn ipv4_view(addrs: &SockAddrs, netns: u64) -> Option<KernelView> {
 }
 
 /// A `SOCKETS` value from `sock_diag`'s bytes.
-fn state_from(bytes: &[u8]) -> Option<SockState> {
+pub(super) fn state_from(bytes: &[u8]) -> Option<SockState> {
     (bytes.len() >= size_of::<SockState>()).then(|| {
         // SAFETY: SockState is plain old data (asserted in lb-common) and `bytes` holds at least
         // its size.
@@ -810,14 +793,4 @@ pub fn census_each(
         }
     }
     Ok(stats)
-}
-
-/// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads: a record's age is now minus its
-/// `created_ns`.
-pub fn monotonic_now() -> Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    Duration::new(
-        u64::try_from(t.tv_sec).unwrap_or(0),
-        u32::try_from(t.tv_nsec).unwrap_or(0),
-    )
 }

@@ -1,14 +1,16 @@
-//! The cluster's side of the connections view (`dataplane::sockets::view`): each backend's
-//! condition from its Service's EndpointSlices, and client pods' names by address from the
-//! slices' `targetRef`s. The agent and `explain` both read it from their objects.
+//! The cluster's side of the connections view (`sockets::view`): each backend's condition from
+//! its Service's EndpointSlices, and client pods' names by address from the slices'
+//! `targetRef`s, looked up in one pass for the addresses a census found, never indexed whole.
+//! The agent and `explain` both read it from their objects; the first slice that lists an
+//! address decides its condition, as kube-proxy merges duplicates.
 use std::{
     collections::{HashMap, HashSet},
     net::{IpAddr, SocketAddr},
 };
 
 use crate::{
-    dataplane::sockets::view::{Cluster, Condition},
     model::{AddressType, Store},
+    sockets::view::{Cluster, Condition},
     vocab::ServicePortKey,
 };
 

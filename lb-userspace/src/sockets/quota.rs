@@ -5,7 +5,9 @@
 //! `--max-sockets-per-pod`; the release program takes a record off when its socket closes. The
 //! count is what the pod holds, in the kernel, with or without an agent, at any rate of
 //! short-lived sockets. (TCP connections in `CONNECTIONS` slots cost no allocation and are not
-//! counted.)
+//! counted; a connected UDP socket's slot is.) `counts` reads the per-pod counts; `recount`
+//! sets each pod's count to its live records made before it first read the counts, plus what
+//! changed while the listing ran.
 //!
 //! The agent recounts from the live records only as a safety net: once after it attached its
 //! programs (counts an older agent kept without the release program are corrected), and every
@@ -16,11 +18,11 @@ use std::{collections::HashMap, os::fd::AsFd as _, path::Path};
 use aya::maps::{HashMap as BpfHashMap, Map, MapData};
 use lb_common::{MapId, SockState};
 
-use super::{
-    ListError, NamespaceError, SocketPins, for_each_entry, in_each_namespace, namespaces,
-    sock_diag, state_from,
+use super::listing::{
+    ListError, NamespaceError, for_each_entry, in_each_namespace, namespaces, state_from,
 };
 use crate::dataplane::{features::Listing, sys};
+use crate::dataplane::{pins::SocketPins, sock_diag};
 
 /// What one recount found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -84,9 +86,9 @@ fn live_records(
     if listing.global {
         pins.for_each_global(|e| tally(&mut live, &e.state, 1, since))?;
         // Connected UDP sockets' slots count too (TCP connections' do not).
-        if let Some(slots) = super::Slots::open(pins)? {
+        if let Some(slots) = super::listing::Slots::open(pins)? {
             slots.each(|_, state| {
-                if super::protocol_of(&state) == Some(crate::vocab::Protocol::Udp) {
+                if super::listing::protocol_of(&state) == Some(crate::vocab::Protocol::Udp) {
                     tally(&mut live, &state, 1, since);
                 }
             })?;
@@ -178,7 +180,8 @@ pub fn recount(
     bound: u64,
 ) -> Result<Recount, ListError> {
     let mut map = open(pins)?;
-    let since = u64::try_from(super::monotonic_now().as_nanos()).unwrap_or(u64::MAX);
+    let since =
+        u64::try_from(crate::dataplane::sys::monotonic_now().as_nanos()).unwrap_or(u64::MAX);
     let before: HashMap<u64, i64> = map
         .iter()
         .flatten()

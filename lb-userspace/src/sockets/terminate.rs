@@ -8,16 +8,18 @@
 //! destroyed when its frontend is gone, or the backend it is connected to is no longer a serving
 //! endpoint of the frontend's backend set, as kube-proxy clears conntrack entries. The sockets
 //! are found in the network namespaces of the processes in the attached cgroup tree, with their
-//! records read the way the kernel allowed (see the module above).
+//! records read the way the kernel allowed (see `listing`). Where the UDP iterator runs, it
+//! picks the candidates and a namespace is dumped only when it has one (the dump gives the
+//! socket's identity for `SOCK_DESTROY`).
 use std::{collections::HashMap, net::SocketAddr, path::Path, sync::Arc};
 
 use lb_common::{FrontendKey, SockRecord};
 
-use super::{
-    ListError, NamespaceError, Records, SocketPins, in_each_namespace, namespaces, records,
-    sock_diag,
+use super::listing::{ListError, NamespaceError, Records, in_each_namespace, namespaces, records};
+use crate::{
+    dataplane::{abi::backend_addr, features::Listing, pins::SocketPins, sock_diag},
+    vocab::Protocol,
 };
-use crate::{dataplane::abi::backend_addr, dataplane::features::Listing, vocab::Protocol};
 
 /// Why a termination pass could not run at all.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +57,7 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
         // One walk over the records first: nothing stale, no namespace to visit.
         let mut any = false;
         pins.for_each_global(|e| any |= records(&e.state).any(|r| is_stale(r, serving)))?;
-        if let Some(slots) = super::Slots::open(pins)? {
+        if let Some(slots) = super::listing::Slots::open(pins)? {
             slots.each(|_, state| any |= records(&state).any(|r| is_stale(r, serving)))?;
         }
         if !any {
