@@ -765,15 +765,14 @@ fn no_connect_fails_or_leaves_its_set_while_backend_sets_shrink_and_grow() -> an
     std::fs::write(&stop, "")?;
     let mut connects = 0;
     let mut failures = 0;
+    let mut errors = std::collections::BTreeMap::<String, usize>::new();
     for load in loads {
         let reply = load.join().expect("load thread")?;
         connects += reply.answers() + reply.failures();
         failures += reply.failures();
-        assert!(
-            reply.errors.is_empty(),
-            "failed connects: {:?}",
-            reply.errors
-        );
+        for (e, n) in reply.errors {
+            *errors.entry(e).or_default() += n;
+        }
     }
     let seen = watcher.stop()?;
     let timeline = timeline(&written, &seen);
@@ -799,7 +798,6 @@ fn no_connect_fails_or_leaves_its_set_while_backend_sets_shrink_and_grow() -> an
         elapsed.as_secs_f64(),
         seen.len()
     );
-    assert_eq!(failures, 0);
     assert!(
         outside.is_empty(),
         "connects reached another Service's pods: {outside:?}"
@@ -808,6 +806,7 @@ fn no_connect_fails_or_leaves_its_set_while_backend_sets_shrink_and_grow() -> an
         misrouted, 0,
         "connects to a backend not in the set then: {examples:?}"
     );
+    assert_eq!(failures, 0, "failed connects: {errors:?}");
     assert!(connects > 1000, "the load ran: {connects} connects");
     assert!(
         during > 1000,
