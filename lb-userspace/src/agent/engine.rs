@@ -191,6 +191,13 @@ impl<M: ServiceMaps> Engine<M> {
         &self.reconciler
     }
 
+    /// Puts `reconciler` (over larger maps holding the same) in place of the current one, and
+    /// asks for a full sync, which writes what found no room before.
+    pub fn replace_reconciler(&mut self, reconciler: Reconciler<M>) -> Reconciler<M> {
+        self.full_sync_needed = true;
+        std::mem::replace(&mut self.reconciler, reconciler)
+    }
+
     pub fn reconciler_mut(&mut self) -> &mut Reconciler<M> {
         &mut self.reconciler
     }

@@ -23,7 +23,7 @@ use super::{
     AgentConfig, Engine, Listeners, Pass, Progress, Shared,
     api_route::ApiRoute,
     listeners, probes, start,
-    tasks::{census, pods, recount, udp_termination, version},
+    tasks::{census, growth, pods, recount, udp_termination, version},
 };
 use crate::{
     dataplane::{abi::frontend_key, bpf::BpfServiceMaps, loader::Dataplane},
@@ -32,6 +32,10 @@ use crate::{
     status::{Failed, Owned, Rejected, Status},
     vocab::{Protocol, ServiceAddr},
 };
+
+/// How often the agent looks whether a map passed its fill threshold (the affinity tables,
+/// which the programs fill, are only counted then; the others are looked at after every pass).
+const GROWTH_EVERY: Duration = Duration::from_secs(10);
 
 /// How long the source may fail before the agent reports itself not ready.
 const UNHEALTHY_GRACE: Duration = Duration::from_secs(5);
@@ -69,20 +73,21 @@ pub(super) async fn run(
     start::watch_the_node(&tx)?;
     let mut api_route = start::start_source(&config, tx).await?;
 
-    let mut retry = tokio::time::interval(config.retry_interval);
-    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pods_tick = tokio::time::interval(pods::PODS_EVERY);
-    pods_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut census_tick = tokio::time::interval(census::REFRESH);
-    census_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut retry = ticker(config.retry_interval);
+    let mut pods_tick = ticker(pods::PODS_EVERY);
+    let mut growth_tick = ticker(GROWTH_EVERY);
+    let mut census_tick = ticker(census::REFRESH);
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
-    let udp = udp_termination::UdpTermination::default();
     let mut unhealthy_since: Option<Instant> = None;
-    let mut health_checks = config
-        .health_check_node_ports
-        .then(|| probes::HealthCheckServers::new(shared.clone()));
+    let mut tasks = Tasks {
+        udp: udp_termination::UdpTermination::default(),
+        health_checks: config
+            .health_check_node_ports
+            .then(|| probes::HealthCheckServers::new(shared.clone())),
+        growth: growth::Growth::new(config.map_memory_ceiling),
+    };
     loop {
         tokio::select! {
             event = rx.recv() => {
@@ -97,7 +102,7 @@ pub(super) async fn run(
             _ = retry.tick() => {
                 engine.retry_failed();
                 // Ports that could not listen are tried again.
-                if let Some(servers) = health_checks.as_mut().filter(|s| s.failing() > 0) {
+                if let Some(servers) = tasks.health_checks.as_mut().filter(|s| s.failing() > 0) {
                     sync_health_checks(servers, &engine);
                 }
             }
@@ -107,6 +112,9 @@ pub(super) async fn run(
                 recount::record_counts(&config, &dataplane, &shared);
             }
             _ = pods_tick.tick(), if attached => pods::refresh_pods(&mut dataplane),
+            _ = growth_tick.tick(), if engine.is_synced() => {
+                grow(&config, &mut dataplane, &mut engine, &shared, &mut tasks.growth, attached, true)?;
+            }
             Some(()) = inbox.asked.recv() => refresher.start(),
             Some(counted) = inbox.done.recv() => {
                 if let Some((view, took)) = refresher.finish(counted, &engine) {
@@ -116,19 +124,16 @@ pub(super) async fn run(
             _ = sigterm.recv() => break,
             _ = sigint.recv() => break,
         }
-        if let Some(pass) = engine.reconcile() {
-            log_pass(&pass);
-            if pass.report.udp_changed && attached && shared.features.udp_termination() {
-                udp.request(&config, &dataplane, &engine, &shared);
-            }
-            shared.metrics.record_pass(&pass);
-            shared.node_health.written(&engine);
-            if let Some(servers) = &mut health_checks {
-                sync_health_checks(servers, &engine);
-            }
-        }
+        write(
+            &config,
+            &mut dataplane,
+            &mut engine,
+            &shared,
+            &mut tasks,
+            attached,
+        )?;
         if engine.is_synced() && !attached {
-            attach(&config, &mut dataplane, &engine, &shared, &udp)?;
+            attach(&config, &mut dataplane, &engine, &shared, &tasks.udp)?;
             attached = true;
         }
         check_api_route(api_route.as_mut().filter(|_| attached), &engine);
@@ -136,7 +141,7 @@ pub(super) async fn run(
             // The watches work again: after a control-plane upgrade the version may be newer.
             version_asked.notify_one();
         }
-        record_state(&engine, &shared, health_checks.as_ref());
+        record_state(&engine, &shared, tasks.health_checks.as_ref());
     }
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
@@ -342,4 +347,171 @@ fn spawn_ebpf_logger(dataplane: &mut Dataplane, level: u8) {
         }
         Err(e) => tracing::warn!(error = %e, "eBPF log forwarding unavailable"),
     }
+}
+
+/// A tick every `period` that skips what it missed rather than bursting.
+fn ticker(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+/// The tasks the loop keeps state for across rounds.
+struct Tasks {
+    udp: udp_termination::UdpTermination,
+    health_checks: Option<probes::HealthCheckServers>,
+    growth: growth::Growth,
+}
+
+/// Writes what changed, and where the pass found maps filling up, moves them to larger ones
+/// and writes again what found no room.
+fn write(
+    config: &AgentConfig,
+    dataplane: &mut Dataplane,
+    engine: &mut Engine<BpfServiceMaps>,
+    shared: &Arc<Shared>,
+    tasks: &mut Tasks,
+    attached: bool,
+) -> anyhow::Result<()> {
+    for _ in 0..2 {
+        let Some(pass) = engine.reconcile() else {
+            break;
+        };
+        log_pass(&pass);
+        if pass.report.udp_changed && attached && shared.features.udp_termination() {
+            tasks.udp.request(config, dataplane, engine, shared);
+        }
+        shared.metrics.record_pass(&pass);
+        shared.node_health.written(engine);
+        if let Some(servers) = &mut tasks.health_checks {
+            sync_health_checks(servers, engine);
+        }
+        if !engine.is_synced()
+            || !grow(
+                config,
+                dataplane,
+                engine,
+                shared,
+                &mut tasks.growth,
+                attached,
+                false,
+            )?
+        {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Moves the maps to larger ones when they fill (see `tasks::growth`): the growth is planned
+/// from what the reconciler holds (and, when `count_affinity`, the affinity tables), a new
+/// generation loaded and filled with the same, the programs switched to it (when attached),
+/// and the reconciler replaced by one over it. Returns whether the maps grew. A growth that
+/// fails before the switch leaves everything as it was and is tried again later; one that
+/// fails while switching stops the agent (a restart adopts whichever generation the programs
+/// use).
+fn grow(
+    config: &AgentConfig,
+    dataplane: &mut Dataplane,
+    engine: &mut Engine<BpfServiceMaps>,
+    shared: &Shared,
+    growth: &mut growth::Growth,
+    attached: bool,
+    count_affinity: bool,
+) -> anyhow::Result<bool> {
+    use crate::dataplane::bpf::ReadOnlyMaps;
+    if !growth.may_try() {
+        return Ok(false);
+    }
+    let mut fill = growth::Fill::of(engine.reconciler());
+    let read = ReadOnlyMaps::new(&dataplane.maps_dir);
+    if count_affinity {
+        let cap = dataplane.capacities.get(lb_common::MapId::Affinity);
+        if let Ok(tables) = read.affinity(cap as usize) {
+            fill.used
+                .insert(lb_common::MapId::Affinity, tables.len() as u64);
+        }
+    }
+    let bytes = lb_common::MAPS
+        .iter()
+        .filter(|d| !d.per_socket)
+        .filter_map(|d| read.footprint(d.id).ok().map(|f| (d.id, f)))
+        .collect();
+    let decision = growth::plan(&dataplane.capacities, &fill, &bytes, growth.ceiling);
+    let caps = match decision {
+        growth::Decision::Stay => {
+            growth.at_ceiling.clear();
+            shared
+                .metrics
+                .record_growth(&dataplane.capacities, &growth.at_ceiling, growth.grown);
+            return Ok(false);
+        }
+        growth::Decision::AtCeiling(maps) => {
+            if maps != growth.at_ceiling {
+                let names: Vec<&str> = maps.iter().map(|m| m.name()).collect();
+                tracing::warn!(maps = ?names, ceiling = growth.ceiling, "maps need room and cannot grow past --max-map-memory: sets that find no room keep the room they have and are reported");
+            }
+            growth.at_ceiling = maps;
+            shared
+                .metrics
+                .record_growth(&dataplane.capacities, &growth.at_ceiling, growth.grown);
+            return Ok(false);
+        }
+        growth::Decision::Grow(caps) => caps,
+    };
+    let started = Instant::now();
+    let from = dataplane.capacities;
+    let grown = match dataplane.grow(&config.load, caps) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(
+                error = &e as &dyn std::error::Error,
+                "could not make larger maps; tried again later"
+            );
+            growth.failed();
+            return Ok(false);
+        }
+    };
+    let filled = dataplane
+        .grown_maps(&grown)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut maps| {
+            engine
+                .reconciler()
+                .copy_into(&mut maps)
+                .map_err(anyhow::Error::from)
+                .map(|_| maps)
+        });
+    let maps = match filled {
+        Ok(maps) => maps,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not fill the larger maps; tried again later");
+            dataplane.abandon(grown);
+            growth.failed();
+            return Ok(false);
+        }
+    };
+    dataplane
+        .switch(grown, attached)
+        .context("switching the programs to the larger maps")?;
+    let reconciler = Reconciler::new(maps).context("reading the larger maps")?;
+    drop(engine.replace_reconciler(reconciler));
+    shared.metrics.follow_generation(&dataplane.maps_dir);
+    growth.succeeded();
+    growth.at_ceiling.clear();
+    shared
+        .metrics
+        .record_growth(&dataplane.capacities, &growth.at_ceiling, growth.grown);
+    let sizes: Vec<String> = growth::GROWABLE
+        .iter()
+        .filter(|m| from.get(**m) != caps.get(**m))
+        .map(|m| format!("{} {} -> {}", m.name(), from.get(*m), caps.get(*m)))
+        .collect();
+    tracing::info!(
+        grown = ?sizes,
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        maps = %dataplane.maps_dir.display(),
+        "maps grew before they filled: the programs use the larger ones"
+    );
+    Ok(true)
 }

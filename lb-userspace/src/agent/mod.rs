@@ -37,6 +37,7 @@ pub use metrics::{Format, Metrics};
 pub use security::KEEP as CAPABILITIES_KEPT;
 pub use shared::{Progress, Shared};
 pub use tasks::census::REFRESH as CENSUS_EVERY;
+pub use tasks::growth::parse_bytes;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -93,6 +94,9 @@ pub struct AgentConfig {
     /// Take the topology rules' Kubernetes version from the API server (no
     /// `--kubernetes-version` given).
     pub ask_api_version: bool,
+    /// The most the maps of one generation may take, in bytes (`--max-map-memory`): they grow
+    /// up to it before they fill (0: they keep their configured sizes).
+    pub map_memory_ceiling: u64,
 }
 
 /// Loads the programs (nothing attached yet), then drops the capabilities the agent no longer

@@ -47,7 +47,7 @@ impl Shared {
             progress: Mutex::new(Progress::default()),
             stuck_after: config.stuck_after,
             healthz_stale_after: config.healthz_stale_after,
-            metrics: Metrics::new(dataplane.maps_dir.clone(), &dataplane.features),
+            metrics: Metrics::new(&dataplane.maps_dir, &dataplane.features),
             status: Mutex::new(Status::default()),
             node_health: probes::NodeHealth::new(config.external_traffic),
         })

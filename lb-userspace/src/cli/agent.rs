@@ -132,16 +132,24 @@ pub struct AgentArgs {
     /// change: it never turns them 503.
     #[arg(long, default_value_t = 60, env = "SOCKLB_HEALTHZ_STALE_AFTER_S")]
     pub healthz_stale_after_s: u64,
-    /// Capacity of FRONTENDS4 and FRONTENDS6 (service addresses of each family).
+    /// The most the maps may take together (a Kubernetes quantity: 512Mi, 1Gi, or bytes). The
+    /// `--max-*` sizes below are where the maps start: a map grows (doubles) before it fills,
+    /// moved to larger maps make-before-break, up to this; nothing is refused for room below it.
+    /// 0: the maps keep their sizes.
+    #[arg(long, default_value = "512Mi", env = "SOCKLB_MAX_MAP_MEMORY")]
+    pub max_map_memory: String,
+    /// Capacity of FRONTENDS4 and FRONTENDS6 (service addresses of each family) to start with.
     #[arg(long, default_value_t = MapId::Frontends4.default_capacity(), env = "SOCKLB_MAX_FRONTENDS")]
     pub max_frontends: u32,
-    /// Capacity of BACKENDS (backend entries over all backend sets).
+    /// Capacity of BACKENDS (backend entries over all backend sets) to start with.
     #[arg(long, default_value_t = MapId::Backends.default_capacity(), env = "SOCKLB_MAX_BACKENDS")]
     pub max_backends: u32,
-    /// Capacity of SERVICE_META (backend sets: service ports per family and scope).
+    /// Capacity of SERVICE_META (backend sets: service ports per family and scope) to start
+    /// with.
     #[arg(long, default_value_t = MapId::ServiceMeta.default_capacity(), env = "SOCKLB_MAX_SERVICES")]
     pub max_services: u32,
-    /// Capacity of AFFINITY: client cgroups with a session-affinity table (an LRU).
+    /// Capacity of AFFINITY (client cgroups with a session-affinity table, an LRU) to start
+    /// with.
     #[arg(long, default_value_t = MapId::Affinity.default_capacity(), env = "SOCKLB_MAX_AFFINITY_CLIENTS")]
     pub max_affinity_clients: u32,
     /// Translated sockets one client cgroup (a pod's container) may hold at once; past it, its
@@ -235,6 +243,12 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
         healthz_stale_after: Duration::from_secs(args.healthz_stale_after_s.max(1)),
         ask_api_version: args.node.kubernetes_version.is_none() && args.manifests.is_none(),
+        map_memory_ceiling: crate::agent::parse_bytes(&args.max_map_memory).with_context(|| {
+            format!(
+                "--max-map-memory {:?}: a size such as 512Mi, 1Gi or a number of bytes",
+                args.max_map_memory
+            )
+        })?,
     };
     crate::agent::limit_arenas();
     // Bind first: a port in use must fail before anything is loaded or attached.

@@ -168,6 +168,8 @@ pub enum LoadError {
     },
     #[error(transparent)]
     Maps(#[from] MapReadError),
+    #[error("carrying the programs' state into the grown maps")]
+    Carry(#[source] aya::maps::MapError),
 }
 
 impl LoadError {
@@ -355,8 +357,11 @@ fn lock_holder(path: &Path) -> Option<u32> {
 pub struct Dataplane {
     pub ebpf: Ebpf,
     pub pins: PinFolder,
-    /// This agent's map directory.
+    /// This agent's map directory (its generation).
     pub maps_dir: PathBuf,
+    /// The sizes of this generation's maps: the configured ones, or larger where the maps grew
+    /// (an agent adopts a grown generation at start).
+    pub capacities: Capacities,
     /// This agent's per-socket maps and iterator pins.
     pub sockets: SocketPins,
     /// The maps were there already (a restart of the same layout): they hold the last state.
@@ -368,6 +373,15 @@ pub struct Dataplane {
     config: DatapathConfig,
     cgroup: PathBuf,
     _lock: PinLock,
+}
+
+/// A new, larger generation of maps with its programs loaded, not yet in use (see
+/// `Dataplane::grow`).
+pub struct Grown {
+    ebpf: Ebpf,
+    pub maps_dir: PathBuf,
+    features: Features,
+    pub capacities: Capacities,
 }
 
 impl Dataplane {
@@ -384,7 +398,11 @@ impl Dataplane {
                 path: config.cgroup.clone(),
             });
         }
-        let maps_dir = pins.generation(&layout_digest(&config.capacities));
+        let (maps_dir, capacities) = generation_for(&pins, &config.capacities);
+        let config = &LoadConfig {
+            capacities,
+            ..config.clone()
+        };
         let sockets_dir = pins.sockets(&socket_layout_digest());
         adopt_record_folder(&pins, &sockets_dir);
         replace_changed_socket_maps(&sockets_dir);
@@ -440,6 +458,7 @@ impl Dataplane {
             ebpf,
             pins,
             maps_dir,
+            capacities,
             sockets: SocketPins::new(sockets_dir),
             adopted,
             features,
@@ -482,6 +501,66 @@ impl Dataplane {
     /// The service maps, writable (separate descriptors on the pinned maps).
     pub fn service_maps(&self) -> Result<BpfServiceMaps, MapReadError> {
         BpfServiceMaps::open_writer(&self.maps_dir, self.config.index_secret)
+    }
+
+    /// A new generation of maps sized `capacities` (larger: the maps grow), its programs
+    /// loaded and verified, its maps empty, nothing attached: the caller fills it
+    /// (`grown_maps`), then `switch`es to it, or `abandon`s it. The current generation keeps
+    /// serving meanwhile. A generation of that size left by an earlier attempt is made again.
+    pub fn grow(&self, config: &LoadConfig, capacities: Capacities) -> Result<Grown, LoadError> {
+        let dir = self.pins.grown_generation(&layout_digest(&capacities));
+        if dir != self.maps_dir {
+            remove_dir_pins(&dir);
+        }
+        let config = LoadConfig {
+            capacities,
+            ..config.clone()
+        };
+        match load_into(&config, &dir, &self.sockets.dir, &self.pins, false) {
+            Ok((ebpf, features)) => Ok(Grown {
+                ebpf,
+                maps_dir: dir,
+                features,
+                capacities,
+            }),
+            Err(e) => {
+                remove_dir_pins(&dir);
+                let _ = fs::remove_dir(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// The grown generation's service maps, writable (the frontend index keyed with this
+    /// agent's secret).
+    pub fn grown_maps(&self, grown: &Grown) -> Result<BpfServiceMaps, MapReadError> {
+        BpfServiceMaps::open_writer(&grown.maps_dir, self.config.index_secret)
+    }
+
+    /// Removes a grown generation not switched to.
+    pub fn abandon(&self, grown: Grown) {
+        let Grown { ebpf, maps_dir, .. } = grown;
+        drop(ebpf);
+        remove_dir_pins(&maps_dir);
+        let _ = fs::remove_dir(&maps_dir);
+    }
+
+    /// Makes the grown generation this agent's: what the programs keep in the current maps
+    /// (the client cgroups' session-affinity tables, the data path's counters) is copied over,
+    /// then, when `attach` (the programs were attached), the grown generation's programs are
+    /// attached make-before-break and the current generation removed. Choices and counts made
+    /// between the copy and the attach are lost (an affinity choice is made again).
+    pub fn switch(&mut self, mut grown: Grown, attach: bool) -> Result<(), LoadError> {
+        carry_affinity(&mut grown.ebpf, &self.maps_dir).map_err(LoadError::Carry)?;
+        carry_counters(&mut grown.ebpf, &self.maps_dir).map_err(LoadError::Carry)?;
+        self.ebpf = grown.ebpf;
+        self.maps_dir = grown.maps_dir;
+        self.features = grown.features;
+        self.capacities = grown.capacities;
+        if attach {
+            self.attach()?;
+        }
+        Ok(())
     }
 
     /// Attaches every program to the cgroup, make-before-break, then removes what an older
@@ -610,6 +689,103 @@ fn load_into(
         }
     }
     Ok((ebpf, features))
+}
+
+/// The generation an agent configured with `requested` sizes uses: the one of exactly those
+/// sizes when it is pinned, else one the maps grew into while an earlier agent ran, of this map
+/// layout, whose every map is at least as large (they stay grown: the restart needs no
+/// migration and loses nothing to room), the largest first; else a new one of those sizes (a
+/// generation of other sizes that did not grow is migrated from, as an operator who changed
+/// `--max-*` means).
+fn generation_for(pins: &PinFolder, requested: &Capacities) -> (PathBuf, Capacities) {
+    let exact = pins.generation(&layout_digest(requested));
+    if exact.join(MapId::Frontends4.name()).exists() {
+        return (exact, *requested);
+    }
+    let mut grown: Vec<(u64, PathBuf, Capacities)> = pins
+        .map_dirs()
+        .into_iter()
+        .filter_map(|dir| {
+            let caps = pinned_capacities(&dir)?;
+            let ok = dir == pins.grown_generation(&layout_digest(&caps))
+                && lb_common::MAPS
+                    .iter()
+                    .filter(|d| d.capacity_flag.is_some())
+                    .all(|d| caps.get(d.id) >= requested.get(d.id));
+            ok.then(|| {
+                let total = lb_common::MAPS
+                    .iter()
+                    .map(|d| u64::from(caps.get(d.id)))
+                    .sum();
+                (total, dir, caps)
+            })
+        })
+        .collect();
+    grown.sort_by_key(|(total, ..)| std::cmp::Reverse(*total));
+    match grown.into_iter().next() {
+        Some((_, dir, caps)) => {
+            tracing::info!(maps = %dir.display(), "adopting maps that grew beyond the configured sizes");
+            (dir, caps)
+        }
+        None => (exact, *requested),
+    }
+}
+
+/// The sizes of a pinned generation's maps, when every map of this layout is pinned there with
+/// this layout's key and value sizes.
+fn pinned_capacities(dir: &Path) -> Option<Capacities> {
+    let mut caps = Capacities::default();
+    for d in lb_common::MAPS.iter().filter(|d| !d.per_socket) {
+        let info = MapData::from_pin(dir.join(d.name)).ok()?.info().ok()?;
+        if info.key_size() != d.key_size || info.value_size() != d.value_size {
+            return None;
+        }
+        if d.capacity_flag.is_some() {
+            caps = caps.with(d.id, info.max_entries());
+        }
+    }
+    Some(caps)
+}
+
+/// Copies the client cgroups' affinity tables of the generation in `old_dir` into this one's
+/// (the same service ids: the grown maps hold the same sets at the same places).
+fn carry_affinity(ebpf: &mut Ebpf, old_dir: &Path) -> Result<usize, aya::maps::MapError> {
+    use aya::maps::HashMap;
+    let map = MapId::Affinity;
+    let old: HashMap<MapData, u64, lb_common::AffinityTable> = HashMap::try_from(
+        aya::maps::Map::LruHashMap(MapData::from_pin(old_dir.join(map.name()))?),
+    )?;
+    let Some(new_map) = ebpf.map_mut(map.name()) else {
+        return Ok(0);
+    };
+    let mut new: HashMap<&mut MapData, u64, lb_common::AffinityTable> = HashMap::try_from(new_map)?;
+    let mut carried = 0;
+    for entry in &old {
+        let (client, table) = entry?;
+        new.insert(client, table, 0)?;
+        carried += 1;
+    }
+    Ok(carried)
+}
+
+/// Copies the data path's per-CPU counters of the generation in `old_dir` into this one's, so
+/// that the counters the agent exports keep counting up across the move.
+fn carry_counters(ebpf: &mut Ebpf, old_dir: &Path) -> Result<(), aya::maps::MapError> {
+    use aya::maps::PerCpuArray;
+    let map = MapId::Counters;
+    let old: PerCpuArray<MapData, u64> = PerCpuArray::try_from(aya::maps::Map::PerCpuArray(
+        MapData::from_pin(old_dir.join(map.name()))?,
+    ))?;
+    let Some(new_map) = ebpf.map_mut(map.name()) else {
+        return Ok(());
+    };
+    let mut new: PerCpuArray<&mut MapData, u64> = PerCpuArray::try_from(new_map)?;
+    for c in lb_common::Counter::ALL {
+        let index = c as u32;
+        let values = old.get(&index, 0)?;
+        new.set(index, values, 0)?;
+    }
+    Ok(())
 }
 
 /// Copies the backend port bitmap of an older generation's `PORTS` (same array size) into

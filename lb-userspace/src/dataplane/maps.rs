@@ -111,15 +111,6 @@ pub enum MapWriteError {
         free: u32,
         waiting: u32,
     },
-    /// No room for the new set, and backends left it: the set was narrowed in place to the
-    /// `serving` backends that stay (0: connects are refused) rather than keep those that left.
-    #[error("map {} has no free range of {wanted} entries ({free} free, {waiting} waiting out their grace period): serving only the {serving} backend(s) that stay, never one that left, until room frees", MapId::Backends.name())]
-    Narrowed {
-        wanted: u32,
-        free: u32,
-        waiting: u32,
-        serving: u32,
-    },
     #[error("writing map {}", .map.name())]
     Io {
         map: MapId,
@@ -128,12 +119,15 @@ pub enum MapWriteError {
     },
     #[error("injected failure writing map {}", .map.name())]
     Injected { map: MapId },
-    /// Taken out of the maps to make room for an older Service's change (capacity goes to the
-    /// oldest): its frontends are gone (connects to it are not translated) until room frees.
-    #[error("taken out of map {} to make room for the older {by}: capacity goes to the oldest Services first", .map.name())]
-    Evicted {
-        map: MapId,
-        by: crate::vocab::ServicePortKey,
+    /// No free range for a changed set (the backend array is at its size: at the memory
+    /// ceiling, or until it grows): the set keeps the room it has, with `serving` of its
+    /// `wanted` endpoints swapped into it; no other set gives up room for it.
+    #[error("map {} has no free range for the set: serving {serving} of its {wanted} endpoints in the room it has ({free} free elsewhere, {waiting} waiting out their grace period) until room frees", MapId::Backends.name())]
+    AtCeiling {
+        wanted: u32,
+        serving: u32,
+        free: u32,
+        waiting: u32,
     },
     /// Some of the set's frontends did not fit (the others are written): the newest claims
     /// wait for room.
@@ -151,8 +145,7 @@ impl MapWriteError {
         match self {
             Self::Full { .. }
             | Self::NoRange { .. }
-            | Self::Narrowed { .. }
-            | Self::Evicted { .. }
+            | Self::AtCeiling { .. }
             | Self::FrontendsLeftOut { .. } => ErrorKind::MapFull,
             Self::Io { .. } => ErrorKind::MapWrite,
             Self::Injected { .. } => ErrorKind::Injected,

@@ -37,6 +37,8 @@ pub struct PinFolder {
 }
 
 const GENERATION_PREFIX: &str = "maps-";
+/// The end of the name of a generation the maps grew into.
+const GROWN_SUFFIX: &str = "-grown";
 const SOCKETS_PREFIX: &str = "sockets-";
 
 impl PinFolder {
@@ -55,6 +57,19 @@ impl PinFolder {
     /// The map directory of a layout generation.
     pub fn generation(&self, layout: &str) -> PathBuf {
         self.root.join(format!("{GENERATION_PREFIX}{layout}"))
+    }
+
+    /// The map directory of a generation the maps grew into (past the configured sizes): an
+    /// agent started with sizes it holds adopts it rather than migrating back down.
+    pub fn grown_generation(&self, layout: &str) -> PathBuf {
+        self.root
+            .join(format!("{GENERATION_PREFIX}{layout}{GROWN_SUFFIX}"))
+    }
+
+    /// Whether `dir` is a generation the maps grew into.
+    pub fn is_grown(dir: &Path) -> bool {
+        dir.file_name()
+            .is_some_and(|n| n.to_string_lossy().ends_with(GROWN_SUFFIX))
     }
 
     /// The directory of the per-socket maps (and the socket iterators' links) of one record

@@ -18,23 +18,25 @@
 //! through the same valid states, so the service is left exactly as it was; it is recorded as
 //! failed and retried later. Other services are unaffected.
 //!
-//! A full map never freezes a removal. When a changed set finds no free range and some of its
-//! backends left, its frontends are pointed at the longest run of its current range that stays
-//! wanted (or at none: connects are refused), never at a backend that left; nothing is written
-//! into the range. The set is reported (`MapWriteError::Narrowed`) and retried. Only a set that
-//! loses no backend waits whole (`MapWriteError::NoRange`).
+//! No set ever gives up room for another: the maps grow before they fill (the agent moves them
+//! to larger ones, see `agent::tasks::growth`), and what can still not be had is waited for,
+//! never taken. A full map never freezes a removal. When a changed set finds no free range, it
+//! keeps the room it has (`in_place`): its endpoints are swapped into its own range, backends
+//! that stay keep their slots, new ones take the slots of those that left, as many as fit
+//! (`MapWriteError::AtCeiling` says how many serve). A slot is never written while a frontend
+//! may read it: the frontends first narrow to the longest run of the range that stays (never a
+//! backend that left), and the other slots are written only once no program can still read
+//! them (a barrier, or the grace period at a later retry), then the frontends widen again.
+//! Where no backend of the current set stays, the frontends point at none until then
+//! (connects refused for the barrier's moment), never at a backend that left. A set with no
+//! range of its own that finds no room is not written (`MapWriteError::NoRange`).
 //!
-//! Capacity goes to the oldest Service first (`Seniority::age`: `creationTimestamp`, then uid;
-//! never by name). `sync_all` removes the sets the desired state lacks first, then writes the
-//! others oldest first, so on a fresh node, after a restart or a migration, the newest Service is
-//! the one that finds the maps full. The engine orders each batch the same way, once the sets
-//! that gain an address have gone first, and what the batch's removals free goes, in the same
-//! pass, to its sets that found no room. When the room is taken, an older Service's set takes it
-//! from sets of strictly newer Services, newest first (a set adopted from the pins and not yet
-//! written counts as the newest): a backend range (`make_room`, only when their ranges would make
-//! it fit), a `SERVICE_META` entry (`make_meta_room`) or frontend entries
-//! (`frontends_with_room`). A set taken out is removed as if deleted, reported as
-//! `MapWriteError::Evicted` naming the older set, and retried.
+//! Capacity goes to the oldest Service first where it is handed out (`Seniority::age`:
+//! `creationTimestamp`, then uid; never by name): `sync_all` removes the sets the desired state
+//! lacks first, then writes the others oldest first, so on a fresh node, after a restart or a
+//! migration, the newest Service is the one that finds the maps full. The engine orders each
+//! batch the same way, and what the batch's removals free goes, in the same pass, to its sets
+//! that found no room.
 //!
 //! A frontend that does not fit never holds back the rest. The set's frontends stay; of its new
 //! ones, those that fit are written, the strongest claims first (`ClaimKind::precedence`, then the
@@ -71,7 +73,7 @@ use crate::{
         maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps, frontends_map},
     },
     hashing::{FastMap, FastSet},
-    translate::{DesiredService, DesiredState, Seniority},
+    translate::{DesiredService, DesiredState},
     vocab::{ErrorKind, Protocol, ServicePortKey},
 };
 
@@ -132,13 +134,14 @@ struct SetState {
     /// mirror's (`Reconciler::layout_of`), not a copy per set.
     len: u32,
     /// The extent of the backend array it holds (start, length): `base` and `len`, or the
-    /// larger range it was narrowed inside (see `MapWriteError::Narrowed`).
+    /// larger range it holds while narrowed inside it (see `Reconciler::in_place`).
     range: (u32, u32),
     /// UDP: the serving endpoints last written (see `DesiredService::serving`).
     serving: Box<[SocketAddr]>,
-    /// Its Service's age, once written by this reconciler (`None`: adopted from the pins and
-    /// not yet written; counted as the newest).
-    seniority: Option<Seniority>,
+    /// When its frontends last narrowed inside its range to swap endpoints in place: the slots
+    /// outside the narrowed run may be written once no program can still read them (`None`:
+    /// no such narrowing waits, or a barrier has fenced it).
+    narrowed_at: Option<Instant>,
 }
 
 pub struct Reconciler<M: ServiceMaps> {
@@ -156,9 +159,6 @@ pub struct Reconciler<M: ServiceMaps> {
     /// Ranges a failed write moved frontends to and an interrupted rollback left them on:
     /// released once no frontend points into them.
     stranded: Vec<(u32, u32)>,
-    /// Sets taken out during the current write to make room for an older one: reported with
-    /// it.
-    evictions: Vec<(ServicePortKey, MapWriteError)>,
     stats: ReconcileStats,
     clock: fn() -> Instant,
 }
@@ -234,7 +234,6 @@ impl<M: ServiceMaps> Reconciler<M> {
             ranges,
             failed: BTreeMap::new(),
             stranded,
-            evictions: Vec::new(),
             stats: ReconcileStats::default(),
             clock: Instant::now,
         })
@@ -280,6 +279,50 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// The backend array's ranges (free, waiting, used): for capacity reporting and tests.
     pub fn ranges(&self) -> &Ranges {
         &self.ranges
+    }
+
+    /// Writes everything this reconciler holds into other, empty maps (larger ones: the maps
+    /// grow by moving), entry for entry at the same places: the backends run by run, the
+    /// prefilter words, the metadata, then the frontends. A reconciler made over them then
+    /// adopts the same ids and ranges, and the programs switched to them find every service as
+    /// it was.
+    pub fn copy_into<N: ServiceMaps>(&self, maps: &mut N) -> Result<usize, MapWriteError> {
+        let snap = &self.mirror.snap;
+        let mut writes = Vec::new();
+        let mut run: Option<(u32, Vec<lb_common::Backend>)> = None;
+        for (index, b) in snap.backends.iter() {
+            match &mut run {
+                Some((base, list)) if *base + list.len() as u32 == index => list.push(b),
+                _ => {
+                    if let Some((base, backends)) = run.take() {
+                        writes.push(MapWrite::PutBackends { base, backends });
+                    }
+                    run = Some((index, vec![b]));
+                }
+            }
+        }
+        if let Some((base, backends)) = run {
+            writes.push(MapWrite::PutBackends { base, backends });
+        }
+        writes.extend(
+            snap.ports
+                .iter()
+                .map(|(&word, &bits)| MapWrite::PutPorts { word, bits }),
+        );
+        writes.extend(
+            snap.meta
+                .iter()
+                .map(|(&id, m)| MapWrite::PutMeta(id, Box::new(m.unpack()))),
+        );
+        writes.extend(
+            snap.frontends
+                .iter()
+                .map(|(&k, &f)| MapWrite::PutFrontend(k, f)),
+        );
+        for w in &writes {
+            maps.write(w)?;
+        }
+        Ok(writes.len())
     }
 
     /// UDP frontends and the serving endpoints of the backend set behind each: a connected UDP
@@ -393,9 +436,6 @@ impl<M: ServiceMaps> Reconciler<M> {
             ..SetState::default()
         });
         let plan = self.plan(key, &old, desired, now);
-        for (victim, e) in std::mem::take(&mut self.evictions) {
-            self.record_failure(&victim, e, report);
-        }
         let plan = match plan {
             Ok(plan) => plan,
             Err(e) => {
@@ -441,13 +481,22 @@ impl<M: ServiceMaps> Reconciler<M> {
                                 len: plan.len,
                                 range,
                                 serving: d.serving.as_slice().into(),
-                                seniority: Some(d.seniority.clone()),
+                                narrowed_at: if plan.narrowed_in_place {
+                                    Some(now)
+                                } else {
+                                    None
+                                },
                             },
                         );
                         if writes > 0 {
                             report.services_changed += 1;
                         }
                     }
+                }
+                if self.swap_now(key, &plan) {
+                    self.release_ports(&plan.released, report);
+                    self.sync_one_into(key, desired, report);
+                    return;
                 }
                 if let Some(narrowed) = plan.narrowed.or(plan.left_out) {
                     // Written, but not as desired: reported and retried like a failure.
@@ -483,6 +532,18 @@ impl<M: ServiceMaps> Reconciler<M> {
                 self.record_failure(key, e, report);
             }
         }
+    }
+
+    /// After a set narrowed inside its own range: whether the swap can finish now, because a
+    /// barrier says no program reads the slots outside the narrowed run any more.
+    fn swap_now(&mut self, key: &ServicePortKey, plan: &Plan) -> bool {
+        if !plan.narrowed_in_place || !self.maps.barrier() {
+            return false;
+        }
+        if let Some(set) = self.sets.get_mut(key) {
+            set.narrowed_at = None;
+        }
+        true
     }
 
     fn record_failure(&mut self, key: &ServicePortKey, e: MapWriteError, report: &mut SyncReport) {
@@ -534,7 +595,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         // Which frontends fit: a set none of whose addresses fit is not written at all (it would
         // hold backends and metadata for nothing).
         let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
-        let (wanted, left_out) = self.frontends_with_room(key, want, &current);
+        let (wanted, left_out) = self.frontends_with_room(want, &current);
         if wanted.is_empty()
             && let Some(MapWriteError::FrontendsLeftOut { map, .. }) = &left_out
         {
@@ -545,10 +606,13 @@ impl<M: ServiceMaps> Reconciler<M> {
         }
 
         // 1. The backends, positions kept where they stay; a changed set gets a fresh range.
-        let (base, layout, new_range, narrowed) = self.place(key, old, want, now, &mut writes)?;
-        if desired.is_some() && !self.mirror.snap.meta.contains_key(&id) {
-            self.make_meta_room(key, &want.seniority);
-        }
+        let Placed {
+            base,
+            layout,
+            new_range,
+            narrowed,
+            narrowed_in_place,
+        } = self.place(old, want, now, &mut writes)?;
 
         // 2. Prefilters: the port and filter bits of new frontends, and the backends' ports (set
         // only: a socket may keep a backend long after the backend left its set).
@@ -604,6 +668,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             len: layout.len() as u32,
             new_range,
             narrowed,
+            narrowed_in_place,
             left_out,
             released,
         })
@@ -656,18 +721,15 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     /// Where the set's backends go: the current range when they are unchanged, else a fresh
-    /// one (with the write that fills it). With no room, backends that left must never be
-    /// chosen again: the frontends point at the longest run of the current range that stays
-    /// wanted (nothing to write there), or at none (connects refused), and the set is reported
-    /// narrowed. Only additions waiting for room leave it as it is (`NoRange`).
+    /// one (with the write that fills it). With no room, the set keeps the room it has
+    /// ([`Self::in_place`]); a set with no range of its own waits whole (`NoRange`).
     fn place(
         &mut self,
-        key: &ServicePortKey,
         old: &SetState,
         want: &DesiredService,
         now: Instant,
         writes: &mut Vec<MapWrite>,
-    ) -> Result<(u32, Vec<SocketAddr>, bool, Option<MapWriteError>), MapWriteError> {
+    ) -> Result<Placed, MapWriteError> {
         let old_slots = self.layout_of(old);
         let layout = layout::layout(&old_slots, &want.backends);
         if old_slots
@@ -675,7 +737,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             .copied()
             .eq(layout.iter().copied().map(Some))
         {
-            return Ok((old.base, layout, false, None));
+            return Ok(Placed::at(old.base, layout));
         }
         let len = layout.len() as u32;
         match self.ranges.alloc(len, now) {
@@ -686,105 +748,149 @@ impl<M: ServiceMaps> Reconciler<M> {
                         backends: layout.iter().map(|a| backend(*a)).collect(),
                     });
                 }
-                Ok((base, layout, true, None))
+                Ok(Placed {
+                    new_range: true,
+                    ..Placed::at(base, layout)
+                })
             }
             Err(e) => {
-                if let Some(base) = self.make_room(key, &want.seniority, len, now) {
+                if let Some(base) = self.make_room(len, now) {
                     writes.push(MapWrite::PutBackends {
                         base,
                         backends: layout.iter().map(|a| backend(*a)).collect(),
                     });
-                    return Ok((base, layout, true, None));
-                }
-                // What the range holds: a slot that holds no backend ends the runs.
-                let current: Vec<SocketAddr> = old_slots.iter().map_while(|s| *s).collect();
-                let (start, run) = staying_run(&current, &want.backends);
-                if run.len() == old_slots.len() {
-                    return Err(MapWriteError::NoRange {
-                        wanted: e.wanted,
-                        free: e.free,
-                        waiting: e.waiting,
+                    return Ok(Placed {
+                        new_range: true,
+                        ..Placed::at(base, layout)
                     });
                 }
-                let narrowed = MapWriteError::Narrowed {
-                    wanted: e.wanted,
-                    free: e.free,
-                    waiting: e.waiting,
-                    serving: run.len() as u32,
-                };
-                Ok((old.base + start, run, false, Some(narrowed)))
+                self.in_place(old, want, e, now, writes)
             }
         }
     }
 
-    /// A fresh range of `len` backends for `key` when none is free: the ranges waiting out
-    /// their grace period are free once no program can still read them (a barrier); then the
-    /// room of newer Services' sets, newest first (capacity goes to the oldest). `None`: there
-    /// is no room even so (the caller narrows or waits).
-    fn make_room(
+    /// A changed set that finds no free range keeps the room it has: its range (`old.range`)
+    /// takes the wanted backends, those that stay in their slots and new ones in the slots of
+    /// those that left, as many as fit. Never a slot a frontend may read: when a slot the
+    /// frontends now use must change, they first narrow to the longest run of used slots that
+    /// stay (nothing written into the range; `narrowed_in_place`; a run of none refuses
+    /// connects meanwhile), and the other slots are written at the next call once no program
+    /// can still read them (a barrier, or the grace since the narrowing), when the frontends
+    /// widen again. Backends that left are never chosen again.
+    fn in_place(
         &mut self,
-        key: &ServicePortKey,
-        seniority: &Seniority,
-        len: u32,
+        old: &SetState,
+        want: &DesiredService,
+        no_range: NoRange,
         now: Instant,
-    ) -> Option<u32> {
+        writes: &mut Vec<MapWrite>,
+    ) -> Result<Placed, MapWriteError> {
+        let (start, room) = old.range;
+        if room == 0 {
+            return Err(MapWriteError::NoRange {
+                wanted: no_range.wanted,
+                free: no_range.free,
+                waiting: no_range.waiting,
+            });
+        }
+        let held: Vec<Option<SocketAddr>> = self.mirror.snap.slots(start, room).collect();
+        let target = in_place_layout(&held, &want.backends);
+        let k = target.len() as u32;
+        let at_ceiling = |serving: u32| MapWriteError::AtCeiling {
+            wanted: want.backends.len() as u32,
+            serving,
+            free: no_range.free,
+            waiting: no_range.waiting,
+        };
+        let full = (want.backends.len() as u32 > k).then(|| at_ceiling(k));
+        let in_use = old.base..old.base + old.len;
+        let changed: Vec<u32> = (0..k)
+            .filter(|&p| held[p as usize] != Some(target[p as usize]))
+            .collect();
+        if changed.is_empty() {
+            // The slots hold the target already: the frontends only widen (or move) to it.
+            return Ok(Placed {
+                narrowed: full,
+                ..Placed::at(start, target)
+            });
+        }
+        if changed.iter().any(|p| in_use.contains(&(start + p))) {
+            // Narrow first, to the longest run of used slots that stay as they are.
+            let used: Vec<SocketAddr> = self.layout_of(old).iter().map_while(|s| *s).collect();
+            let keep: Vec<SocketAddr> = used
+                .iter()
+                .enumerate()
+                .map(|(i, b)| {
+                    let p = old.base + i as u32 - start;
+                    if p < k && target[p as usize] == *b {
+                        *b
+                    } else {
+                        // Not kept as it is: ends a run.
+                        SocketAddr::from(([0, 0, 0, 0], 0))
+                    }
+                })
+                .collect();
+            // None stays (every endpoint replaced at once): the frontends point at nothing
+            // (connects refused) until the swap, a barrier later, rather than at backends that
+            // left.
+            let (run_start, run) = staying_run(&keep, &want.backends);
+            return Ok(Placed {
+                narrowed: Some(at_ceiling(run.len() as u32)),
+                narrowed_in_place: true,
+                ..Placed::at(old.base + run_start, run)
+            });
+        }
+        // Every slot to write is outside what the frontends use now: written once no program
+        // can still read them (they did before the narrowing).
+        let fenced = old
+            .narrowed_at
+            .is_none_or(|t| now.duration_since(t) >= self.ranges.grace())
+            || self.maps.barrier();
+        if !fenced {
+            return Err(at_ceiling(old.len));
+        }
+        let mut run_start = None;
+        for p in 0..=k {
+            let differs = p < k && changed.binary_search(&p).is_ok();
+            match (differs, run_start) {
+                (true, None) => run_start = Some(p),
+                (false, Some(from)) => {
+                    writes.push(MapWrite::PutBackends {
+                        base: start + from,
+                        backends: target[from as usize..p as usize]
+                            .iter()
+                            .map(|a| backend(*a))
+                            .collect(),
+                    });
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+        Ok(Placed {
+            narrowed: full,
+            ..Placed::at(start, target)
+        })
+    }
+
+    /// A fresh range of `len` backends when none is free: the ranges waiting out their grace
+    /// period are free once no program can still read them (a barrier). `None`: there is no
+    /// room even so (the caller keeps the set's own room or waits).
+    fn make_room(&mut self, len: u32, now: Instant) -> Option<u32> {
         if self.ranges.waiting_len() > 0 && self.maps.barrier() {
             self.ranges.reclaim_waiting();
             if let Ok(base) = self.ranges.alloc(len, now) {
                 return Some(base);
             }
         }
-        // Only when the newer sets hold enough: never take room that would not make it fit.
-        let newer: u32 = self
-            .sets
-            .iter()
-            .filter(|(k, s)| *k != key && newer_than(s, seniority))
-            .map(|(_, s)| s.range.1)
-            .sum();
-        if self.ranges.free_len() + self.ranges.waiting_len() + newer < len {
-            return None;
-        }
-        while let Some(victim) = self.newest_newer(key, seniority, |_, s| s.range.1 > 0) {
-            if !self.evict(&victim, key, MapId::Backends) {
-                return None;
-            }
-            let barrier = self.maps.barrier();
-            if barrier {
-                self.ranges.reclaim_waiting();
-            }
-            if let Ok(base) = self.ranges.alloc(len, now) {
-                return Some(base);
-            }
-            // Without a barrier the room taken waits out its grace period: once what is free
-            // and waiting would hold the set, no more newer sets go for it now (each would wait
-            // too); the set is written at a retry after the grace.
-            if !barrier && self.ranges.free_len() + self.ranges.waiting_len() >= len {
-                return None;
-            }
-        }
         None
     }
 
-    /// Room in `SERVICE_META` for a new set: a newer Service's set goes when it is full.
-    fn make_meta_room(&mut self, key: &ServicePortKey, seniority: &Seniority) {
-        let capacity = self.maps.capacities().get(MapId::ServiceMeta) as usize;
-        while self.mirror.snap.meta.len() >= capacity {
-            let Some(victim) = self.newest_newer(key, seniority, |_, _| true) else {
-                return;
-            };
-            if !self.evict(&victim, key, MapId::ServiceMeta) {
-                return;
-            }
-        }
-    }
-
     /// The frontends `want` names that fit: where a frontend map lacks room for the new ones,
-    /// newer Services' sets holding frontends there go first; what still does not fit is left
-    /// out, the strongest claims kept (ClusterIP, then NodePort, load balancer, externalIP),
-    /// and reported. Frontends the set has already always stay.
+    /// what does not fit is left out, the strongest claims kept (ClusterIP, then NodePort,
+    /// load balancer, externalIP), and reported. Frontends the set has already always stay.
     fn frontends_with_room(
-        &mut self,
-        key: &ServicePortKey,
+        &self,
         want: &DesiredService,
         current: &[FrontendKey],
     ) -> (Vec<FrontendKey>, Option<MapWriteError>) {
@@ -804,19 +910,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                 })
                 .collect();
             let capacity = self.maps.capacities().get(map) as usize;
-            let room = |r: &Self| capacity.saturating_sub(r.mirror.frontend_count(map));
-            while new.len() > room(self) {
-                let mirror = &self.mirror;
-                let Some(victim) = self.newest_newer(key, &want.seniority, |_, s| {
-                    mirror.frontends_of(s.id).any(|k| frontends_map(k) == map)
-                }) else {
-                    break;
-                };
-                if !self.evict(&victim, key, map) {
-                    break;
-                }
-            }
-            let fits = room(self);
+            let fits = capacity.saturating_sub(self.mirror.frontend_count(map));
             for (i, c) in new.iter().enumerate() {
                 if i >= fits {
                     left_out.push((map, c.addr.to_string()));
@@ -845,41 +939,6 @@ impl<M: ServiceMaps> Reconciler<M> {
                 addresses: left_out.iter().map(|(_, a)| a.clone()).collect(),
             });
         (wanted, error)
-    }
-
-    /// The newest set, strictly newer than `seniority` and not `key`, that `holds` room.
-    fn newest_newer(
-        &self,
-        key: &ServicePortKey,
-        seniority: &Seniority,
-        holds: impl Fn(&ServicePortKey, &SetState) -> bool,
-    ) -> Option<ServicePortKey> {
-        self.sets
-            .iter()
-            .filter(|(k, s)| *k != key && newer_than(s, seniority) && holds(k, s))
-            .max_by(|(ka, a), (kb, b)| age_of(a).cmp(&age_of(b)).then_with(|| ka.cmp(kb)))
-            .map(|(k, _)| k.clone())
-    }
-
-    /// Takes a set out of the maps for `by` (its frontends, metadata and range go, as when it is
-    /// removed); it is reported with `by`'s write and retried like any failed set. False when
-    /// its removal failed (it still holds its room): callers stop making room then, or they
-    /// would pick it again without end.
-    fn evict(&mut self, victim: &ServicePortKey, by: &ServicePortKey, map: MapId) -> bool {
-        let mut scratch = SyncReport::default();
-        self.sync_one_into(victim, None, &mut scratch);
-        if self.sets.contains_key(victim) {
-            return false;
-        }
-        tracing::warn!(service = %victim, by = %by, map = map.name(), "taken out of the maps to make room for an older Service");
-        self.evictions.push((
-            victim.clone(),
-            MapWriteError::Evicted {
-                map,
-                by: by.clone(),
-            },
-        ));
-        true
     }
 
     fn word(&self, word: u32) -> u64 {
@@ -1033,21 +1092,6 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 }
 
-/// Whether a set belongs to a Service newer than `seniority` (a set not yet written by this
-/// reconciler counts as the newest).
-fn newer_than(set: &SetState, seniority: &Seniority) -> bool {
-    set.seniority
-        .as_ref()
-        .is_none_or(|s| s.age() > seniority.age())
-}
-
-/// The age order of a set (not yet written: the newest).
-fn age_of(set: &SetState) -> (i64, &str) {
-    set.seniority
-        .as_ref()
-        .map_or((i64::MAX, "\u{10ffff}"), Seniority::age)
-}
-
 /// (word, bit) pairs of the `PORTS` array that a plan sets or clears: a few per set, inline.
 type WordBits = SmallVec<[(u32, u64); 8]>;
 
@@ -1081,6 +1125,56 @@ fn staying_run(current: &[SocketAddr], wanted: &[SocketAddr]) -> (u32, Vec<Socke
     (best as u32, current[best..best + best_len].to_vec())
 }
 
+/// Where a set's backends go (`Reconciler::place`).
+struct Placed {
+    base: u32,
+    layout: Vec<SocketAddr>,
+    /// The set moves to a new range (the old one is released after a successful write).
+    new_range: bool,
+    /// Written, but not as desired (no room): reported and retried.
+    narrowed: Option<MapWriteError>,
+    /// The frontends narrow inside the set's own range so that its other slots can be written
+    /// once no program reads them (see `Reconciler::in_place`).
+    narrowed_in_place: bool,
+}
+
+impl Placed {
+    /// The set's backends `layout` from `base`, in place.
+    fn at(base: u32, layout: Vec<SocketAddr>) -> Self {
+        Self {
+            base,
+            layout,
+            new_range: false,
+            narrowed: None,
+            narrowed_in_place: false,
+        }
+    }
+}
+
+/// The layout a set's own range takes for `wanted` (`in_place`): a slot keeps its backend
+/// while it is wanted, and the others take the wanted backends not yet placed, in order; as
+/// many slots as the range has and backends are wanted. Each backend once.
+fn in_place_layout(held: &[Option<SocketAddr>], wanted: &[SocketAddr]) -> Vec<SocketAddr> {
+    let k = wanted.len().min(held.len());
+    let mut target: Vec<Option<SocketAddr>> = vec![None; k];
+    let mut placed: Vec<SocketAddr> = Vec::with_capacity(k);
+    for (p, slot) in held.iter().enumerate().take(k) {
+        if let Some(b) = slot
+            && wanted.contains(b)
+            && !placed.contains(b)
+        {
+            target[p] = Some(*b);
+            placed.push(*b);
+        }
+    }
+    let mut rest = wanted.iter().filter(|b| !placed.contains(b));
+    target
+        .into_iter()
+        .map(|t| t.or_else(|| rest.next().copied()))
+        .map(|t| t.expect("as many wanted backends as slots"))
+        .collect()
+}
+
 /// The writes for one backend set, and what they lead to.
 struct Plan {
     writes: Vec<MapWrite>,
@@ -1091,6 +1185,8 @@ struct Plan {
     new_range: bool,
     /// No room: the set was narrowed in place (written, then reported as failed).
     narrowed: Option<MapWriteError>,
+    /// Narrowed inside its own range to swap endpoints in: finished after a barrier.
+    narrowed_in_place: bool,
     /// Some new frontends did not fit (the others are written; reported as failed).
     left_out: Option<MapWriteError>,
     /// The frontends the plan deletes: their filter and port bits go once no frontend sets

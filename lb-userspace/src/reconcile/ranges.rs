@@ -47,6 +47,11 @@ impl Ranges {
         self.capacity
     }
 
+    /// How long a released range waits before reuse.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
     /// Marks `[start, start + len)` used (a range adopted from pinned maps). Returns false if
     /// part of it was not free (two frontends disagree; the caller rewrites that set).
     pub fn reserve(&mut self, start: u32, len: u32) -> bool {

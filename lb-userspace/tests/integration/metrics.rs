@@ -83,7 +83,7 @@ fn engine() -> Engine<InMemoryMaps> {
 /// Metrics over a pin folder that does not exist: no data path counters, everything else.
 fn metrics() -> Metrics {
     let nowhere = PathBuf::from("/nonexistent/socklb-metrics-test");
-    Metrics::new(nowhere.join("maps"), &Features::all_enabled())
+    Metrics::new(&nowhere.join("maps"), &Features::all_enabled())
 }
 
 fn list(engine: &mut Engine<InMemoryMaps>, services: &str, slices: &str) {

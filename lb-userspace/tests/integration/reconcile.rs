@@ -346,7 +346,11 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
     assert!(
         matches!(
             *failure(&report, "a"),
-            MapWriteError::NoRange { wanted: 3, .. }
+            MapWriteError::AtCeiling {
+                wanted: 3,
+                serving: 2,
+                ..
+            }
         ),
         "{}",
         report.failed[&key("a")]
@@ -363,13 +367,14 @@ fn a_changed_set_moves_to_a_fresh_range_and_the_old_one_waits_out_its_grace() {
         ["10.244.0.2:80"]
     );
     assert_eq!(r.ranges().waiting_len(), 2);
-    // No room for the new backend, and the one in use left: the set is narrowed to what
-    // stays (nothing: connects are refused), never left on the backend that left.
+    // No room for the new backend, and the one in use left: the set swaps it into its own
+    // slot. Without a barrier the frontends first point at what stays (nothing: connects are
+    // refused, never sent to the backend that left) until no program can read the slot.
     let report = r.sync_all(&world(&[("a", "10.96.0.1", &["10.244.0.3:80"])]));
     assert!(
         matches!(
             *failure(&report, "a"),
-            MapWriteError::Narrowed {
+            MapWriteError::AtCeiling {
                 wanted: 1,
                 waiting: 2,
                 serving: 0,
@@ -423,11 +428,12 @@ fn a_barrier_frees_released_ranges_at_once() {
     assert_no_problems(&problems);
 }
 
-/// At exactly full maps, a change that removes a backend and adds another applies the removal:
-/// the set serves the longest run of its current range that stays, and gets the new backend as
-/// soon as room frees.
+/// At exactly full maps, a change that removes a backend and adds another swaps the new one
+/// into the slot of the one that left: the frontends narrow to the slot that stays, a barrier
+/// later the freed slot is written and they widen again, all in the same sync. No write ever
+/// touches a slot a frontend uses (`guarded`).
 #[test]
-fn removals_apply_at_exactly_full_maps() {
+fn a_change_at_exactly_full_maps_swaps_endpoints_in_place() {
     let caps = Capacities::default().with(MapId::Backends, 4);
     let mut maps = InMemoryMaps::with_capacities(caps);
     let problems = guarded(&mut maps);
@@ -442,10 +448,36 @@ fn removals_apply_at_exactly_full_maps() {
         big,
         ("a", "10.96.0.1", &["10.244.0.2:80", "10.244.0.3:80"]),
     ]));
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let mut reached_a = reached(r.snapshot(), "10.96.0.1").unwrap();
+    reached_a.sort();
+    assert_eq!(reached_a, ["10.244.0.2:80", "10.244.0.3:80"]);
+    assert_eq!(
+        reached(r.snapshot(), "10.96.0.9").unwrap(),
+        ["10.244.9.1:80", "10.244.9.2:80"],
+        "the other set is untouched"
+    );
+    assert_no_problems(&problems);
+}
+
+/// The same without a program barrier: the frontends narrow to the slot that stays (never the
+/// backend that left), and the swap finishes at the retry once the grace has passed.
+#[test]
+fn without_a_barrier_an_in_place_swap_finishes_after_the_grace() {
+    let grace = Duration::from_millis(200);
+    let caps = Capacities::default().with(MapId::Backends, 4);
+    let mut maps = InMemoryMaps::with_capacities(caps).without_barrier();
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::with_grace(maps, grace).unwrap();
+    let big = ("big", "10.96.0.9", &["10.244.9.1:80", "10.244.9.2:80"][..]);
+    let before = world(&[big, ("a", "10.96.0.1", &["10.244.0.1:80", "10.244.0.2:80"])]);
+    let after = world(&[big, ("a", "10.96.0.1", &["10.244.0.2:80", "10.244.0.3:80"])]);
+    r.sync_all(&before);
+    let report = r.sync_all(&after);
     assert!(
         matches!(
             *failure(&report, "a"),
-            MapWriteError::Narrowed { serving: 1, .. }
+            MapWriteError::AtCeiling { serving: 1, .. }
         ),
         "{}",
         report.failed[&key("a")]
@@ -455,17 +487,19 @@ fn removals_apply_at_exactly_full_maps() {
         ["10.244.0.2:80"],
         "the backend that left is never chosen again"
     );
-    // Room frees (big goes): the retry writes the whole set.
-    let report = r.sync_all(&world(&[(
-        "a",
-        "10.96.0.1",
-        &["10.244.0.2:80", "10.244.0.3:80"],
-    )]));
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    // Too early: nothing changes.
+    let report = r.sync_all(&after);
+    assert!(report.failed.contains_key(&key("a")));
     assert_eq!(
         reached(r.snapshot(), "10.96.0.1").unwrap(),
-        ["10.244.0.2:80", "10.244.0.3:80"]
+        ["10.244.0.2:80"]
     );
+    std::thread::sleep(grace + Duration::from_millis(50));
+    let report = r.sync_all(&after);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let mut reached_a = reached(r.snapshot(), "10.96.0.1").unwrap();
+    reached_a.sort();
+    assert_eq!(reached_a, ["10.244.0.2:80", "10.244.0.3:80"]);
     assert_no_problems(&problems);
 }
 
@@ -562,100 +596,78 @@ fn rollout_world(old: &[&str]) -> DesiredState {
     w
 }
 
-/// Issue 27, the rollout under a full backend array: a newer tenant (2025) fills the array; an
-/// older Service (2019) rolls as a Deployment does, {A,B} → {A,B,C} → {B,C} → {B,C,D} → {C,D}.
-/// Every step is written whole: the older Service's change takes the room of the newest sets
-/// (which then fail, named), so it never has fewer backends in the maps than it has ready, and
-/// never none.
+/// The rollout at a full backend array that cannot grow: seven newer Services (2025) and an
+/// older one (2019) fill it; the older one rolls as a Deployment does, {A,B} → {A,B,C} → {B,C}
+/// → {B,C,D} → {C,D}. It keeps the room it has and swaps its endpoints into it: the surge
+/// endpoint waits (reported, the set serving the two it has), each replacement takes the slot
+/// of the endpoint that left. No other set loses anything, at any step, with a barrier or
+/// without one (then each swap finishes at the retry after the grace).
 #[test]
-fn capacity_goes_to_the_oldest_also_when_the_room_is_taken() {
-    let caps = Capacities::default().with(MapId::Backends, 16);
-    let mut maps = InMemoryMaps::with_capacities(caps);
-    let problems = guarded(&mut maps);
-    let mut r = Reconciler::new(maps).unwrap();
-    let (ep_a, ep_b, ep_c, ep_d) = (
-        "10.244.0.1:80",
-        "10.244.0.2:80",
-        "10.244.0.3:80",
-        "10.244.0.4:80",
-    );
-    let world_with = rollout_world;
-    let report = r.sync_all(&world_with(&[ep_a, ep_b]));
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(r.ranges().free_len(), 0, "exactly full");
-    for step in [
-        &[ep_a, ep_b, ep_c][..],
-        &[ep_b, ep_c],
-        &[ep_b, ep_c, ep_d],
-        &[ep_c, ep_d],
-    ] {
-        let mut sorted: Vec<String> = step.iter().map(ToString::to_string).collect();
-        sorted.sort();
-        let report = r.sync_all(&world_with(step));
-        assert!(
-            !report.failed.contains_key(&key("old")),
-            "the older Service's step {step:?}: {:?}",
-            report.failed
-        );
-        let mut reached = reached(r.snapshot(), "10.96.0.1").unwrap();
-        reached.sort();
-        assert_eq!(reached, sorted, "step {step:?}");
-        for (k, e) in &report.failed {
-            assert!(k.service.name.starts_with("filler"), "{k}: {e}");
+fn at_a_full_backend_array_a_rollout_swaps_in_place_and_takes_no_one_elses_room() {
+    for barrier in [true, false] {
+        let grace = Duration::from_millis(100);
+        let caps = Capacities::default().with(MapId::Backends, 16);
+        let mut maps = InMemoryMaps::with_capacities(caps);
+        if !barrier {
+            maps = maps.without_barrier();
         }
+        let problems = guarded(&mut maps);
+        let mut r = Reconciler::with_grace(maps, grace).unwrap();
+        let (ep_a, ep_b, ep_c, ep_d) = (
+            "10.244.0.1:80",
+            "10.244.0.2:80",
+            "10.244.0.3:80",
+            "10.244.0.4:80",
+        );
+        let report = r.sync_all(&rollout_world(&[ep_a, ep_b]));
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert_eq!(r.ranges().free_len(), 0, "exactly full");
+        for (step, serves, surge) in [
+            (&[ep_a, ep_b, ep_c][..], &[ep_a, ep_b][..], true),
+            (&[ep_b, ep_c], &[ep_b, ep_c], false),
+            (&[ep_b, ep_c, ep_d], &[ep_b, ep_c], true),
+            (&[ep_c, ep_d], &[ep_c, ep_d], false),
+        ] {
+            let mut report = r.sync_all(&rollout_world(step));
+            if !barrier && !surge {
+                // Narrowed to what stays, then swapped at the retry after the grace.
+                std::thread::sleep(grace + Duration::from_millis(20));
+                report = r.sync_all(&rollout_world(step));
+            }
+            let mut reached_old = reached(r.snapshot(), "10.96.0.1").unwrap();
+            reached_old.sort();
+            assert_eq!(reached_old, serves, "step {step:?} (barrier: {barrier})");
+            if surge {
+                assert!(
+                    matches!(
+                        *failure(&report, "old"),
+                        MapWriteError::AtCeiling {
+                            wanted: 3,
+                            serving: 2,
+                            ..
+                        }
+                    ),
+                    "{:?}",
+                    report.failed
+                );
+            } else {
+                assert!(report.failed.is_empty(), "{:?}", report.failed);
+            }
+            for i in 0..7 {
+                assert_eq!(
+                    reached(r.snapshot(), &format!("10.96.1.{i}")).unwrap(),
+                    [format!("10.245.{i}.1:80"), format!("10.245.{i}.2:80")],
+                    "a newer Service keeps everything at step {step:?}"
+                );
+            }
+        }
+        assert_no_problems(&problems);
     }
-    assert_no_problems(&problems);
 }
 
-/// The same rollout on a kernel without a program barrier: the room an evicted set leaves
-/// waits out its grace period, so it cannot be taken in the same write. The older Service's
-/// growth takes the room of as many newer sets as it needs, not of every newer set, keeps its
-/// current backends meanwhile, and is written once the grace has passed.
-#[test]
-fn without_a_barrier_the_oldest_takes_only_the_room_it_needs() {
-    let grace = Duration::from_millis(200);
-    let caps = Capacities::default().with(MapId::Backends, 16);
-    let mut maps = InMemoryMaps::with_capacities(caps).without_barrier();
-    let problems = guarded(&mut maps);
-    let mut r = Reconciler::with_grace(maps, grace).unwrap();
-    let world_with = rollout_world;
-    let (ep_a, ep_b, ep_c) = ("10.244.0.1:80", "10.244.0.2:80", "10.244.0.3:80");
-    let report = r.sync_all(&world_with(&[ep_a, ep_b]));
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(r.ranges().free_len(), 0, "exactly full");
-
-    let report = r.sync_all(&world_with(&[ep_a, ep_b, ep_c]));
-    let evicted: Vec<String> = (0..7)
-        .map(|i| format!("filler-{i}"))
-        .filter(|name| reached(r.snapshot(), &format!("10.96.1.{}", &name[7..])).is_none())
-        .collect();
-    assert!(
-        evicted.len() <= 2,
-        "three slots need the room of two two-slot sets, not {evicted:?}: {:?}",
-        report.failed
-    );
-    assert_eq!(
-        reached(r.snapshot(), "10.96.0.1").unwrap(),
-        [ep_a, ep_b],
-        "the older Service keeps what it has while its room waits"
-    );
-
-    std::thread::sleep(grace + Duration::from_millis(50));
-    let report = r.sync_all(&world_with(&[ep_a, ep_b, ep_c]));
-    assert!(
-        !report.failed.contains_key(&key("old")),
-        "written after the grace: {:?}",
-        report.failed
-    );
-    let mut reached_old = reached(r.snapshot(), "10.96.0.1").unwrap();
-    reached_old.sort();
-    assert_eq!(reached_old, [ep_a, ep_b, ep_c]);
-    assert_no_problems(&problems);
-}
-
-/// Issue 27, a full frontend map: an older Service gets a new address and, in the same update,
-/// its endpoint moves A → C. The backend change applies whatever the address does; the address
-/// takes the room of the newest Service's frontend.
+/// A full frontend map: an older Service gets a new address and, in the same update, its
+/// endpoint moves A → C. The backend change applies whatever the address does; the address
+/// that does not fit waits (reported), and no newer Service gives up its frontend for it.
 #[test]
 fn a_frontend_that_does_not_fit_never_holds_back_the_rest_of_the_change() {
     let caps = Capacities::default().with(MapId::Frontends4, 3);
@@ -672,7 +684,7 @@ fn a_frontend_that_does_not_fit_never_holds_back_the_rest_of_the_change() {
         }
         s
     };
-    let world_with = |backends: &[&str], second: bool, newer: bool| {
+    let world_with = |backends: &[&str], second: bool| {
         let mut w = DesiredState::default();
         w.services.insert(
             key("old"),
@@ -682,75 +694,50 @@ fn a_frontend_that_does_not_fit_never_holds_back_the_rest_of_the_change() {
             key("tenant"),
             aged(service("10.96.1.1", &["10.245.0.1:80"]), 2024, "tenant-uid"),
         );
-        if newer {
-            w.services.insert(
-                key("newest"),
-                aged(service("10.96.1.2", &["10.245.0.2:80"]), 2025, "newest-uid"),
-            );
-        }
+        w.services.insert(
+            key("newest"),
+            aged(service("10.96.1.2", &["10.245.0.2:80"]), 2025, "newest-uid"),
+        );
         w
     };
-    r.sync_all(&world_with(&["10.244.0.1:80"], false, true));
+    r.sync_all(&world_with(&["10.244.0.1:80"], false));
     assert_eq!(r.snapshot().frontends.len(), 3, "exactly full");
-    let report = r.sync_all(&world_with(&["10.244.0.3:80"], true, true));
+    let report = r.sync_all(&world_with(&["10.244.0.3:80"], true));
     assert_eq!(
         reached(r.snapshot(), "10.96.0.1").unwrap(),
         ["10.244.0.3:80"],
         "the endpoint moved"
     );
-    assert_eq!(
-        reached(r.snapshot(), "203.0.113.1").unwrap(),
-        ["10.244.0.3:80"],
-        "the new address took the newest Service's room"
+    assert!(
+        reached(r.snapshot(), "203.0.113.1").is_none(),
+        "the new address waits for room"
     );
-    assert!(reached(r.snapshot(), "10.96.1.2").is_none());
-    // Taken out, then (later in the same full sync) no room to come back: named as failed for
-    // room either way.
-    assert_eq!(
-        failure(&report, "newest").kind(),
-        socklb::vocab::ErrorKind::MapFull,
+    assert!(
+        matches!(
+            *failure(&report, "old"),
+            MapWriteError::FrontendsLeftOut { left_out: 1, .. }
+        ),
         "{:?}",
         report.failed
     );
-    assert!(!report.failed.contains_key(&key("old")));
-    // Nobody newer to take from: the address waits, the endpoint change still applies.
-    let mut r = Reconciler::new(InMemoryMaps::with_capacities(caps)).unwrap();
-    r.sync_all(&world_with(&["10.244.0.1:80"], false, false));
-    let mut full = world_with(&["10.244.0.1:80"], false, false);
-    full.services.insert(
-        key("older-still"),
-        aged(service("10.96.2.1", &["10.245.9.1:80"]), 2018, "o"),
-    );
-    r.sync_all(&full);
-    assert_eq!(r.snapshot().frontends.len(), 3, "exactly full");
-    let mut change = world_with(&["10.244.0.3:80"], true, false);
-    change.services.insert(
-        key("older-still"),
-        aged(service("10.96.2.1", &["10.245.9.1:80"]), 2018, "o"),
-    );
-    let report = r.sync_all(&change);
-    assert_eq!(
-        reached(r.snapshot(), "10.96.0.1").unwrap(),
-        ["10.244.0.3:80"],
-        "the endpoint moved although the address did not fit"
-    );
-    assert!(
-        reached(r.snapshot(), "10.96.1.1").is_none(),
-        "the tenant (2024) made room for the 2019 Service"
-    );
-    assert!(
-        !report.failed.contains_key(&key("old")),
-        "{:?}",
-        report.failed
-    );
+    for (name, addr, backend) in [
+        ("tenant", "10.96.1.1", "10.245.0.1:80"),
+        ("newest", "10.96.1.2", "10.245.0.2:80"),
+    ] {
+        assert_eq!(
+            reached(r.snapshot(), addr).unwrap(),
+            [backend],
+            "{name} keeps its frontend"
+        );
+        assert!(!report.failed.contains_key(&key(name)));
+    }
     assert_no_problems(&problems);
 }
 
-/// Issue 27's room-making under a write that keeps failing: a newer set whose removal fails
-/// still holds its room, so the older one's sync stops making room and reports (it never
-/// picks the same set again without end), and the newer set keeps serving.
+/// Nothing is ever taken out to make room, even where a removal keeps failing: the set that
+/// cannot be removed keeps serving, the one that finds no room waits, and the sync returns.
 #[test]
-fn a_set_whose_removal_fails_is_not_evicted_again_and_again() {
+fn no_set_is_taken_out_for_another_even_where_removals_fail() {
     let caps = Capacities::default().with(MapId::Backends, 2);
     let maps = InMemoryMaps::with_capacities(caps);
     let mut r = Reconciler::new(maps).unwrap();

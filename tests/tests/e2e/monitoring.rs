@@ -317,6 +317,8 @@ fn every_metric_the_rules_and_dashboard_name_is_one_the_agent_exports() -> anyho
     let agent = sandbox.start_agent(&AgentOptions::with_args([
         "--max-backends".to_string(),
         "1".into(),
+        "--max-map-memory".into(),
+        "0".into(),
         "--prometheus-listen".into(),
         scrape.to_string(),
     ]))?;

@@ -537,8 +537,9 @@ fn a_change_that_cannot_be_written_turns_the_probes_503_after_the_stale_time() -
     Ok(())
 }
 
-/// kube-proxy's ports, stale after 3 s, the agent's own `/livez` after 6 s, room for 4 backends.
-const STALE_IN_3_S: [&str; 11] = [
+/// kube-proxy's ports, stale after 3 s, the agent's own `/livez` after 6 s, room for 4 backends
+/// (that may not grow).
+const STALE_IN_3_S: [&str; 13] = [
     "--health-check-node-ports",
     "--kube-proxy-healthz",
     "0.0.0.0:10256",
@@ -550,6 +551,8 @@ const STALE_IN_3_S: [&str; 11] = [
     "6",
     "--max-backends",
     "4",
+    "--max-map-memory",
+    "0",
 ];
 
 /// The agent's `/status`, asked from the node's namespace.

@@ -388,7 +388,8 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
             ),
         )?;
     }
-    // Room for 5 backends: a (2) and b (1) fit, c (3 more) does not.
+    // Room for 5 backends that may not grow (the ceiling at 0): a (2) and b (1) fit, c (3
+    // more) does not.
     let agent = sandbox.start_agent(&AgentOptions {
         args: [
             "--max-backends",
@@ -397,6 +398,8 @@ fn a_service_that_does_not_fit_is_reported_and_the_others_work() -> anyhow::Resu
             "4",
             "--max-services",
             "4",
+            "--max-map-memory",
+            "0",
         ]
         .map(String::from)
         .to_vec(),

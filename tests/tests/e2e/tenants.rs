@@ -9,6 +9,7 @@ use socklb_tests::{
     Sandbox,
     agent::{AgentOptions, AgentProcess},
     client::Command,
+    load::Load,
     manifests::{Meta, service_object, slice_object},
 };
 
@@ -117,9 +118,17 @@ fn capacity_goes_to_the_oldest_on_a_fresh_node() -> anyhow::Result<()> {
     );
     sandbox.write_manifest("filler.yaml", &filler)?;
     sandbox.write_manifest("dns.yaml", &dns)?;
-    let args: Vec<String> = ["--max-services", "16", "--max-frontends", "16"]
-        .map(String::from)
-        .to_vec();
+    // At the ceiling (the maps never grow here): the newest is the one that finds no room.
+    let args: Vec<String> = [
+        "--max-services",
+        "16",
+        "--max-frontends",
+        "16",
+        "--max-map-memory",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec();
     let mut agent = sandbox.start_agent(&AgentOptions {
         args: args.clone(),
         ..AgentOptions::default()
@@ -185,12 +194,13 @@ fn capacity_goes_to_the_oldest_on_a_fresh_node() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Removals at a full backend array, for the newest Service (nobody newer to take room from):
-/// a tenant (2024) at exactly full maps changes {A, B} → {B, C}. With no room for the new set
-/// and none to take, it serves the backends that stay (B), never the one that left (A), is
-/// reported as narrowed, and gets C once room frees.
+/// At a full backend array that cannot grow (`--max-map-memory 0`): a tenant (2024) at exactly
+/// full maps changes {A, B} → {B, C}. There is no free range and no set gives up room for it:
+/// it swaps C into A's slot in its own range (the frontends narrow to B, a barrier later the
+/// slot is written and they widen), so it serves B and C, never A again, and nothing is
+/// reported failed. The older Service beside it keeps all its room.
 #[test]
-fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
+fn at_a_full_backend_array_a_change_swaps_its_endpoints_in_place() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for ip in [A, B, C] {
@@ -220,7 +230,12 @@ fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
         )
     };
     sandbox.write_manifest("web.yaml", &web(&[A, B]))?;
-    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-backends", "16"]))?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-backends",
+        "16",
+        "--max-map-memory",
+        "0",
+    ]))?;
     let (a, b, c) = (
         format!("{A}:8080"),
         format!("{B}:8080"),
@@ -229,49 +244,45 @@ fn removals_apply_at_a_full_backend_array() -> anyhow::Result<()> {
     sandbox.wait_candidates("10.96.0.10:80", &[&a, &b])?;
     // Exactly full: 14 + 2 of 16.
     sandbox.write_manifest("web.yaml", &web(&[B, C]))?;
-    sandbox.wait_candidates("10.96.0.10:80", &[&b])?;
+    sandbox.wait_candidates("10.96.0.10:80", &[&b, &c])?;
     assert_eq!(
-        answered_by(&sandbox, "10.96.0.10:80", 50)?,
-        BTreeSet::from([b.clone()]),
-        "A, which left, never answers again"
+        answered_by(&sandbox, "10.96.0.10:80", 60)?,
+        BTreeSet::from([b.clone(), c.clone()]),
+        "B and C answer; A, which left, never again"
     );
     let s = status(&agent)?;
-    assert!(
-        s.failed
-            .iter()
-            .any(|f| f.service_port.service.to_string() == "tenant/web"
-                && f.error.contains("serving only the 1 backend(s) that stay")),
-        "reported as narrowed: {:?}",
-        s.failed
+    assert!(s.failed.is_empty(), "nothing failed: {:?}", s.failed);
+    assert_eq!(
+        agent.metric("socklb_map_capacity{map=\"BACKENDS\"}")?,
+        Some(16.0),
+        "the array did not grow"
     );
-    assert!(
-        s.failed
-            .iter()
-            .all(|f| f.service_port.service.to_string() != "aaa/big"),
-        "the older Service keeps its room: {:?}",
-        s.failed
-    );
-    // Room frees: web gets C as well, on its retry.
-    sandbox.remove_manifest("big.yaml")?;
-    sandbox.wait_candidates("10.96.0.10:80", &[&b, &c])?;
+    let held: Vec<String> = big_endpoints
+        .iter()
+        .map(|ip| format!("{ip}:8080"))
+        .collect();
+    let held_refs: Vec<&str> = held.iter().map(String::as_str).collect();
+    sandbox.wait_candidates("10.96.0.90:80", &held_refs)?;
     Ok(())
 }
 
-/// Issue 27.2, a rollout under a full backend array: a newer tenant (2025) fills
-/// `--max-backends 16`; an older Service (2019) rolls as a Deployment does,
-/// {A,B} → {A,B,C} → {B,C} → {B,C,D} → {C,D}. Each step takes the room of the newest sets
-/// (which then fail, named in /status), so the older Service's connects reach exactly the
-/// step's endpoints: never fewer than are ready, never refused.
+/// At the ceiling (`--max-map-memory 0`), a rollout keeps its room: seven newer Services
+/// (2025, two endpoints each) and an older one (2019) fill `--max-backends 16`; the older one
+/// rolls as a Deployment does, {A,B} → {A,B,C} → {B,C} → {B,C,D} → {C,D}. It keeps the two
+/// slots it has: the surge endpoint waits (reported, the older Service serving the two it
+/// has), each replacement takes the slot of the endpoint that left. At every step its connects
+/// reach exactly what it serves, and every newer Service answers every connect, by its own
+/// endpoints (none is taken out).
 #[test]
-fn an_older_services_rollout_takes_room_from_newer_ones() -> anyhow::Result<()> {
+fn at_the_ceiling_a_rollout_keeps_its_room_and_every_other_service_answers() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     let d_ip = "10.244.4.60";
-    for ip in [A, B, C, d_ip] {
+    let (e1, e2) = ("10.244.5.71", "10.244.5.72");
+    for ip in [A, B, C, d_ip, e1, e2] {
         sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
     }
     for i in 0..7 {
-        let (e1, e2) = (format!("10.245.{i}.1"), format!("10.245.{i}.2"));
         sandbox.write_manifest(
             &format!("filler-{i}.yaml"),
             &svc(
@@ -281,7 +292,7 @@ fn an_older_services_rollout_takes_room_from_newer_ones() -> anyhow::Result<()> 
                 "2025-01-01T00:00:00Z",
                 &[("http", "TCP", 80)],
                 &[],
-                &[&e1, &e2],
+                &[e1, e2],
             ),
         )?;
     }
@@ -297,53 +308,290 @@ fn an_older_services_rollout_takes_room_from_newer_ones() -> anyhow::Result<()> 
         )
     };
     sandbox.write_manifest("old.yaml", &old(&[A, B]))?;
-    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-backends", "16"]))?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-backends",
+        "16",
+        "--max-map-memory",
+        "0",
+    ]))?;
     let at = |ip: &str| format!("{ip}:8080");
     sandbox.wait_candidates("10.96.0.10:80", &[&at(A), &at(B)])?;
-    for step in [&[A, B, C][..], &[B, C], &[B, C, d_ip], &[C, d_ip]] {
+    let fillers = BTreeSet::from([at(e1), at(e2)]);
+    let load = Load::start(&sandbox, "10.96.1.4:80".parse()?, 1, 1_000)?;
+    for (step, serves, surge) in [
+        (&[A, B, C][..], &[A, B][..], true),
+        (&[B, C], &[B, C], false),
+        (&[B, C, d_ip], &[B, C], true),
+        (&[C, d_ip], &[C, d_ip], false),
+    ] {
         sandbox.write_manifest("old.yaml", &old(step))?;
-        let want: Vec<String> = step.iter().map(|ip| at(ip)).collect();
+        let want: Vec<String> = serves.iter().map(|ip| at(ip)).collect();
         let refs: Vec<&str> = want.iter().map(String::as_str).collect();
         sandbox.wait_candidates("10.96.0.10:80", &refs)?;
-        let reply = sandbox.client()?.connect("10.96.0.10:80".parse()?, 60)?;
-        assert_eq!(reply.failures(), 0, "step {step:?}: {:?}", reply.errors);
-        let answered: BTreeSet<String> = reply.backends.keys().cloned().collect();
+        if surge {
+            wait_for_status(&agent, "the surge endpoint reported waiting", |s| {
+                s.failed
+                    .iter()
+                    .any(|f| f.service_port.service.to_string() == "kube-system/old")
+            })?;
+        }
         assert_eq!(
-            answered,
+            answered_by(&sandbox, "10.96.0.10:80", 60)?,
             want.iter().cloned().collect::<BTreeSet<_>>(),
-            "step {step:?}: only and all of the step's endpoints"
+            "step {step:?}: only and all of what it serves"
         );
+        for i in 0..7 {
+            assert_eq!(
+                answered_by(&sandbox, &format!("10.96.1.{}:80", i + 1), 10)?,
+                fillers,
+                "step {step:?}: filler-{i} answers every connect"
+            );
+        }
         let s = status(&agent)?;
         assert!(
             s.failed
                 .iter()
-                .all(|f| f.service_port.service.to_string().starts_with("tenant/")),
-            "step {step:?}: only the newer tenant fails: {:?}",
+                .all(|f| f.service_port.service.to_string() == "kube-system/old"),
+            "step {step:?}: no newer Service fails: {:?}",
             s.failed
         );
     }
-    // The tenant's sets that made room were named when they did (they may have room again
-    // since: the last step needs less than the first).
-    assert!(
-        agent
-            .log_text()
-            .contains("taken out of the maps to make room for an older Service"),
-        "{}",
-        agent.log_text()
+    let done = load.finish()?;
+    assert_eq!(
+        done.failed(),
+        Vec::<&socklb_tests::load::Connect>::new(),
+        "a newer Service answered every connect through the rollout"
     );
-    assert!(agent.metric("socklb_errors_total{kind=\"map_full\"}")? > Some(0.0));
+    assert!(!agent.log_text().contains("to make room for"));
     Ok(())
 }
 
-/// Issue 27.3, a full frontend map: a newer tenant's externalIPs fill `--max-frontends 4`; an
-/// older Service gets a load-balancer address and, in the same update, its endpoint moves
-/// A → C. The endpoint change applies (C answers, A never again), and the new address takes
-/// the room of the newest claim (and answers too).
+/// Waits (10 s at most) for `/status` to show `what`.
+fn wait_for_status(
+    agent: &AgentProcess,
+    what: &str,
+    mut holds: impl FnMut(&Status) -> bool,
+) -> anyhow::Result<()> {
+    let start = std::time::Instant::now();
+    while !holds(&status(agent)?) {
+        anyhow::ensure!(start.elapsed().as_secs() < 10, "waited for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Issue 53.1, growth takes nothing from anyone: `--max-backends 16` to start with; a newer
+/// Service (2025) with six endpoints serves under a connect loop while an older one (2019)
+/// grows from 2 to 14 endpoints, past what the array holds. The maps grow (a new generation,
+/// switched to make-before-break) instead of taking the newer Service out: every connect to it
+/// is answered, by its own endpoints only, and the older one gets all 14.
 #[test]
-fn a_full_frontend_map_never_holds_back_an_older_services_change() -> anyhow::Result<()> {
+fn a_growing_service_takes_nothing_from_a_newer_one() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
-    for ip in [A, C] {
+    let newer: Vec<String> = (1..=6).map(|i| format!("10.244.6.{i}")).collect();
+    for ip in &newer {
+        sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
+    }
+    let newer_refs: Vec<&str> = newer.iter().map(String::as_str).collect();
+    sandbox.write_manifest(
+        "newer.yaml",
+        &svc(
+            "tenant",
+            "newer",
+            "10.96.2.1",
+            "2025-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            &newer_refs,
+        ),
+    )?;
+    let older_eps: Vec<String> = (1..=14).map(|i| format!("10.245.7.{i}")).collect();
+    let older = |n: usize| {
+        let refs: Vec<&str> = older_eps[..n].iter().map(String::as_str).collect();
+        svc(
+            "kube-system",
+            "older",
+            "10.96.0.10",
+            "2019-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            &refs,
+        )
+    };
+    sandbox.write_manifest("older.yaml", &older(2))?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-backends", "16"]))?;
+    let at = |ip: &str| format!("{ip}:8080");
+    let newer_at: Vec<String> = newer.iter().map(|ip| at(ip)).collect();
+    let newer_at_refs: Vec<&str> = newer_at.iter().map(String::as_str).collect();
+    sandbox.wait_candidates("10.96.2.1:80", &newer_at_refs)?;
+    let load = Load::start(&sandbox, "10.96.2.1:80".parse()?, 2, 2_000)?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    sandbox.write_manifest("older.yaml", &older(14))?;
+    let older_at: Vec<String> = older_eps.iter().map(|ip| at(ip)).collect();
+    let older_at_refs: Vec<&str> = older_at.iter().map(String::as_str).collect();
+    sandbox.wait_candidates("10.96.0.10:80", &older_at_refs)?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let done = load.finish()?;
+    assert_eq!(
+        done.failed(),
+        Vec::<&socklb_tests::load::Connect>::new(),
+        "the newer Service answered every connect"
+    );
+    let reached: BTreeSet<&str> = done.connects.iter().map(|c| c.outcome.as_str()).collect();
+    assert_eq!(
+        reached,
+        newer_at.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        "only its own endpoints"
+    );
+    sandbox.wait_candidates("10.96.2.1:80", &newer_at_refs)?;
+    assert!(
+        agent.metric("socklb_map_growths_total")? >= Some(1.0),
+        "the maps grew"
+    );
+    assert!(
+        agent.metric("socklb_map_capacity{map=\"BACKENDS\"}")? >= Some(32.0),
+        "to at least twice the start"
+    );
+    // A restart keeps the grown maps (no migration back down to --max-backends 16).
+    let agent = restart_keeps_grown_maps(&sandbox, agent)?;
+    sandbox.wait_candidates("10.96.0.10:80", &older_at_refs)?;
+    let s = status(&agent)?;
+    assert!(
+        s.failed.is_empty(),
+        "nothing refused for room: {:?}",
+        s.failed
+    );
+    let log = agent.log_text();
+    let grew = log
+        .lines()
+        .find(|l| l.contains("maps grew before they filled"))
+        .unwrap_or_else(|| panic!("the growth is logged: {log}"));
+    assert!(
+        !log.contains("to make room for"),
+        "nothing is taken out: {log}"
+    );
+    println!("FIGURE growth log: {grew}");
+    println!(
+        "FIGURE growth: {} connects to the newer Service while the older one grew 2 -> 14 past --max-backends 16, 0 failed",
+        done.connects.len()
+    );
+    Ok(())
+}
+
+/// Kills the agent under a connect loop to the newer Service and starts it again: it adopts
+/// the grown maps (no migration back to the configured size) and no connect fails.
+fn restart_keeps_grown_maps(
+    sandbox: &Sandbox,
+    mut agent: AgentProcess,
+) -> anyhow::Result<AgentProcess> {
+    let load = Load::start(sandbox, "10.96.2.1:80".parse()?, 1, 500)?;
+    agent.kill9();
+    agent.restart(true)?;
+    let after_restart = load.finish()?;
+    assert_eq!(
+        after_restart.failed(),
+        Vec::<&socklb_tests::load::Connect>::new(),
+        "no connect failed across the restart"
+    );
+    assert!(
+        agent
+            .log_text()
+            .contains("adopting maps that grew beyond the configured sizes"),
+        "{}",
+        agent.log_tail(30)
+    );
+    assert!(agent.metric("socklb_map_capacity{map=\"BACKENDS\"}")? >= Some(32.0));
+    Ok(agent)
+}
+
+/// Issue 53.3, a restart at full maps takes no one out: two Services of the same age (2019),
+/// `a-old/web` and `z-old/web`, and newer ones fill `--max-backends 8` at the ceiling
+/// (`--max-map-memory 0`). The agent is killed, `z-old/web` rolls {A, B} → {B, C}, and a new
+/// agent starts on the pins: it adopts the sets where they are, no set gives up room for
+/// another whatever the names, and `z-old/web` swaps C into A's slot. Connects to both, running
+/// throughout, never fail; each reaches only what was its endpoint at the time.
+#[test]
+fn a_restart_at_full_maps_takes_no_service_out() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    for ip in [A, B, C, "10.244.5.71"] {
+        sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
+    }
+    let web = |ns: &str, vip: &str, eps: &[&str]| {
+        svc(
+            ns,
+            "web",
+            vip,
+            "2019-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            eps,
+        )
+    };
+    sandbox.write_manifest("a-old.yaml", &web("a-old", "10.96.0.11", &[A]))?;
+    sandbox.write_manifest("z-old.yaml", &web("z-old", "10.96.0.12", &[A, B]))?;
+    let filler: Vec<String> = (1..=5).map(|i| format!("10.245.3.{i}")).collect();
+    let filler_refs: Vec<&str> = filler.iter().map(String::as_str).collect();
+    sandbox.write_manifest(
+        "filler.yaml",
+        &svc(
+            "tenant",
+            "filler",
+            "10.96.1.1",
+            "2025-01-01T00:00:00Z",
+            &[("http", "TCP", 80)],
+            &[],
+            &filler_refs,
+        ),
+    )?;
+    let options = AgentOptions::with_args(["--max-backends", "8", "--max-map-memory", "0"]);
+    let mut agent = sandbox.start_agent(&options)?;
+    let at = |ip: &str| format!("{ip}:8080");
+    sandbox.wait_candidates("10.96.0.11:80", &[&at(A)])?;
+    sandbox.wait_candidates("10.96.0.12:80", &[&at(A), &at(B)])?;
+    let a_load = Load::start(&sandbox, "10.96.0.11:80".parse()?, 1, 500)?;
+    let z_load = Load::start(&sandbox, "10.96.0.12:80".parse()?, 1, 500)?;
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    agent.kill9();
+    sandbox.write_manifest("z-old.yaml", &web("z-old", "10.96.0.12", &[B, C]))?;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    agent.restart(true)?;
+    sandbox.wait_candidates("10.96.0.12:80", &[&at(B), &at(C)])?;
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for (name, load, want) in [
+        ("a-old/web", a_load, vec![at(A)]),
+        ("z-old/web", z_load, vec![at(A), at(B), at(C)]),
+    ] {
+        let done = load.finish()?;
+        assert_eq!(
+            done.failed(),
+            Vec::<&socklb_tests::load::Connect>::new(),
+            "{name}: no connect failed across the restart"
+        );
+        let reached: BTreeSet<String> = done.connects.iter().map(|c| c.outcome.clone()).collect();
+        assert!(
+            reached.iter().all(|r| want.contains(r)),
+            "{name}: {reached:?}"
+        );
+    }
+    let s = status(&agent)?;
+    assert!(s.failed.is_empty(), "{:?}", s.failed);
+    assert!(!agent.log_text().contains("to make room for"));
+    Ok(())
+}
+
+/// A full frontend map: a newer tenant's externalIPs fill `--max-frontends 4`; an older Service
+/// gets a load-balancer address and, in the same update, its endpoint moves A → C. At the
+/// ceiling (`--max-map-memory 0`) the endpoint change applies (C answers, A never again), the
+/// new address waits for room (reported), and the tenant keeps every address it has. With the
+/// maps free to grow (a restart without the ceiling), `FRONTENDS4` grows and the new address
+/// answers too, the tenant's still.
+#[test]
+fn a_full_frontend_map_never_holds_back_a_change_nor_takes_an_address() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    for ip in [A, C, "10.244.8.1"] {
         sandbox.add_backend(format!("{ip}:8080").parse()?, false)?;
     }
     sandbox.write_manifest(
@@ -355,7 +603,7 @@ fn a_full_frontend_map_never_holds_back_an_older_services_change() -> anyhow::Re
             "2025-01-01T00:00:00Z",
             &[("http", "TCP", 80)],
             &["externalIPs: [\"203.0.113.1\", \"203.0.113.2\"]"],
-            &["10.245.0.1"],
+            &["10.244.8.1"],
         ),
     )?;
     let old = |endpoint: &str, lb: bool| {
@@ -376,10 +624,19 @@ fn a_full_frontend_map_never_holds_back_an_older_services_change() -> anyhow::Re
         )
     };
     sandbox.write_manifest("web.yaml", &old(A, false))?;
-    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-frontends", "4"]))?;
-    let (a, c) = (format!("{A}:8080"), format!("{C}:8080"));
+    let mut agent = sandbox.start_agent(&AgentOptions::with_args([
+        "--max-frontends",
+        "4",
+        "--max-map-memory",
+        "0",
+    ]))?;
+    let (a, c, t) = (
+        format!("{A}:8080"),
+        format!("{C}:8080"),
+        "10.244.8.1:8080".to_string(),
+    );
     sandbox.wait_candidates("10.96.0.10:80", &[&a])?;
-    sandbox.wait_candidates("203.0.113.2:80", &["10.245.0.1:8080"])?;
+    sandbox.wait_candidates("203.0.113.2:80", &[&t])?;
     // FRONTENDS4 holds 4: the tenant's ClusterIP and two externalIPs, and web's ClusterIP.
     sandbox.write_manifest("web.yaml", &old(C, true))?;
     sandbox.wait_candidates("10.96.0.10:80", &[&c])?;
@@ -388,20 +645,35 @@ fn a_full_frontend_map_never_holds_back_an_older_services_change() -> anyhow::Re
         BTreeSet::from([c.clone()]),
         "the endpoint moved: A, removed, never answers again"
     );
+    wait_for_status(&agent, "the address left out reported", |s| {
+        s.failed
+            .iter()
+            .any(|f| f.service_port.service.to_string() == "default/web")
+    })?;
+    assert!(
+        sandbox.candidates("198.51.100.7:80")?.is_none(),
+        "waits for room"
+    );
+    for addr in ["10.96.1.1:80", "203.0.113.1:80", "203.0.113.2:80"] {
+        assert_eq!(
+            answered_by(&sandbox, addr, 10)?,
+            BTreeSet::from([t.clone()]),
+            "the tenant keeps {addr}"
+        );
+    }
+    // The maps may grow: FRONTENDS4 grows and the new address is served.
+    agent.stop()?;
+    let agent = sandbox.start_agent(&AgentOptions::with_args(["--max-frontends", "4"]))?;
     sandbox.wait_candidates("198.51.100.7:80", &[&c])?;
     assert_eq!(
         answered_by(&sandbox, "198.51.100.7:80", 10)?,
         BTreeSet::from([c])
     );
-    let s = status(&agent)?;
-    assert!(
-        s.failed
-            .iter()
-            .all(|f| f.service_port.service.to_string() == "tenant/ext"),
-        "only the newer tenant lost room: {:?}",
-        s.failed
+    assert_eq!(
+        answered_by(&sandbox, "203.0.113.1:80", 10)?,
+        BTreeSet::from([t])
     );
-    assert!(!s.failed.is_empty(), "the tenant's loss is named");
+    assert!(agent.metric("socklb_map_capacity{map=\"FRONTENDS4\"}")? >= Some(8.0));
     Ok(())
 }
 

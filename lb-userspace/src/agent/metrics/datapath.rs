@@ -11,13 +11,15 @@ use lb_common::Counter as DpCounter;
 
 #[derive(Debug)]
 pub(super) struct Datapath {
-    pub(super) maps: ReadOnlyMaps,
+    /// The generation of maps in use (it changes when they grow).
+    pub(super) generation: super::Generation,
 }
 
 impl Collector for Datapath {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // Not pinned yet (or not readable): no data-path samples in this scrape.
-        let Ok(counters) = self.maps.counters() else {
+        let maps = ReadOnlyMaps::new(super::dir_of(&self.generation));
+        let Ok(counters) = maps.counters() else {
             return Ok(());
         };
         for (counter, total) in counters {

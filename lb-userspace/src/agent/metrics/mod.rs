@@ -132,9 +132,23 @@ pub struct Metrics {
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
-    maps_dir: PathBuf,
-    /// `AFFINITY`'s capacity, read once.
-    affinity_capacity: Option<u32>,
+    /// The generation the maps are read from (it changes when the maps grow).
+    maps_dir: Generation,
+    /// `AFFINITY`'s capacity (0: unknown).
+    affinity_capacity: std::sync::atomic::AtomicU32,
+    growths: Counter,
+    at_ceiling: Family<Labels, Gauge>,
+}
+
+/// The directory of the generation of maps in use, shared with the collectors that read it.
+pub(super) type Generation = std::sync::Arc<std::sync::RwLock<PathBuf>>;
+
+/// The generation's directory now.
+pub(super) fn dir_of(generation: &Generation) -> PathBuf {
+    generation
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
 }
 
 /// kube-proxy's `sync_proxy_rules_duration_seconds` buckets: 1 ms doubling to about 16 s.
@@ -307,7 +321,7 @@ fn event_counters(r: &mut Registry) -> [Counter; 4] {
 impl Metrics {
     /// The agent's metrics over the maps pinned in `maps_dir`. Reads the capacity of the maps
     /// the reconciler does not hold once, here.
-    pub fn new(maps_dir: PathBuf, features: &Features) -> Self {
+    pub fn new(maps_dir: &Path, features: &Features) -> Self {
         let mut root = Registry::default();
         root.register_collector(Box::new(process::Process::new()));
         let r = root.sub_registry_with_prefix("socklb");
@@ -352,10 +366,29 @@ impl Metrics {
                 ("commit".to_string(), crate::status::COMMIT.to_string()),
             ]),
         );
+        let generation: Generation =
+            std::sync::Arc::new(std::sync::RwLock::new(maps_dir.to_path_buf()));
         r.register_collector(Box::new(datapath::Datapath {
-            maps: ReadOnlyMaps::new(&maps_dir),
+            generation: generation.clone(),
         }));
-        let affinity_capacity = fixed_sizes(&maps_dir, &map_entries, &map_capacity);
+        let affinity_capacity = fixed_sizes(maps_dir, &map_entries, &map_capacity);
+        let growths = register(
+            r,
+            "map_growths",
+            "Moves of the maps to larger ones because they filled (each a new generation, made \
+             before the old one is let go)",
+            Counter::default(),
+        );
+        let at_ceiling = register(
+            r,
+            "map_at_ceiling",
+            "Whether a map needs room and cannot grow past --max-map-memory (1): sets that find \
+             no room keep the room they have and are reported",
+            Family::<Labels, Gauge>::default(),
+        );
+        for map in crate::agent::tasks::growth::GROWABLE {
+            at_ceiling.get_or_create(&map_labels(map)).set(0);
+        }
         Self {
             registry: root,
             sync_duration,
@@ -379,8 +412,43 @@ impl Metrics {
             sockets,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
-            maps_dir,
-            affinity_capacity,
+            maps_dir: generation,
+            affinity_capacity: std::sync::atomic::AtomicU32::new(affinity_capacity.unwrap_or(0)),
+            growths,
+            at_ceiling,
+        }
+    }
+
+    /// Reads the maps from `dir` from now on (the maps grew into a new generation), and the
+    /// sizes of the maps the reconciler does not hold from it.
+    pub fn follow_generation(&self, dir: &Path) {
+        *self
+            .maps_dir
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = dir.to_path_buf();
+        let affinity = fixed_sizes(dir, &self.map_entries, &self.map_capacity);
+        self.affinity_capacity
+            .store(affinity.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The maps' growth: the sizes now, those at the ceiling, and how many moves so far.
+    pub fn record_growth(
+        &self,
+        capacities: &crate::dataplane::maps::Capacities,
+        at_ceiling: &std::collections::BTreeSet<MapId>,
+        grown: u64,
+    ) {
+        for map in crate::agent::tasks::growth::GROWABLE {
+            self.at_ceiling
+                .get_or_create(&map_labels(map))
+                .set(i64::from(at_ceiling.contains(&map)));
+            self.map_capacity
+                .get_or_create(&map_labels(map))
+                .set(i64::from(capacities.get(map)));
+        }
+        let counted = self.growths.get();
+        if grown > counted {
+            self.growths.inc_by(grown - counted);
         }
     }
 
@@ -545,10 +613,14 @@ impl Metrics {
     /// Counts the `AFFINITY` map's client tables: a walk over its keys, bounded by its
     /// capacity. Blocking; the agent runs it off the scrape path, every `AFFINITY_REFRESH`.
     pub fn refresh_affinity(&self) {
-        let Some(capacity) = self.affinity_capacity else {
+        let capacity = self
+            .affinity_capacity
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if capacity == 0 {
             return;
-        };
-        let Ok(tables) = ReadOnlyMaps::new(&self.maps_dir).affinity(capacity as usize) else {
+        }
+        let Ok(tables) = ReadOnlyMaps::new(dir_of(&self.maps_dir)).affinity(capacity as usize)
+        else {
             return;
         };
         self.map_entries
