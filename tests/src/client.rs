@@ -36,6 +36,12 @@ pub enum Command {
         #[serde(default)]
         udp: bool,
     },
+    /// A UDP socket connected to `target` and kept under `id`, with nothing sent: as a resolver
+    /// holds one (the first `Exchange` sends).
+    ConnectUdp {
+        id: u32,
+        target: SocketAddr,
+    },
     /// Opens `count` connected UDP sockets to `target` and keeps them open (until `Release`):
     /// a pod holding many sockets. Reports how many connects succeeded and the errors.
     Hold {
@@ -216,6 +222,24 @@ impl ClientState {
             Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
+            Command::ConnectUdp { id, target } => match udp_connected(target) {
+                Ok(s) => {
+                    let mut reply = Reply {
+                        ok: true,
+                        ..Reply::default()
+                    };
+                    if let Ok(peer) = s.peer_addr() {
+                        *reply.peer_names.entry(peer.to_string()).or_default() += 1;
+                    }
+                    self.conns.insert(id, Conn::Udp(s));
+                    reply
+                }
+                Err(e) => {
+                    let mut reply = Reply::error(format!("connect: {e}"));
+                    reply.count_error(&e);
+                    reply
+                }
+            },
             Command::Hold { target, count } => self.hold(target, count),
             Command::Release => {
                 self.held.clear();

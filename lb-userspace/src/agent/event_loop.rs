@@ -168,7 +168,13 @@ fn attach(
     );
     recount::spawn(config, dataplane, shared);
     if shared.features.udp_termination() {
-        udp.request(config, dataplane, engine, shared);
+        udp.request(
+            config,
+            dataplane,
+            &engine.reconciler().live_serving(),
+            shared,
+            true,
+        );
     }
     Ok(())
 }
@@ -378,8 +384,10 @@ fn write(
             break;
         };
         log_pass(&pass);
-        if pass.report.udp_changed && attached && shared.features.udp_termination() {
-            tasks.udp.request(config, dataplane, engine, shared);
+        let (changed, added) = (pass.report.udp_changed, pass.report.udp_frontends_added);
+        if (changed || added) && attached && shared.features.udp_termination() {
+            let live = engine.reconciler().live_serving();
+            tasks.udp.request(config, dataplane, &live, shared, added);
         }
         shared.metrics.record_pass(&pass);
         shared.node_health.written(engine);
@@ -494,7 +502,8 @@ fn grow(
     dataplane
         .switch(grown, attached)
         .context("switching the programs to the larger maps")?;
-    let reconciler = Reconciler::new(maps).context("reading the larger maps")?;
+    let mut reconciler = Reconciler::new(maps).context("reading the larger maps")?;
+    reconciler.share_live_of(engine.reconciler());
     drop(engine.replace_reconciler(reconciler));
     shared.metrics.follow_generation(&dataplane.maps_dir);
     growth.succeeded();

@@ -50,6 +50,7 @@
 //! two, and neither is given to another set while one does).
 pub mod invariants;
 mod layout;
+mod live;
 mod mirror;
 mod ranges;
 
@@ -63,6 +64,7 @@ use std::{
 use lb_common::{
     FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, FrontendKey, MapId, ports,
 };
+pub use live::LiveServing;
 pub use mirror::{Mirror, filter_of, port_of};
 pub use ranges::{DEFAULT_GRACE, NoRange, Ranges};
 use smallvec::SmallVec;
@@ -104,6 +106,9 @@ pub struct SyncReport {
     /// UDP backend sets whose serving endpoints shrank or that went away: their connected
     /// sockets may be stale.
     pub udp_changed: bool,
+    /// UDP frontends were written that were not before: connected sockets made before may be
+    /// untranslated (`sockets::repair_untranslated`).
+    pub udp_frontends_added: bool,
 }
 
 impl SyncReport {
@@ -113,6 +118,7 @@ impl SyncReport {
         self.services_removed += other.services_removed;
         self.failed.extend(other.failed);
         self.udp_changed |= other.udp_changed;
+        self.udp_frontends_added |= other.udp_frontends_added;
     }
 }
 
@@ -161,6 +167,8 @@ pub struct Reconciler<M: ServiceMaps> {
     stranded: Vec<(u32, u32)>,
     stats: ReconcileStats,
     clock: fn() -> Instant,
+    /// The UDP frontends' serving endpoints now, for the termination pass.
+    live: LiveServing,
 }
 
 impl<M: ServiceMaps> Reconciler<M> {
@@ -218,6 +226,14 @@ impl<M: ServiceMaps> Reconciler<M> {
                 stranded.push((base, len));
             }
         }
+        // Until a set is written, its frontends serve what their ranges hold.
+        let live = LiveServing::default();
+        for (fe, value) in &snap.frontends {
+            if fe.protocol == lb_common::PROTOCOL_UDP {
+                let held: Vec<SocketAddr> = snap.range(value).into_iter().flatten().collect();
+                live.set(&[*fe], &held);
+            }
+        }
         let max_id = snap
             .meta
             .keys()
@@ -236,6 +252,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             stranded,
             stats: ReconcileStats::default(),
             clock: Instant::now,
+            live,
         })
     }
 
@@ -325,20 +342,17 @@ impl<M: ServiceMaps> Reconciler<M> {
         Ok(writes.len())
     }
 
-    /// UDP frontends and the serving endpoints of the backend set behind each: a connected UDP
-    /// socket whose backend is not in its frontend's list is stale.
-    pub fn udp_serving(&self) -> HashMap<FrontendKey, Arc<[SocketAddr]>> {
-        let mut out = HashMap::new();
-        for (key, set) in &self.sets {
-            if key.protocol != Protocol::Udp {
-                continue;
-            }
-            let serving: Arc<[SocketAddr]> = set.serving.iter().copied().collect();
-            for fe in self.mirror.frontends_of(set.id) {
-                out.insert(*fe, Arc::clone(&serving));
-            }
-        }
-        out
+    /// The UDP frontends' serving endpoints as they stand at each moment (a handle on a table
+    /// this reconciler keeps up to date around every write): a connected UDP socket whose
+    /// backend is not in its frontend's list is stale.
+    pub fn live_serving(&self) -> LiveServing {
+        self.live.clone()
+    }
+
+    /// Takes over the live table of `other` (which held the same sets: the maps grew), so that
+    /// whoever holds a handle on it keeps seeing the sets as this reconciler writes them.
+    pub fn share_live_of(&mut self, other: &Self) {
+        self.live = other.live.clone();
     }
 
     /// Makes the maps hold exactly `desired`: every backend set in it is written, and every one
@@ -443,10 +457,15 @@ impl<M: ServiceMaps> Reconciler<M> {
                 return;
             }
         };
+        let edit =
+            (key.protocol == Protocol::Udp).then(|| self.live_before(id, &old, desired, &plan));
         let mut undo = Vec::new();
         let mut writes = 0;
         let result = self.execute(&plan.writes, &mut undo, &mut writes);
         report.writes += writes;
+        if let Some(edit) = edit {
+            self.live_after(id, &edit, result.is_ok(), desired.is_none(), &plan, report);
+        }
         match result {
             Ok(()) => {
                 // A removed set gives its range back too when it had narrowed to nothing (its
@@ -455,12 +474,9 @@ impl<M: ServiceMaps> Reconciler<M> {
                     self.ranges.release(old.range.0, old.range.1, now);
                 }
 
-                if key.protocol == Protocol::Udp {
-                    let serving = desired.map(|d| d.serving.clone()).unwrap_or_default();
-                    if desired.is_none() || old.serving.iter().any(|b| !serving.contains(b)) {
-                        report.udp_changed = true;
-                    }
-                }
+                let serving = desired.map(|d| d.serving.as_slice()).unwrap_or_default();
+                report.udp_changed |= key.protocol == Protocol::Udp
+                    && (desired.is_none() || old.serving.iter().any(|b| !serving.contains(b)));
                 match desired {
                     None => {
                         self.sets.remove(key);
@@ -481,11 +497,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                                 len: plan.len,
                                 range,
                                 serving: d.serving.as_slice().into(),
-                                narrowed_at: if plan.narrowed_in_place {
-                                    Some(now)
-                                } else {
-                                    None
-                                },
+                                narrowed_at: plan.narrowed_in_place.then_some(now),
                             },
                         );
                         if writes > 0 {
@@ -530,6 +542,79 @@ impl<M: ServiceMaps> Reconciler<M> {
                     self.ids.remove(&id);
                 }
                 self.record_failure(key, e, report);
+            }
+        }
+    }
+
+    /// Before a UDP set's writes: each of its frontends, those it has and those it takes,
+    /// serves what it served and what it is to serve (see `LiveServing`), before any program
+    /// can choose a new backend.
+    fn live_before(
+        &self,
+        id: u32,
+        old: &SetState,
+        desired: Option<&DesiredService>,
+        plan: &Plan,
+    ) -> LiveEdit {
+        let current: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
+        let claimed: Vec<FrontendKey> = plan
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                MapWrite::PutFrontend(k, _) if !current.contains(k) => Some(*k),
+                _ => None,
+            })
+            .collect();
+        let was: Vec<SocketAddr> = old
+            .serving
+            .iter()
+            .copied()
+            .chain(self.layout_of(old).into_iter().flatten())
+            .collect();
+        let will: Vec<SocketAddr> = desired
+            .map(|d| {
+                d.serving
+                    .iter()
+                    .copied()
+                    .chain(plan.layout.iter().copied())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut both = current.clone();
+        both.extend(&claimed);
+        let mut serving = was.clone();
+        serving.extend(&will);
+        self.live.widen(&both, &serving);
+        LiveEdit {
+            current,
+            claimed,
+            was,
+            will,
+        }
+    }
+
+    /// After a UDP set's writes: its frontends serve what it is to serve (or, when the write
+    /// failed, what it served); the frontends it let go, or all of them when it went, leave.
+    fn live_after(
+        &self,
+        id: u32,
+        edit: &LiveEdit,
+        ok: bool,
+        removed: bool,
+        plan: &Plan,
+        report: &mut SyncReport,
+    ) {
+        match (ok, removed) {
+            (true, true) => self.live.remove(&edit.current),
+            (true, false) => {
+                report.udp_frontends_added |= !edit.claimed.is_empty();
+                let now_held: Vec<FrontendKey> = self.mirror.frontends_of(id).copied().collect();
+                self.live.set(&now_held, &edit.will);
+                self.live.remove(&plan.released);
+            }
+            (false, _) => {
+                self.live.set(&edit.current, &edit.was);
+                self.live.remove(&edit.claimed);
             }
         }
     }
@@ -666,6 +751,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             writes,
             base,
             len: layout.len() as u32,
+            layout,
             new_range,
             narrowed,
             narrowed_in_place,
@@ -1125,6 +1211,14 @@ fn staying_run(current: &[SocketAddr], wanted: &[SocketAddr]) -> (u32, Vec<Socke
     (best as u32, current[best..best + best_len].to_vec())
 }
 
+/// A UDP set's frontends and serving endpoints around its write (`Reconciler::live_before`).
+struct LiveEdit {
+    current: Vec<FrontendKey>,
+    claimed: Vec<FrontendKey>,
+    was: Vec<SocketAddr>,
+    will: Vec<SocketAddr>,
+}
+
 /// Where a set's backends go (`Reconciler::place`).
 struct Placed {
     base: u32,
@@ -1178,6 +1272,8 @@ fn in_place_layout(held: &[Option<SocketAddr>], wanted: &[SocketAddr]) -> Vec<So
 /// The writes for one backend set, and what they lead to.
 struct Plan {
     writes: Vec<MapWrite>,
+    /// The backends the frontends reach after the writes.
+    layout: Vec<SocketAddr>,
     base: u32,
     /// Backends from `base`.
     len: u32,

@@ -23,4 +23,6 @@ pub use listing::{
     CensusStats, ListError, LiveSocket, Namespace, NamespaceError, census, census_each, held_slots,
     in_each_namespace, monotonic_now, namespaces, protocol_of, records,
 };
-pub use terminate::{TerminateError, Terminated, terminate_stale};
+pub use terminate::{
+    Serving, TerminateError, Terminated, repair_untranslated, terminate_judged, terminate_stale,
+};

@@ -11,7 +11,7 @@
 //! records read the way the kernel allowed (see `listing`). Where the UDP iterator runs, it
 //! picks the candidates and a namespace is dumped only when it has one (the dump gives the
 //! socket's identity for `SOCK_DESTROY`).
-use std::{collections::HashMap, net::SocketAddr, path::Path, sync::Arc};
+use std::{net::SocketAddr, path::Path, sync::Arc};
 
 use lb_common::{FrontendKey, SockRecord};
 
@@ -43,14 +43,32 @@ pub struct Terminated {
 /// connected UDP socket).
 const CONNECTED: u32 = sock_diag::state_bit(sock_diag::TCP_ESTABLISHED);
 
+/// What a UDP frontend serves at this moment (`None`: it is no frontend now), asked again for
+/// each socket right before it is destroyed.
+pub type Serving<'a> = &'a (dyn Fn(&FrontendKey) -> Option<Arc<[SocketAddr]>> + Sync);
+
 /// Destroys the connected UDP sockets translated by socklb whose backend is not serving any
-/// more. `serving` holds every UDP frontend and the serving endpoints of its backend set.
-/// A namespace or socket that fails is reported and the pass goes on with the others.
-pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
+/// more, as `serving` says at the moment each is destroyed (a backend that began serving since
+/// the socket was found is never taken for stale). A namespace or socket that fails is
+/// reported and the pass goes on with the others.
+pub fn terminate_stale(
     pins: &SocketPins,
     listing: Listing,
     cgroup: &Path,
-    serving: &HashMap<FrontendKey, Arc<[SocketAddr]>, S>,
+    serving: Serving<'_>,
+) -> Result<Terminated, TerminateError> {
+    terminate_judged(pins, listing, cgroup, serving, serving)
+}
+
+/// [`terminate_stale`] with the judgement made while the sockets are found (`listed`) and the
+/// one made right before each is destroyed (`now`) given apart: they are the same table in a
+/// pass, and differ where a test plays a change that lands in between.
+pub fn terminate_judged(
+    pins: &SocketPins,
+    listing: Listing,
+    cgroup: &Path,
+    serving: Serving<'_>,
+    now: Serving<'_>,
 ) -> Result<Terminated, TerminateError> {
     let mut done = Terminated::default();
     if listing.global {
@@ -84,15 +102,19 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
             // Only the record of the backend the socket is connected to matters: a socket that
             // reconnected elsewhere keeps its other records.
             let dst = socket.dst();
-            if records(&state)
-                .any(|r| backend_addr(&r.backend) == Some(dst) && is_stale(r, serving))
+            if let Some(r) = records(&state)
+                .find(|r| backend_addr(&r.backend) == Some(dst) && is_stale(r, serving))
             {
-                stale_sockets.push(socket.clone());
+                stale_sockets.push((socket.clone(), r.frontend));
             }
         })?;
         let mut destroyed = 0;
         let mut errors = Vec::new();
-        for socket in &stale_sockets {
+        for (socket, frontend) in &stale_sockets {
+            // Judged again now: the table may have gained its backend since the dump.
+            if now(frontend).is_some_and(|list| list.contains(&socket.dst())) {
+                continue;
+            }
             match sock_diag::destroy(socket) {
                 Ok(true) => destroyed += 1,
                 Ok(false) => {}
@@ -117,18 +139,108 @@ pub fn terminate_stale<S: std::hash::BuildHasher + Sync>(
 }
 
 /// A UDP record whose frontend is gone or whose backend stopped serving.
-fn is_stale<S: std::hash::BuildHasher>(
-    record: &SockRecord,
-    serving: &HashMap<FrontendKey, Arc<[SocketAddr]>, S>,
-) -> bool {
+fn is_stale(record: &SockRecord, serving: Serving<'_>) -> bool {
     if record.frontend.protocol != lb_common::PROTOCOL_UDP {
         return false;
     }
     let Some(backend) = backend_addr(&record.backend) else {
         return false;
     };
-    match serving.get(&record.frontend) {
-        None => true,
-        Some(list) => !list.contains(&backend),
+    serving(&record.frontend).is_none_or(|list| !list.contains(&backend))
+}
+
+/// Destroys the connected UDP sockets of the attached cgroup tree whose peer is a UDP
+/// frontend, `frontends`: no program translated them (they connected before the frontend
+/// existed, before the programs were attached, or while none were, after `socklb reset`), so
+/// their datagrams go to the service address and are never answered. kube-proxy clears the
+/// conntrack entries of a UDP Service that gains endpoints, so such a socket recovers there;
+/// here its application gets an error and connects again, and the programs translate that.
+/// Only sockets created in the attached tree (their cgroup, from `sock_diag`) and holding no
+/// connection slot are touched. A namespace or socket that fails is reported and the pass goes
+/// on with the others.
+pub fn repair_untranslated(
+    pins: &SocketPins,
+    cgroup: &Path,
+    frontends: &[FrontendKey],
+) -> Result<Terminated, TerminateError> {
+    let mut done = Terminated::default();
+    let addresses: std::collections::HashSet<SocketAddr> = frontends
+        .iter()
+        .filter(|k| k.protocol == lb_common::PROTOCOL_UDP)
+        .filter_map(|k| crate::dataplane::abi::service_addr(k).map(|a| a.addr))
+        .collect();
+    if addresses.is_empty() {
+        return Ok(done);
     }
+    let tree = cgroup_ids(cgroup)?;
+    let slots = super::listing::Slots::open(pins)?;
+    let walked = in_each_namespace(&namespaces(cgroup)?, |ns| {
+        let mut found = Vec::new();
+        for family in [sock_diag::AF_INET, sock_diag::AF_INET6] {
+            let sockets = sock_diag::dump(sock_diag::IPPROTO_UDP, family, CONNECTED, &[]).map_err(
+                |source| NamespaceError::Dump {
+                    path: ns.path.clone(),
+                    source,
+                },
+            )?;
+            found.extend(sockets.into_iter().filter(|s| {
+                addresses.contains(&s.dst())
+                    && s.cgroup_id.is_some_and(|id| tree.contains(&id))
+                    && slots.as_ref().is_none_or(|sl| sl.get(s.cookie).is_none())
+            }));
+        }
+        let mut destroyed = 0;
+        let mut errors = Vec::new();
+        for socket in &found {
+            match sock_diag::destroy(socket) {
+                Ok(true) => destroyed += 1,
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        Ok((destroyed, errors))
+    })?;
+    for (_, result) in walked {
+        match result {
+            Ok((n, errors)) => {
+                done.namespaces += 1;
+                done.sockets += n;
+                done.errors.extend(errors);
+            }
+            Err(e) if e.is_gone() => {}
+            Err(e) => done.namespace_errors.push(e),
+        }
+    }
+    Ok(done)
+}
+
+/// The cgroup ids (directory inode numbers, as cgroup v2 numbers them) of `root`'s tree.
+fn cgroup_ids(root: &Path) -> Result<std::collections::HashSet<u64>, ListError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut ids = std::collections::HashSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        match std::fs::metadata(&dir) {
+            Ok(m) => {
+                ids.insert(m.ino());
+            }
+            Err(_) if dir != root => continue,
+            Err(source) => {
+                return Err(ListError::Cgroup {
+                    path: dir.clone(),
+                    source,
+                });
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        stack.extend(
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+    }
+    Ok(ids)
 }

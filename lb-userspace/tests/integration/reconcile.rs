@@ -783,3 +783,84 @@ fn no_set_is_taken_out_for_another_even_where_removals_fail() {
         "the set whose removal failed still serves"
     );
 }
+
+/// The live table the termination pass judges by (issue 53.6): before any write lets a
+/// program choose a UDP set's new backend, the table already says it serves; after the write
+/// it says exactly what the set serves; a set that goes leaves it.
+#[test]
+fn the_live_serving_table_holds_a_backend_before_any_program_can_choose_it() {
+    use std::collections::BTreeMap;
+    let udp_key = ServicePortKey::from(ServicePortKeyFields {
+        service: ObjectKey::new("default", "dns"),
+        port_name: "dns".into(),
+        protocol: Protocol::Udp,
+        family: Family::IPv4,
+        scope: Scope::Cluster,
+    });
+    let addr = ServiceAddr::new("10.96.0.53".parse().unwrap(), 53, Protocol::Udp);
+    let set = |backends: &[&str]| {
+        let backends: Vec<std::net::SocketAddr> =
+            backends.iter().map(|b| b.parse().unwrap()).collect();
+        DesiredService {
+            port: 53,
+            frontends: [FrontendClaim {
+                addr,
+                kind: ClaimKind::ClusterIp,
+            }]
+            .into_iter()
+            .collect(),
+            serving: backends.clone(),
+            backends,
+            ..DesiredService::default()
+        }
+    };
+    let mut maps = InMemoryMaps::new();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let live_cell: Arc<Mutex<Option<socklb::reconcile::LiveServing>>> = Arc::default();
+    let (sink, cell) = (seen.clone(), live_cell.clone());
+    maps.guard(move |snap, write| {
+        let Some(live) = cell.lock().unwrap().clone() else {
+            return;
+        };
+        if let MapWrite::PutFrontend(k, f) = write {
+            let reachable: Vec<std::net::SocketAddr> =
+                snap.range(f).into_iter().flatten().collect();
+            let serving = live.get(k).map(|l| l.to_vec()).unwrap_or_default();
+            for b in reachable {
+                if !serving.contains(&b) {
+                    sink.lock().unwrap().push(format!(
+                        "{write}: {b} reachable, not in the live table {serving:?}"
+                    ));
+                }
+            }
+        }
+    });
+    let mut r = Reconciler::new(maps).unwrap();
+    *live_cell.lock().unwrap() = Some(r.live_serving());
+    let live = r.live_serving();
+    let world = |backends: &[&str]| DesiredState {
+        services: BTreeMap::from([(udp_key.clone(), set(backends))])
+            .into_iter()
+            .collect(),
+    };
+    r.sync_all(&world(&["10.244.0.1:53"]));
+    r.sync_all(&world(&["10.244.0.1:53", "10.244.0.2:53"]));
+    r.sync_all(&world(&["10.244.0.2:53", "10.244.0.3:53"]));
+    let fe = frontend_key(addr);
+    let mut now: Vec<String> = live
+        .get(&fe)
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    now.sort();
+    assert_eq!(
+        now,
+        ["10.244.0.2:53", "10.244.0.3:53"],
+        "exactly what it serves after"
+    );
+    r.sync_all(&DesiredState::default());
+    assert!(live.get(&fe).is_none(), "a set that goes leaves the table");
+    let seen = seen.lock().unwrap();
+    assert!(seen.is_empty(), "{}", seen.join("\n"));
+}

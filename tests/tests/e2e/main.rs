@@ -11,6 +11,7 @@ mod connections;
 mod dataplane;
 mod demo;
 mod deploy;
+mod fail_static;
 mod features;
 mod isolation;
 mod manifests;

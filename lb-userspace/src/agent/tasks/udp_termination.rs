@@ -1,29 +1,30 @@
-//! The UDP termination pass: connected UDP sockets whose backend stopped serving are destroyed
-//! (`sockets::terminate_stale`), off the event loop, one pass at a time; a change while a pass
-//! runs makes it run once more with the latest state.
-use std::{
-    collections::HashMap,
-    net::SocketAddr,
-    sync::{Arc, Mutex, PoisonError},
-};
+//! The UDP termination pass, off the event loop, one at a time (a request while one runs makes
+//! it run once more when it ends):
+//! - connected UDP sockets whose backend stopped serving are destroyed
+//!   (`sockets::terminate_stale`), each judged against the reconciler's live table right
+//!   before it is (`reconcile::LiveServing`), so a socket given a backend that a rollout
+//!   added while the pass ran is never taken for stale;
+//! - when asked to repair (at the first attach after a start, and when a UDP frontend
+//!   appears), connected UDP sockets whose peer is a UDP frontend, which no program translated
+//!   (they connected before it existed), are destroyed too (`sockets::repair_untranslated`).
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::{
-    agent::{AgentConfig, Engine, Shared},
-    dataplane::{bpf::BpfServiceMaps, loader::Dataplane, pins::SocketPins},
-    sockets,
+    agent::{AgentConfig, Shared},
+    dataplane::{features::Listing, loader::Dataplane, pins::SocketPins},
+    reconcile::LiveServing,
+    sockets::{self, Terminated},
 };
 
-/// Whether a pass runs, and the state the next one is to judge by when a change came
-/// while it ran.
+/// Whether a pass runs, and what the next one is to do when one was asked for meanwhile.
 #[derive(Debug, Default)]
 struct State {
     running: bool,
-    /// Asked for while a pass ran: the UDP frontends' serving endpoints then.
-    again: Option<Serving>,
+    /// Asked for while a pass ran.
+    again: bool,
+    /// The next pass also repairs untranslated sockets.
+    repair: bool,
 }
-
-/// Every UDP frontend and the serving endpoints of its backend set.
-type Serving = HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>;
 
 /// The termination task: at most one pass at a time, each on a blocking thread.
 #[derive(Clone, Default)]
@@ -32,91 +33,116 @@ pub(in crate::agent) struct UdpTermination {
 }
 
 impl UdpTermination {
-    /// Asks for a pass with the engine's current state: starts one, or, while one runs, makes
-    /// it run once more with this state when it ends.
+    /// Asks for a pass over the live table `live` (and, with `repair`, for the untranslated
+    /// sockets too): starts one, or, while one runs, makes it run once more when it ends.
     pub(in crate::agent) fn request(
         &self,
         config: &AgentConfig,
         dataplane: &Dataplane,
-        engine: &Engine<BpfServiceMaps>,
+        live: &LiveServing,
         shared: &Arc<Shared>,
+        repair: bool,
     ) {
-        let serving = engine.reconciler().udp_serving();
         {
             let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.repair |= repair;
             if state.running {
-                state.again = Some(serving);
+                state.again = true;
                 return;
             }
             state.running = true;
         }
-        let (cgroup, pins, listing, shared, task) = (
-            config.load.cgroup.clone(),
-            dataplane.sockets.clone(),
-            dataplane.features.listing(),
-            shared.clone(),
-            self.clone(),
-        );
+        let pass = Pass {
+            cgroup: config.load.cgroup.clone(),
+            pins: dataplane.sockets.clone(),
+            listing: dataplane.features.listing(),
+            live: live.clone(),
+            shared: shared.clone(),
+        };
+        let task = self.clone();
         tokio::task::spawn_blocking(move || {
-            let mut serving = serving;
             loop {
-                udp_pass(&pins, listing, &cgroup, &serving, &shared);
+                let repair = std::mem::take(
+                    &mut task
+                        .state
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .repair,
+                );
+                pass.run(repair);
                 let mut state = task.state.lock().unwrap_or_else(PoisonError::into_inner);
-                let Some(newer) = state.again.take() else {
+                if !std::mem::take(&mut state.again) {
                     state.running = false;
                     return;
-                };
-                serving = newer;
+                }
             }
         });
     }
 }
 
-/// One termination pass; each namespace or socket that fails is counted and logged on its own.
-fn udp_pass(
-    pins: &SocketPins,
-    listing: crate::dataplane::features::Listing,
-    cgroup: &std::path::Path,
-    serving: &std::collections::HashMap<lb_common::FrontendKey, Arc<[SocketAddr]>>,
-    shared: &Shared,
-) {
-    match sockets::terminate_stale(pins, listing, cgroup, serving) {
-        Ok(done) => {
-            shared.metrics.record_udp_terminated(done.sockets);
-            for e in &done.namespace_errors {
-                shared
-                    .metrics
-                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
-                tracing::warn!(
-                    error = e as &dyn std::error::Error,
-                    "could not look for stale UDP sockets in a network namespace"
-                );
-            }
-            for e in &done.errors {
-                shared
-                    .metrics
-                    .record_error(crate::vocab::ErrorKind::UdpTerminate);
-                tracing::warn!(
-                    error = e as &dyn std::error::Error,
-                    "could not terminate a stale UDP socket"
-                );
-            }
-            if done.sockets > 0 {
-                tracing::info!(
-                    sockets = done.sockets,
-                    namespaces = done.namespaces,
-                    "terminated connected UDP sockets whose backend stopped serving"
-                );
-            }
-        }
-        Err(e) => {
-            shared
-                .metrics
-                .record_error(crate::vocab::ErrorKind::UdpTerminate);
-            tracing::warn!(
-                error = &e as &dyn std::error::Error,
-                "could not look for stale UDP sockets"
+/// What one pass needs.
+struct Pass {
+    cgroup: std::path::PathBuf,
+    pins: SocketPins,
+    listing: Listing,
+    live: LiveServing,
+    shared: Arc<Shared>,
+}
+
+impl Pass {
+    /// One pass; each namespace or socket that fails is counted and logged on its own.
+    fn run(&self, repair: bool) {
+        let live = &self.live;
+        let serving = move |fe: &lb_common::FrontendKey| live.get(fe);
+        let stale = sockets::terminate_stale(&self.pins, self.listing, &self.cgroup, &serving);
+        self.report(
+            stale,
+            "terminated connected UDP sockets whose backend stopped serving",
+        );
+        if repair {
+            let repaired =
+                sockets::repair_untranslated(&self.pins, &self.cgroup, &self.live.frontends());
+            self.report(
+                repaired,
+                "terminated connected UDP sockets that connected to a UDP Service before it was translated: their applications connect again",
             );
+        }
+    }
+
+    fn report(&self, result: Result<Terminated, sockets::TerminateError>, what: &'static str) {
+        let metrics = &self.shared.metrics;
+        match result {
+            Ok(done) => {
+                metrics.record_udp_terminated(done.sockets);
+                for e in &done.namespace_errors {
+                    metrics.record_error(crate::vocab::ErrorKind::UdpTerminate);
+                    tracing::warn!(
+                        error = e as &dyn std::error::Error,
+                        "could not look for UDP sockets to terminate in a network namespace"
+                    );
+                }
+                for e in &done.errors {
+                    metrics.record_error(crate::vocab::ErrorKind::UdpTerminate);
+                    tracing::warn!(
+                        error = e as &dyn std::error::Error,
+                        "could not terminate a UDP socket"
+                    );
+                }
+                if done.sockets > 0 {
+                    tracing::info!(
+                        sockets = done.sockets,
+                        namespaces = done.namespaces,
+                        "{what}"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.record_error(crate::vocab::ErrorKind::UdpTerminate);
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "could not look for UDP sockets to terminate"
+                );
+            }
         }
     }
 }
