@@ -43,6 +43,19 @@ pub struct Status {
     /// listen.
     #[serde(default)]
     pub health_check_ports: Vec<HealthCheckPort>,
+    /// Where pods are in the cgroup tree (the level whose cgroups the per-pod bound counts),
+    /// how that was found and why.
+    #[serde(default)]
+    pub pods: Option<PodsReport>,
+}
+
+/// What counts as a pod for the per-pod bound.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodsReport {
+    /// The cgroup level of a pod (0: the root), one further down under a quality-of-service tier.
+    pub level: u32,
+    pub placement: crate::dataplane::pods::Placement,
+    pub reason: String,
 }
 
 /// One healthCheckNodePort.

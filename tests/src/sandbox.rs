@@ -249,6 +249,24 @@ impl Sandbox {
         Ok(ClientPod { netns: ns, cgroup })
     }
 
+    /// A pod served by socklb whose cgroup is `path` below the sandbox's (every folder of it
+    /// made as needed, as a kubelet's layout nests them), on the bridge at `ipv4`; removed
+    /// with the sandbox.
+    pub fn served_pod_at(&self, path: &str, ipv4: &str) -> anyhow::Result<ClientPod> {
+        let mut cgroup = self.cgroup.clone();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            cgroup.push(part);
+            if !cgroup.exists() {
+                self.add_cgroup(&cgroup)?;
+            }
+        }
+        let n = lock(&self.made.netns).len();
+        let ns = format!("{}q{n}", self.id);
+        self.add_netns(&ns)?;
+        self.plug(&ns, &format!("q{n}"), &[format!("{ipv4}/16")])?;
+        Ok(ClientPod { netns: ns, cgroup })
+    }
+
     /// A memory cgroup of its own below this process's (cgroup v2 when the memory controller
     /// is there, else v1's), removed with the sandbox: for an agent whose memory is limited.
     pub fn memory_cgroup(&self, name: &str) -> anyhow::Result<MemoryCgroup> {

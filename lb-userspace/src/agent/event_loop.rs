@@ -81,13 +81,7 @@ pub(super) async fn run(
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut attached = false;
     let mut unhealthy_since: Option<Instant> = None;
-    let mut tasks = Tasks {
-        udp: udp_termination::UdpTermination::default(),
-        health_checks: config
-            .health_check_node_ports
-            .then(|| probes::HealthCheckServers::new(shared.clone())),
-        growth: growth::Growth::new(config.map_memory_ceiling),
-    };
+    let mut tasks = Tasks::new(&config, &shared);
     loop {
         tokio::select! {
             event = rx.recv() => {
@@ -141,7 +135,12 @@ pub(super) async fn run(
             // The watches work again: after a control-plane upgrade the version may be newer.
             version_asked.notify_one();
         }
-        record_state(&engine, &shared, tasks.health_checks.as_ref());
+        record_state(
+            &engine,
+            &shared,
+            tasks.health_checks.as_ref(),
+            &dataplane.pods,
+        );
     }
     tracing::info!(
         "stopping; programs and maps stay pinned and keep serving (`socklb reset` removes them)"
@@ -166,6 +165,7 @@ fn attach(
         pod_level = dataplane.config().pod_level,
         "first complete sync written; programs attached"
     );
+    pods::log_placement(&dataplane.pods, "programs attached");
     recount::spawn(config, dataplane, shared);
     if shared.features.udp_termination() {
         udp.request(
@@ -236,8 +236,10 @@ fn record_state(
     engine: &Engine<BpfServiceMaps>,
     shared: &Shared,
     health_checks: Option<&probes::HealthCheckServers>,
+    pods: &crate::dataplane::pods::PodCgroups,
 ) {
     let r = engine.reconciler();
+    shared.metrics.record_pods(pods.placement.placed());
     shared.metrics.record_state(
         engine,
         health_checks.map_or(0, probes::HealthCheckServers::failing),
@@ -293,6 +295,11 @@ fn record_state(
         health_check_ports: health_checks
             .map(probes::HealthCheckServers::report)
             .unwrap_or_default(),
+        pods: Some(crate::status::PodsReport {
+            level: pods.level,
+            placement: pods.placement.clone(),
+            reason: pods.placement.reason(),
+        }),
     };
     *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
 }
@@ -367,6 +374,18 @@ struct Tasks {
     udp: udp_termination::UdpTermination,
     health_checks: Option<probes::HealthCheckServers>,
     growth: growth::Growth,
+}
+
+impl Tasks {
+    fn new(config: &AgentConfig, shared: &Arc<Shared>) -> Self {
+        Self {
+            udp: udp_termination::UdpTermination::default(),
+            health_checks: config
+                .health_check_node_ports
+                .then(|| probes::HealthCheckServers::new(Arc::clone(shared))),
+            growth: growth::Growth::new(config.map_memory_ceiling),
+        }
+    }
 }
 
 /// Writes what changed, and where the pass found maps filling up, moves them to larger ones

@@ -362,6 +362,8 @@ pub struct Dataplane {
     /// The sizes of this generation's maps: the configured ones, or larger where the maps grew
     /// (an agent adopts a grown generation at start).
     pub capacities: Capacities,
+    /// Where pods are in the cgroup tree, and how that was found.
+    pub pods: PodCgroups,
     /// This agent's per-socket maps and iterator pins.
     pub sockets: SocketPins,
     /// The maps were there already (a restart of the same layout): they hold the last state.
@@ -434,11 +436,11 @@ impl Dataplane {
                 .unwrap_or(u64::MAX),
             tiers: pods.tiers,
             pod_level: pods.level,
-            flags: if release && config.record_tcp {
-                CONFIG_CONNECTION_SLOTS
-            } else {
-                0
-            },
+            // The slots are on wherever the release program runs, whatever
+            // `--tcp-peer-name` says (it only decides whether a TCP connect takes one): a
+            // release program that skipped them would strand the slots connections took under
+            // another setting.
+            flags: if release { CONFIG_CONNECTION_SLOTS } else { 0 },
             // Keys the frontend index. An agent that adopts a generation keeps its secret, so
             // the index the last agent left serves on through the restart; it is rewritten
             // from FRONTENDS4 anyway (`service_maps`), whatever a crash left in it.
@@ -459,6 +461,7 @@ impl Dataplane {
             pins,
             maps_dir,
             capacities,
+            pods,
             sockets: SocketPins::new(sockets_dir),
             adopted,
             features,
@@ -489,11 +492,12 @@ impl Dataplane {
         let Ok(pods) = pods::detect(&self.cgroup) else {
             return Ok(false);
         };
-        if (pods.level, pods.tiers) == (self.config.pod_level, self.config.tiers) {
+        if pods == self.pods {
             return Ok(false);
         }
         self.config.pod_level = pods.level;
         self.config.tiers = pods.tiers;
+        self.pods = pods;
         write_config(&mut self.ebpf, self.config)?;
         Ok(true)
     }

@@ -257,3 +257,107 @@ fn a_termination_pass_judges_each_socket_when_it_destroys_it() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Issue 53.7: the per-pod bound counts each pod on every kubelet cgroup layout: kind's
+/// (systemd with `cgroupRoot` `/kubelet`), and the kubepods layouts of the cgroupfs and systemd
+/// drivers. Below the attached cgroup a layout's cgroups are made with two best-effort pods,
+/// each a container cgroup holding a client. With `--max-sockets-per-pod 20`, the first pod's
+/// 21st connected UDP socket to a Service gets ENOBUFS; the second pod, in the same tier, still
+/// gets all it asks for; `/status` names the kubelet cgroup it found.
+#[test]
+fn the_per_pod_bound_counts_each_pod_on_every_kubelet_layout() -> anyhow::Result<()> {
+    const BOUND: usize = 20;
+    socklb_tests::require_privileges!();
+    let uid = |n: u8| format!("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f{n}");
+    let systemd_uid = |n: u8| uid(n).replace('-', "_");
+    let layouts: [(&str, String, [String; 2]); 3] = [
+        (
+            "kind",
+            "kubelet.slice/kubelet-kubepods.slice".into(),
+            [1, 2].map(|n| {
+                format!(
+                    "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{}.slice/cri-containerd-{n}.scope",
+                    systemd_uid(n)
+                )
+            }),
+        ),
+        (
+            "cgroupfs",
+            "kubepods".into(),
+            [1, 2].map(|n| format!("kubepods/besteffort/pod{}/c{n}", uid(n))),
+        ),
+        (
+            "systemd",
+            "kubepods.slice".into(),
+            [1, 2].map(|n| {
+                format!(
+                    "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/c{n}.scope",
+                    systemd_uid(n)
+                )
+            }),
+        ),
+    ];
+    for (name, kubepods, pods) in layouts {
+        let sandbox = Sandbox::new()?;
+        sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
+        sandbox.write_manifest("dns.yaml", &dns(&[A]))?;
+        let first = sandbox.served_pod_at(&pods[0], "10.244.103.1")?;
+        let second = sandbox.served_pod_at(&pods[1], "10.244.103.2")?;
+        let agent = sandbox.start_agent(&AgentOptions::with_args([
+            "--max-sockets-per-pod".to_string(),
+            BOUND.to_string(),
+        ]))?;
+        if !socklb_tests::features::Claims::of(&agent.status()?).socket_release {
+            socklb_tests::features::fallback(
+                "the_per_pod_bound_counts_each_pod_on_every_kubelet_layout",
+                "no release program, no per-pod bound",
+            );
+            return Ok(());
+        }
+        let status = agent.status()?;
+        let report = status
+            .pods
+            .ok_or_else(|| anyhow::anyhow!("{name}: /status says nothing of pods"))?;
+        assert_eq!(
+            report.placement,
+            socklb::dataplane::pods::Placement::Kubepods {
+                kubepods: kubepods.clone().into()
+            },
+            "{name}: {}",
+            report.reason
+        );
+        let hold = |client: &mut Client, count: usize| -> anyhow::Result<(usize, usize)> {
+            let r = client.run(&Command::Hold {
+                target: VIP.parse()?,
+                count,
+            })?;
+            Ok((
+                r.backends.get("held").copied().unwrap_or(0),
+                r.errors.get("errno 105").copied().unwrap_or(0),
+            ))
+        };
+        let mut greedy = sandbox.client_in(&first)?;
+        assert_eq!(
+            hold(&mut greedy, BOUND)?,
+            (BOUND, 0),
+            "{name}: up to the bound"
+        );
+        let mut more = sandbox.client_in(&first)?;
+        assert_eq!(
+            hold(&mut more, 1)?,
+            (0, 1),
+            "{name}: past the bound, ENOBUFS for that pod"
+        );
+        let mut neighbour = sandbox.client_in(&second)?;
+        assert_eq!(
+            hold(&mut neighbour, BOUND)?,
+            (BOUND, 0),
+            "{name}: the other pod of the same tier is not affected"
+        );
+        println!(
+            "FIGURE per-pod bound on the {name} layout: pod level {}, {}",
+            report.level, report.reason
+        );
+    }
+    Ok(())
+}

@@ -138,6 +138,7 @@ pub struct Metrics {
     affinity_capacity: std::sync::atomic::AtomicU32,
     growths: Counter,
     at_ceiling: Family<Labels, Gauge>,
+    pods_placed: Gauge,
 }
 
 /// The directory of the generation of maps in use, shared with the collectors that read it.
@@ -235,6 +236,36 @@ fn fixed_sizes(
 
 /// `socklb_feature_enabled{feature}` and `socklb_guarantee_lost{guarantee}`: decided at start,
 /// fixed for the agent's life.
+/// The maps' growth and ceiling, and whether pods were placed in the cgroup tree.
+fn placement_gauges(r: &mut Registry) -> (Counter, Family<Labels, Gauge>, Gauge) {
+    let growths = register(
+        r,
+        "map_growths",
+        "Moves of the maps to larger ones because they filled (each a new generation, made \
+         before the old one is let go)",
+        Counter::default(),
+    );
+    let at_ceiling = register(
+        r,
+        "map_at_ceiling",
+        "Whether a map needs room and cannot grow past --max-map-memory (1): sets that find \
+         no room keep the room they have and are reported",
+        Family::<Labels, Gauge>::default(),
+    );
+    for map in crate::agent::tasks::growth::GROWABLE {
+        at_ceiling.get_or_create(&map_labels(map)).set(0);
+    }
+    let pods_placed = register(
+        r,
+        "pods_placed",
+        "Whether the agent found where pods are in the cgroup tree (1), so that the \
+         per-pod bound counts each pod; 0: no kubelet pod cgroup found, each child of the \
+         attached cgroup counts on its own (/status says why)",
+        Gauge::default(),
+    );
+    (growths, at_ceiling, pods_placed)
+}
+
 fn register_features(r: &mut Registry, features: &Features) {
     let feature_enabled: Family<Labels, Gauge> = register(
         r,
@@ -372,23 +403,7 @@ impl Metrics {
             generation: generation.clone(),
         }));
         let affinity_capacity = fixed_sizes(maps_dir, &map_entries, &map_capacity);
-        let growths = register(
-            r,
-            "map_growths",
-            "Moves of the maps to larger ones because they filled (each a new generation, made \
-             before the old one is let go)",
-            Counter::default(),
-        );
-        let at_ceiling = register(
-            r,
-            "map_at_ceiling",
-            "Whether a map needs room and cannot grow past --max-map-memory (1): sets that find \
-             no room keep the room they have and are reported",
-            Family::<Labels, Gauge>::default(),
-        );
-        for map in crate::agent::tasks::growth::GROWABLE {
-            at_ceiling.get_or_create(&map_labels(map)).set(0);
-        }
+        let (growths, at_ceiling, pods_placed) = placement_gauges(r);
         Self {
             registry: root,
             sync_duration,
@@ -416,7 +431,13 @@ impl Metrics {
             affinity_capacity: std::sync::atomic::AtomicU32::new(affinity_capacity.unwrap_or(0)),
             growths,
             at_ceiling,
+            pods_placed,
         }
+    }
+
+    /// Whether the pods' level is known.
+    pub fn record_pods(&self, placed: bool) {
+        self.pods_placed.set(i64::from(placed));
     }
 
     /// Reads the maps from `dir` from now on (the maps grew into a new generation), and the
