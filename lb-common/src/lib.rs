@@ -58,6 +58,9 @@ pub const FAMILY_IPV4: u8 = 4;
 pub const FAMILY_IPV6: u8 = 6;
 pub const PROTOCOL_TCP: u8 = 6;
 pub const PROTOCOL_UDP: u8 = 17;
+/// `IPPROTO_MPTCP`: a multipath TCP socket, a TCP connection to its application. Past a byte:
+/// the hooks read the socket's protocol whole, or 262 would read as TCP by accident.
+pub const PROTOCOL_MPTCP: u32 = 262;
 
 /// The programs in the eBPF object, by function name (also the names of their link pins).
 pub mod program {

@@ -2,7 +2,7 @@
 //! accesses to these fields, so every access is a single volatile u32 load or store.
 use aya_ebpf::{bindings::bpf_sock_addr, programs::SockAddrContext};
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
-use lb_common::{FAMILY_IPV4, FAMILY_IPV6};
+use lb_common::{FAMILY_IPV4, FAMILY_IPV6, PROTOCOL_MPTCP, PROTOCOL_TCP, PROTOCOL_UDP};
 
 /// An address and port in network byte order, as `lb_common` keys hold them. An IPv4-mapped
 /// IPv6 address (`::ffff:a.b.c.d`) is represented as the IPv4 address it carries.
@@ -103,9 +103,20 @@ pub(crate) fn store_v6(ctx: &SockAddrContext, addr: &[u32; 4], port_be: u16, fam
     store_port(ctx, port_be);
 }
 
-/// The socket's IP protocol (`IPPROTO_TCP`, `IPPROTO_UDP`, ...).
+/// Whether the socket is UDP (`Some(true)`) or TCP (`Some(false)`: a multipath TCP socket
+/// too, a TCP connection to its application), read whole; `None` for any other protocol.
 #[inline(always)]
-pub(crate) fn protocol(ctx: &SockAddrContext) -> u8 {
+pub(crate) fn udp(ctx: &SockAddrContext) -> Option<bool> {
     // SAFETY: see `port`.
-    unsafe { read_volatile(addr_of!((*raw(ctx)).protocol)) as u8 }
+    transport(unsafe { read_volatile(addr_of!((*raw(ctx)).protocol)) })
+}
+
+/// [`udp`] of a protocol number as the kernel gives it (a `u32`).
+#[inline(always)]
+pub(crate) fn transport(protocol: u32) -> Option<bool> {
+    match protocol {
+        p if p == u32::from(PROTOCOL_TCP) || p == PROTOCOL_MPTCP => Some(false),
+        p if p == u32::from(PROTOCOL_UDP) => Some(true),
+        _ => None,
+    }
 }

@@ -157,11 +157,7 @@ struct Choice {
 #[inline(always)]
 pub(crate) fn may_be_service(ctx: &SockAddrContext, family: SocketFamily) -> bool {
     let dest = load(ctx, family);
-    match sockaddr::protocol(ctx) {
-        PROTOCOL_TCP => maybe_frontend(false, &dest),
-        PROTOCOL_UDP => maybe_frontend(true, &dest),
-        _ => false,
-    }
+    sockaddr::udp(ctx).is_some_and(|udp| maybe_frontend(udp, &dest))
 }
 
 /// connect4/6 and sendmsg4/6 past the miss path (`may_be_service`): a service address becomes
@@ -174,12 +170,10 @@ pub(crate) fn try_translate(
     family: SocketFamily,
 ) -> Result<i32, Fault> {
     let dest = load(ctx, family);
-    let protocol = sockaddr::protocol(ctx);
-    let udp = match protocol {
-        PROTOCOL_TCP => false,
-        PROTOCOL_UDP => true,
-        _ => return Ok(ALLOW),
+    let Some(udp) = sockaddr::udp(ctx) else {
+        return Ok(ALLOW);
     };
+    let protocol = if udp { PROTOCOL_UDP } else { PROTOCOL_TCP };
     let key = FrontendKey {
         addr: dest.addr,
         port_be: dest.port_be,
@@ -285,7 +279,7 @@ pub(crate) fn try_translate(
 #[inline(always)]
 pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     let peer = load(ctx, family);
-    let udp = sockaddr::protocol(ctx) == PROTOCOL_UDP;
+    let udp = sockaddr::udp(ctx) == Some(true);
     if !backend_port_in_use(udp, peer.port_be) {
         return ALLOW;
     }
@@ -565,11 +559,8 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
     use aya_ebpf::helpers::generated::bpf_sk_storage_get;
     let sk = ctx.sock;
     // SAFETY: the kernel's socket, the program's context.
-    let protocol = unsafe { (*sk).protocol };
-    let udp = match protocol {
-        p if p == u32::from(PROTOCOL_TCP) => false,
-        p if p == u32::from(PROTOCOL_UDP) => true,
-        _ => return ALLOW,
+    let Some(udp) = sockaddr::transport(unsafe { (*sk).protocol }) else {
+        return ALLOW;
     };
     let config = CONFIG.get(0);
     let max = config.map_or(u64::MAX, |c| c.max_sockets_per_pod);

@@ -36,6 +36,12 @@ pub enum Command {
         #[serde(default)]
         udp: bool,
     },
+    /// As `Open` over TCP, with a multipath TCP socket (`IPPROTO_MPTCP`): connect, read the
+    /// greeting, getpeername; kept under `id`.
+    OpenMptcp {
+        id: u32,
+        target: SocketAddr,
+    },
     /// A UDP socket connected to `target` and kept under `id`, with nothing sent: as a resolver
     /// holds one (the first `Exchange` sends).
     ConnectUdp {
@@ -221,6 +227,7 @@ impl ClientState {
             Command::Connect { target, count, udp } => connect_many(target, count, udp),
             Command::SendTo { target, count, id } => self.send_to(target, count, id),
             Command::Open { id, target, udp } => self.open(id, target, udp),
+            Command::OpenMptcp { id, target } => self.open_stream(id, mptcp_connect(target)),
             Command::Exchange { id, msg } => self.exchange(id, &msg),
             Command::ConnectUdp { id, target } => match udp_connected(target) {
                 Ok(s) => {
@@ -325,23 +332,32 @@ impl ClientState {
     }
 
     fn open(&mut self, id: u32, target: SocketAddr, udp: bool) -> Reply {
+        if !udp {
+            return self.open_stream(id, tcp_connect(target));
+        }
+        let result = udp_connected(target).and_then(|s| {
+            let answer = udp_roundtrip(&s, "open")?;
+            let peer = s.peer_addr()?;
+            Ok((Conn::Udp(s), answer, peer))
+        });
+        self.keep(id, result)
+    }
+
+    /// A connected stream kept under `id`, once it read the backend's greeting.
+    fn open_stream(&mut self, id: u32, stream: std::io::Result<TcpStream>) -> Reply {
+        let result = stream.and_then(|s| {
+            let peer = s.peer_addr()?;
+            let mut r = BufReader::new(s);
+            let answer = read_line(&mut r)?;
+            Ok((Conn::Tcp(r), answer, peer))
+        });
+        self.keep(id, result)
+    }
+
+    fn keep(&mut self, id: u32, result: std::io::Result<(Conn, String, SocketAddr)>) -> Reply {
         let mut reply = Reply {
             ok: true,
             ..Reply::default()
-        };
-        let result = if udp {
-            udp_connected(target).and_then(|s| {
-                let answer = udp_roundtrip(&s, "open")?;
-                let peer = s.peer_addr()?;
-                Ok((Conn::Udp(s), answer, peer))
-            })
-        } else {
-            tcp_connect(target).and_then(|s| {
-                let peer = s.peer_addr()?;
-                let mut r = BufReader::new(s);
-                let answer = read_line(&mut r)?;
-                Ok((Conn::Tcp(r), answer, peer))
-            })
         };
         match result {
             Ok((conn, answer, peer)) => {
@@ -394,6 +410,18 @@ impl ClientState {
 
 fn tcp_connect(target: SocketAddr) -> std::io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&target, IO_TIMEOUT)?;
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    Ok(s)
+}
+
+fn mptcp_connect(target: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(target),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::MPTCP),
+    )?;
+    s.connect_timeout(&target.into(), IO_TIMEOUT)?;
+    let s = TcpStream::from(s);
     s.set_read_timeout(Some(IO_TIMEOUT))?;
     Ok(s)
 }

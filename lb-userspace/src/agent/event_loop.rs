@@ -111,8 +111,8 @@ pub(super) async fn run(
             }
             Some(()) = inbox.asked.recv() => refresher.start(),
             Some(counted) = inbox.done.recv() => {
-                if let Some((view, took)) = refresher.finish(counted, &engine) {
-                    shared.metrics.record_connections(&view, took);
+                if let Some((view, census)) = refresher.finish(counted, &engine) {
+                    shared.metrics.record_connections(&view, census);
                 }
             }
             _ = sigterm.recv() => break,

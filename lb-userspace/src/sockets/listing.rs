@@ -27,7 +27,7 @@
 //! older request.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     io::{self, Read as _},
     net::{Ipv4Addr, SocketAddr},
     os::{
@@ -353,6 +353,58 @@ pub fn held_slots(pins: &SocketPins) -> Result<usize, ListError> {
         slots.each(|_, _| held += 1)?;
     }
     Ok(held)
+}
+
+/// The TCP connections' slots held by a socket made before `since` (`CLOCK_MONOTONIC` ns):
+/// the slots a census should find a socket for. Its size is bounded by the slots, not by the
+/// sockets.
+pub fn tcp_slots_before(pins: &SocketPins, since: u64) -> Result<HashSet<u64>, ListError> {
+    let mut held = HashSet::new();
+    if let Some(slots) = Slots::open(pins)? {
+        slots.each(|cookie, state| {
+            if state.created_ns < since && protocol_of(&state) == Some(Protocol::Tcp) {
+                held.insert(cookie);
+            }
+        })?;
+    }
+    Ok(held)
+}
+
+/// Frees the slots of these cookies where they still hold them: slots whose TCP socket is
+/// gone without the release program seeing it close (a multipath TCP connection's first
+/// subflow, which the kernel closes without a release). A cookie is never given to another
+/// socket, and no program takes a slot another cookie holds, so a slot still holding one of
+/// these is written by no one else. Returns how many were freed.
+pub fn free_slots<S: std::hash::BuildHasher>(
+    pins: &SocketPins,
+    cookies: &HashSet<u64, S>,
+) -> Result<usize, ListError> {
+    if cookies.is_empty() {
+        return Ok(0);
+    }
+    let path = pins.dir.join(MapId::Connections.name());
+    let err = |source: std::io::Error| ListError::Map {
+        path: path.clone(),
+        source,
+    };
+    let data = aya::maps::MapData::from_pin(&path).map_err(|e| err(std::io::Error::other(e)))?;
+    let mut array: aya::maps::Array<_, ConnRecord> = aya::maps::Map::from_map_data(data)
+        .and_then(aya::maps::Array::try_from)
+        .map_err(|e| err(std::io::Error::other(e)))?;
+    let mut freed = 0;
+    for &cookie in cookies {
+        let index = (cookie & u64::from(SLOT_MASK)) as u32;
+        let held = array
+            .get(&index, 0)
+            .map_err(|e| err(std::io::Error::other(e)))?;
+        if held.cookie == cookie {
+            array
+                .set(index, ConnRecord::default(), 0)
+                .map_err(|e| err(std::io::Error::other(e)))?;
+            freed += 1;
+        }
+    }
+    Ok(freed)
 }
 
 /// A slot's record as a socket's state with one destination.

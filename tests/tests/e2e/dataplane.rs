@@ -775,6 +775,105 @@ fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A multipath TCP socket (`IPPROTO_MPTCP`, 262) is a TCP connection to its application: it
+/// is translated as TCP and answered by a backend. The kernel runs the connect hook for its
+/// first subflow (a TCP socket), which takes the slot; the application's socket never holds
+/// one, so its getpeername reports the backend it reached (the named difference, see
+/// docs/limits.md). The kernel closes that subflow without a release, so its slot is freed by
+/// the agent: after two censuses that do not find its socket (forced here by asking for
+/// `/connections` more than 2 s apart), every slot the connections held is free again.
+fn mptcp_translated_and_its_slot_reclaimed(net: &Net) -> anyhow::Result<()> {
+    const OPEN: u32 = 5;
+    let w = World::new(net, false, &[0, 1, 2], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    let held = held_slots(&w);
+    let mut client = w.client()?;
+    // A TCP connection open throughout: the censuses find it, and it keeps its slot.
+    open(&mut client, net, 100, false)?;
+    let before = held()?;
+    for id in 1..=OPEN {
+        let r = client.run(&Command::OpenMptcp {
+            id,
+            target: net.vip(TCP_PORT),
+        })?;
+        if r.errors.contains_key("EPROTONOSUPPORT") || r.errors.contains_key("ENOPROTOOPT") {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: the CI machines' kernels have MPTCP (net.mptcp.enabled): {r:?}"
+            );
+            socklb_tests::features::fallback(
+                "mptcp_translated_and_its_slot_reclaimed",
+                "no MPTCP in this kernel",
+            );
+            return Ok(());
+        }
+        assert!(r.ok, "{r:?}");
+        let backend = only_backend(&r);
+        backend_index(net, &backend);
+        assert_eq!(
+            r.peer_names.keys().collect::<Vec<_>>(),
+            [&backend],
+            "getpeername reports the backend reached (the application's socket holds no record)"
+        );
+    }
+    let while_open = if claims.socket_release {
+        before + OPEN as usize
+    } else {
+        before
+    };
+    assert_eq!(
+        held()?,
+        while_open,
+        "each open MPTCP connection's subflow holds a slot"
+    );
+    for id in 1..=OPEN {
+        client.run(&Command::Close { id })?;
+    }
+    if !claims.socket_release {
+        socklb_tests::features::fallback(
+            "mptcp_translated_and_its_slot_reclaimed",
+            "no release program: no slots",
+        );
+        return Ok(());
+    }
+    if claims.tcp_listing || claims.udp_listing {
+        let start = std::time::Instant::now();
+        while held()? != before && start.elapsed() < std::time::Duration::from_secs(15) {
+            std::thread::sleep(std::time::Duration::from_millis(2_100));
+            w.agent.get("/connections")?;
+        }
+        assert_eq!(
+            held()?,
+            before,
+            "the agent freed the slots of the closed connections"
+        );
+        let r = client.run(&Command::Exchange {
+            id: 100,
+            msg: "still".into(),
+        })?;
+        assert_eq!(
+            r.peer_names.keys().collect::<Vec<_>>(),
+            [&net.vip(TCP_PORT).to_string()],
+            "the open TCP connection kept its record: {r:?}"
+        );
+        assert_eq!(
+            w.agent.metric("socklb_connection_slots_freed_total")?,
+            Some(f64::from(OPEN))
+        );
+        println!(
+            "FIGURE MPTCP slots freed {:.1} s after close",
+            start.elapsed().as_secs_f64()
+        );
+    } else {
+        socklb_tests::features::fallback(
+            "mptcp_translated_and_its_slot_reclaimed",
+            "no socket listing: the slots stay held (the named loss)",
+        );
+        assert_eq!(held()?, while_open);
+    }
+    Ok(())
+}
+
 macro_rules! both_families {
     ($($scenario:ident),* $(,)?) => {$(
         mod $scenario {
@@ -810,6 +909,7 @@ both_families!(
     connected_udp_slot_freed,
     tcp_slot_freed_after_a_failed_connect,
     tcp_slot_freed_after_reconnecting_elsewhere,
+    mptcp_translated_and_its_slot_reclaimed,
     outside_cgroup_untouched,
 );
 

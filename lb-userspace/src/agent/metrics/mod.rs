@@ -560,7 +560,7 @@ impl Metrics {
     pub fn record_connections(
         &self,
         view: &crate::sockets::view::ConnectionsView,
-        took: std::time::Duration,
+        census: crate::agent::tasks::census::Census,
     ) {
         let mut counts: std::collections::BTreeMap<Labels, usize> =
             std::collections::BTreeMap::new();
@@ -587,7 +587,8 @@ impl Metrics {
         for (labels, n) in counts {
             self.sockets.live.get_or_create(&labels).set(gauge(n));
         }
-        self.sockets.listing_seconds.set(took.as_secs_f64());
+        self.sockets.listing_seconds.set(census.took.as_secs_f64());
+        self.sockets.slots_freed.inc_by(census.freed as u64);
     }
 
     pub fn record_recount(&self, recount: &Recount) {

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
-    metrics::{family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
@@ -16,6 +16,7 @@ pub(super) struct SocketMetrics {
     pub(super) clients_at_bound: Gauge,
     pub(super) live: Family<Labels, Gauge>,
     pub(super) listing_seconds: Gauge<f64, AtomicU64>,
+    pub(super) slots_freed: Counter,
 }
 
 impl SocketMetrics {
@@ -47,11 +48,19 @@ impl SocketMetrics {
             "How long the last count of the live sockets took",
             Gauge::<f64, AtomicU64>::default(),
         );
+        let slots_freed = register(
+            r,
+            "connection_slots_freed",
+            "Connection slots the agent freed because their TCP socket was gone in two censuses \
+             in a row without the release program seeing it close (a multipath TCP subflow)",
+            Counter::default(),
+        );
         Self {
             records,
             clients_at_bound,
             live,
             listing_seconds,
+            slots_freed,
         }
     }
 }

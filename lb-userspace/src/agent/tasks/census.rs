@@ -2,9 +2,10 @@
 //! connections`) and counts them (`socklb_live_sockets`): a census of the translated sockets on
 //! a blocking thread, at most one at a time, every `REFRESH` and when a request finds the last
 //! one older than `FRESH`; then, on the agent's loop, grouped with the backends' conditions
-//! from its objects.
+//! from its objects. A census also frees the connection slots whose TCP socket it did not find
+//! twice in a row (see `Reclaim`).
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
@@ -18,6 +19,7 @@ use crate::{
     sockets::{
         CensusStats, ListError, census_each,
         cluster::FromObjects,
+        listing::{free_slots, tcp_slots_before},
         view::{self, ConnectionsView, Filter, Tally},
     },
 };
@@ -33,6 +35,31 @@ pub(in crate::agent) struct Counted {
     census: Result<(Tally, CensusStats), ListError>,
     cgroups: HashMap<u64, PathBuf>,
     took: Duration,
+    reclaim: Reclaim,
+}
+
+/// Slots whose release was never seen. The release program frees a connection's slot when its
+/// socket closes; a socket the kernel closes without a release (a multipath TCP connection's
+/// first subflow: the application's socket is the MPTCP one) would keep its slot for ever. A
+/// census reads the TCP slots held by sockets made before it began and crosses off each socket
+/// it finds; a slot left over in two censuses in a row, both complete, is freed. (A connection
+/// in a namespace no pod of the attached cgroup is in any more is not found either: it keeps
+/// its backend, and reports it as its peer.) UDP slots are left alone: a terminated UDP socket
+/// whose owner keeps the descriptor is in no socket table, yet holds its slot until it closes.
+#[derive(Debug, Default)]
+pub(in crate::agent) struct Reclaim {
+    /// Slots not found by the last census.
+    suspects: HashSet<u64>,
+    /// Slots this census freed.
+    freed: usize,
+}
+
+/// How a census went, for the metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct Census {
+    pub took: Duration,
+    /// Connection slots it freed (see `Reclaim`).
+    pub freed: usize,
 }
 
 /// The last view, and when its census was taken.
@@ -75,6 +102,8 @@ pub(in crate::agent) struct Refresher {
     listing: Listing,
     cgroup: PathBuf,
     in_flight: bool,
+    /// Slots the last census did not find (see `Reclaim`).
+    suspects: HashSet<u64>,
     done_tx: mpsc::Sender<Counted>,
     publish: watch::Sender<Option<Published>>,
 }
@@ -101,6 +130,7 @@ impl Refresher {
                 listing,
                 cgroup,
                 in_flight: false,
+                suspects: HashSet::new(),
                 done_tx,
                 publish,
             },
@@ -130,16 +160,30 @@ impl Refresher {
             self.cgroup.clone(),
             self.done_tx.clone(),
         );
+        let suspects = std::mem::take(&mut self.suspects);
         tokio::task::spawn_blocking(move || {
             let start = Instant::now();
-            let mut tally = Tally::new(monotonic_now());
-            let census = census_each(&pins, &cgroup, listing, true, |s| tally.add(&s))
-                .map(|stats| (tally, stats));
+            let now = monotonic_now();
+            let since = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
+            let mut unseen = tcp_slots_before(&pins, since).unwrap_or_default();
+            let mut tally = Tally::new(now);
+            let census = census_each(&pins, &cgroup, listing, true, |s| {
+                unseen.remove(&s.cookie);
+                tally.add(&s);
+            })
+            .map(|stats| (tally, stats));
+            let reclaim = match &census {
+                Ok((_, stats)) if stats.errors.is_empty() => reclaim(&pins, &suspects, unseen),
+                // Sockets in a namespace that could not be read were not seen: nothing is
+                // judged gone.
+                _ => Reclaim::default(),
+            };
             let cgroups = view::cgroup_paths(&cgroup);
             let _ = tx.blocking_send(Counted {
                 census,
                 cgroups,
                 took: start.elapsed(),
+                reclaim,
             });
         });
     }
@@ -149,8 +193,15 @@ impl Refresher {
         &mut self,
         counted: Counted,
         engine: &Engine<M>,
-    ) -> Option<(Arc<ConnectionsView>, Duration)> {
+    ) -> Option<(Arc<ConnectionsView>, Census)> {
         self.in_flight = false;
+        self.suspects = counted.reclaim.suspects;
+        if counted.reclaim.freed > 0 {
+            tracing::info!(
+                slots = counted.reclaim.freed,
+                "freed connection slots whose TCP socket was gone in two censuses in a row (closed without a release: a multipath TCP subflow)"
+            );
+        }
         let (tally, stats) = match counted.census {
             Ok(c) => c,
             Err(e) => {
@@ -174,8 +225,29 @@ impl Refresher {
             at: Instant::now(),
             view: view.clone(),
         }));
-        Some((view, counted.took))
+        Some((
+            view,
+            Census {
+                took: counted.took,
+                freed: counted.reclaim.freed,
+            },
+        ))
     }
+}
+
+/// Frees the slots neither this census nor the last found; keeps the rest of this one's
+/// unseen slots as the next census's suspects.
+fn reclaim(pins: &SocketPins, suspects: &HashSet<u64>, unseen: HashSet<u64>) -> Reclaim {
+    let (gone, suspects): (HashSet<u64>, HashSet<u64>) =
+        unseen.into_iter().partition(|c| suspects.contains(c));
+    let freed = free_slots(pins, &gone).unwrap_or_else(|e| {
+        tracing::warn!(
+            error = &e as &dyn std::error::Error,
+            "could not free connection slots whose socket is gone"
+        );
+        0
+    });
+    Reclaim { suspects, freed }
 }
 
 /// The view narrowed to one Service and/or backend.
