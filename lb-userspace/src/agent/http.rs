@@ -93,6 +93,12 @@ pub(super) async fn serve(listener: tokio::net::TcpListener, app: Router, what: 
     for id in 0_u64.. {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                // Shut down (a health-check port closed, the agent stopping): not listening
+                // any more, and never again.
+                tracing::debug!(listener = what, "listener shut down");
+                return;
+            }
             Err(e) => {
                 // Out of descriptors, say: wait rather than spin.
                 tracing::warn!(listener = what, error = %e, "accept failed");
@@ -232,5 +238,31 @@ async fn metrics(State(shared): State<Arc<Shared>>, headers: HeaderMap) -> Respo
     match tokio::task::spawn_blocking(move || shared.metrics.encode(format)).await {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n").into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{os::fd::AsFd as _, time::Duration};
+
+    /// A listener shut down on purpose (a health-check port closed, the agent stopping) ends
+    /// its accept loop at once: accept then fails with EINVAL for ever, which the loop once
+    /// logged as a warning every 100 ms until its task was aborted.
+    #[tokio::test]
+    async fn a_listener_shut_down_ends_its_accept_loop() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let fd = listener
+            .as_fd()
+            .try_clone_to_owned()
+            .expect("a second descriptor");
+        let serving = tokio::spawn(super::serve(listener, axum::Router::new(), "test"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        rustix::net::shutdown(&fd, rustix::net::Shutdown::Both).expect("shutdown");
+        tokio::time::timeout(Duration::from_secs(2), serving)
+            .await
+            .expect("the accept loop ended")
+            .expect("without a panic");
     }
 }
