@@ -347,6 +347,15 @@ impl AgentProcess {
         }))
     }
 
+    /// Whether /metrics reports the promise `guarantee` lost (`socklb_guarantee_lost` 1): the
+    /// loss a refused part brings is named, not silent.
+    pub fn guarantee_lost(&self, guarantee: &str) -> anyhow::Result<bool> {
+        let value = self.metric(&format!(
+            "socklb_guarantee_lost{{guarantee=\"{guarantee}\"}}"
+        ))?;
+        Ok(value == Some(1.0))
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let all: Vec<&str> = text.lines().collect();

@@ -246,7 +246,7 @@ const SLOWEST_FIRST: [&str; 10] = [
 /// these tests start read the variable as their `--disable-feature`): the whole module, or the
 /// tests whose names start with one of the prefixes. A prefix that matches no test fails the
 /// run. The data path's translation with every part off is `features`'s.
-const AGAIN_WITHOUT_OPTIONAL_PARTS: [(&str, &[&str]); 7] = [
+const AGAIN_WITHOUT_OPTIONAL_PARTS: [(&str, &[&str]); 8] = [
     ("agent", &[]),
     (
         "dataplane",
@@ -266,6 +266,7 @@ const AGAIN_WITHOUT_OPTIONAL_PARTS: [(&str, &[&str]); 7] = [
     ("node", &[]),
     ("reliability", &[]),
     ("deploy", &[]),
+    ("fail_static", &[]),
 ];
 
 /// The jobs in the order they run: the end-to-end modules slowest first, the reruns with

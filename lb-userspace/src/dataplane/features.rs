@@ -330,7 +330,7 @@ impl Guarantee {
     pub const fn lost(self) -> &'static str {
         match self {
             Self::UdpTermination => {
-                "connected UDP sockets whose backend leaves are not terminated: they keep sending to the old endpoint until the application reconnects"
+                "connected UDP sockets whose backend leaves are not terminated: they keep sending to the old endpoint until the application reconnects; nor are sockets connected before their frontend existed repaired"
             }
             Self::UdpListing => {
                 "translated UDP sockets are not listed (inspect connections, explain, live-socket metrics)"

@@ -143,6 +143,15 @@ fn a_udp_socket_connected_before_its_frontend_existed_is_repaired() -> anyhow::R
             "a_udp_socket_connected_before_its_frontend_existed_is_repaired",
             "no UDP termination: nothing can repair the socket (the named loss)",
         );
+        assert!(
+            agent.guarantee_lost("udp-termination")?,
+            "the loss is named"
+        );
+        let r = client.run(&Command::Exchange {
+            id: 1,
+            msg: "query".into(),
+        })?;
+        assert_eq!(r.answers(), 0, "the socket is not repaired: {r:?}");
         return Ok(());
     }
     let took = terminated_within(&mut client, 1, within)?;
@@ -206,7 +215,11 @@ fn a_termination_pass_judges_each_socket_when_it_destroys_it() -> anyhow::Result
     if !socklb_tests::features::Claims::of(&agent.status()?).udp_termination {
         socklb_tests::features::fallback(
             "a_termination_pass_judges_each_socket_when_it_destroys_it",
-            "no UDP termination on this kernel",
+            "no UDP termination on this kernel: no socket is destroyed at all",
+        );
+        assert!(
+            agent.guarantee_lost("udp-termination")?,
+            "the loss is named"
         );
         return Ok(());
     }
@@ -311,6 +324,10 @@ fn the_per_pod_bound_counts_each_pod_on_every_kubelet_layout() -> anyhow::Result
             socklb_tests::features::fallback(
                 "the_per_pod_bound_counts_each_pod_on_every_kubelet_layout",
                 "no release program, no per-pod bound",
+            );
+            assert!(
+                agent.guarantee_lost("socket-bound")?,
+                "{name}: the loss is named"
             );
             return Ok(());
         }

@@ -362,6 +362,10 @@ fn at_the_ceiling_a_rollout_keeps_its_room_and_every_other_service_answers() -> 
         Vec::<&socklb_tests::load::Connect>::new(),
         "a newer Service answered every connect through the rollout"
     );
+    println!(
+        "FIGURE at the ceiling, a 4-step rollout of the older Service: {} connects to a newer one, 0 failed; 7 newer Services answered 10 of 10 at every step",
+        done.connects.len()
+    );
     assert!(!agent.log_text().contains("to make room for"));
     Ok(())
 }
@@ -573,6 +577,10 @@ fn a_restart_at_full_maps_takes_no_service_out() -> anyhow::Result<()> {
         assert!(
             reached.iter().all(|r| want.contains(r)),
             "{name}: {reached:?}"
+        );
+        println!(
+            "FIGURE restart at full maps: {name}: {} connects across kill -9 and restart, 0 failed",
+            done.connects.len()
         );
     }
     let s = status(&agent)?;

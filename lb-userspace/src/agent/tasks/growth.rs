@@ -9,7 +9,7 @@
 //! it, as long as the whole generation stays under the memory ceiling (`--max-map-memory`);
 //! where doubling would pass it, the map grows to what fits. At the ceiling nothing grows: a
 //! set that finds no room keeps the room it has, reported (`MapWriteError::AtCeiling`,
-//! `/status`, `socklb_maps_at_ceiling`).
+//! `/status`, `socklb_map_at_ceiling`).
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
