@@ -27,6 +27,7 @@ pub mod explain;
 pub mod fuzzing;
 pub mod hashing;
 pub mod model;
+pub mod outside;
 pub mod reconcile;
 pub mod sockets;
 pub mod source;

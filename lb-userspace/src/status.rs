@@ -47,6 +47,43 @@ pub struct Status {
     /// how that was found and why.
     #[serde(default)]
     pub pods: Option<PodsReport>,
+    /// The outside path (`--external-traffic nftables`): whether its rules hold what the
+    /// Services ask for, and its last sync.
+    #[serde(default)]
+    pub outside: Option<OutsideReport>,
+}
+
+/// Where the outside path's rules stand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutsideCondition {
+    /// Every family's table holds what socklb last wrote, and that is the Services' state.
+    InSync,
+    /// The last sync failed (`reason` says why); the rules of before stay and it is retried.
+    Failing,
+    /// Asked for, but the node cannot run it (`reason` names what is missing); the socket path
+    /// works on.
+    Off,
+}
+
+/// The outside path, for `/status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsideReport {
+    pub condition: OutsideCondition,
+    pub reason: Option<String>,
+    /// Service ports (per family) served from outside.
+    pub service_ports: usize,
+    pub syncs: u64,
+    pub failures: u64,
+    /// Times the rules were found changed by someone else and written again.
+    pub drift_repairs: u64,
+    /// UDP flows cleared because their endpoint stopped serving.
+    pub udp_flows_cleared: u64,
+    /// The last successful sync: how long it took and what it wrote.
+    pub last_sync_ms: Option<u64>,
+    pub last_full: bool,
+    pub last_chains_written: usize,
+    pub last_elements_written: usize,
 }
 
 /// What counts as a pod for the per-pod bound.

@@ -171,6 +171,14 @@ impl Protocol {
             _ => None,
         }
     }
+
+    /// The lowercase name, as nftables and most tools write it.
+    pub const fn lower(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Udp => "udp",
+        }
+    }
 }
 
 impl fmt::Display for Protocol {

@@ -39,6 +39,10 @@ pub struct AgentOptions {
     /// A memory cgroup (v1 or v2) the agent joins before it creates anything, so its maps and
     /// the socket records they hold are charged there.
     pub memory_cgroup: Option<PathBuf>,
+    /// `--cgroup` (default: the sandbox's).
+    pub cgroup: Option<PathBuf>,
+    /// `--bpffs` (default: the sandbox's pin folder).
+    pub pin_folder: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -142,9 +146,19 @@ impl AgentProcess {
         }
         command.extend([
             "--cgroup".into(),
-            sandbox.cgroup.display().to_string(),
+            options
+                .cgroup
+                .as_ref()
+                .unwrap_or(&sandbox.cgroup)
+                .display()
+                .to_string(),
             "--bpffs".into(),
-            sandbox.pin_folder().display().to_string(),
+            options
+                .pin_folder
+                .clone()
+                .unwrap_or_else(|| sandbox.pin_folder())
+                .display()
+                .to_string(),
             "--metrics-listen".into(),
             listen.to_string(),
             "--health-listen".into(),
@@ -326,7 +340,10 @@ impl AgentProcess {
         } else {
             self.listen
         };
-        http_get(addr, path)
+        match &self.netns {
+            Some(ns) => http_get_in(ns, addr, path),
+            None => http_get(addr, path),
+        }
     }
 
     /// The agent's /status, as the library's own type.
@@ -376,6 +393,23 @@ impl Drop for AgentProcess {
 }
 
 /// An HTTP GET of `path` on `addr`: (status code, body).
+/// `http_get` from inside the network namespace `netns` (on a thread of its own, which
+/// enters it).
+pub fn http_get_in(netns: &str, addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let file = std::fs::File::open(format!("/run/netns/{netns}"))
+        .with_context(|| format!("opening netns {netns}"))?;
+    let path = path.to_string();
+    std::thread::spawn(move || {
+        // SAFETY: setns(2) on a descriptor `file` holds; it moves only this thread.
+        if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        http_get(addr, &path)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the request thread panicked"))?
+}
+
 pub fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;

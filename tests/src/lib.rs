@@ -22,6 +22,7 @@ pub mod bench;
 pub mod bins;
 pub mod churn;
 pub mod client;
+pub mod cluster;
 pub mod conformance;
 pub mod curl;
 pub mod features;

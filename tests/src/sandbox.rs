@@ -212,6 +212,61 @@ impl Sandbox {
         Ok(())
     }
 
+    /// A network namespace of the sandbox named `{id}{suffix}`, with its loopback up; removed
+    /// with the sandbox.
+    pub fn netns(&self, suffix: &str) -> anyhow::Result<String> {
+        let ns = format!("{}{suffix}", self.id);
+        self.add_netns(&ns)?;
+        Ok(ns)
+    }
+
+    /// A bridge `name` (up) in namespace `ns`.
+    pub fn bridge(&self, ns: &str, name: &str) -> anyhow::Result<()> {
+        ip(&[
+            "-n",
+            ns,
+            "link",
+            "add",
+            name,
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
+        ip(&["-n", ns, "link", "set", name, "up"])
+    }
+
+    /// Plugs `ns` into the bridge `bridge` of namespace `bridge_ns`: `port` on the bridge's
+    /// side, `inside` in `ns` with `addrs` (CIDR notation), both up.
+    pub fn plug_into(
+        &self,
+        ns: &str,
+        inside: &str,
+        bridge_ns: &str,
+        bridge: &str,
+        port: &str,
+        addrs: &[String],
+    ) -> anyhow::Result<()> {
+        ip(&[
+            "-n", bridge_ns, "link", "add", port, "type", "veth", "peer", "name", inside, "netns",
+            ns,
+        ])?;
+        ip(&["-n", bridge_ns, "link", "set", port, "master", bridge, "up"])?;
+        for a in addrs {
+            let mut args = vec!["-n", ns, "addr", "add", a.as_str(), "dev", inside];
+            if a.contains(':') {
+                args.push("nodad");
+            }
+            ip(&args)?;
+        }
+        ip(&["-n", ns, "link", "set", inside, "up"])
+    }
+
+    /// A cgroup at `path` (a child of a cgroup the sandbox made), removed with the sandbox.
+    pub fn child_cgroup(&self, path: &Path) -> anyhow::Result<()> {
+        self.add_cgroup(path)
+    }
+
     /// Another client pod on the bridge at `ipv4`, with a cgroup of its own that is a sibling
     /// of the sandbox's (socklb's programs attached to the sandbox cgroup do not reach it).
     pub fn extra_client_pod(&self, name: &str, ipv4: &str) -> anyhow::Result<ClientPod> {

@@ -23,7 +23,7 @@ use super::{
     AgentConfig, Engine, Listeners, Pass, Progress, Shared,
     api_route::ApiRoute,
     listeners, probes, start,
-    tasks::{census, growth, pods, recount, udp_termination, version},
+    tasks::{census, growth, outside, pods, recount, udp_termination, version},
 };
 use crate::{
     dataplane::{abi::frontend_key, bpf::BpfServiceMaps, loader::Dataplane},
@@ -300,6 +300,11 @@ fn record_state(
             placement: pods.placement.clone(),
             reason: pods.placement.reason(),
         }),
+        outside: shared
+            .outside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone(),
     };
     *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
 }
@@ -374,6 +379,7 @@ struct Tasks {
     udp: udp_termination::UdpTermination,
     health_checks: Option<probes::HealthCheckServers>,
     growth: growth::Growth,
+    outside: Option<outside::OutsideTask>,
 }
 
 impl Tasks {
@@ -384,6 +390,10 @@ impl Tasks {
                 .health_check_node_ports
                 .then(|| probes::HealthCheckServers::new(Arc::clone(shared))),
             growth: growth::Growth::new(config.map_memory_ceiling),
+            outside: config
+                .outside
+                .clone()
+                .and_then(|options| outside::OutsideTask::start(options, shared)),
         }
     }
 }
@@ -398,10 +408,12 @@ fn write(
     tasks: &mut Tasks,
     attached: bool,
 ) -> anyhow::Result<()> {
+    let mut wrote = false;
     for _ in 0..2 {
         let Some(pass) = engine.reconcile() else {
             break;
         };
+        wrote = true;
         log_pass(&pass);
         let (changed, added) = (pass.report.udp_changed, pass.report.udp_frontends_added);
         if (changed || added) && attached && shared.features.udp_termination() {
@@ -426,6 +438,15 @@ fn write(
         {
             break;
         }
+    }
+    if wrote
+        && engine.is_synced()
+        && let Some(outside) = tasks.outside.as_mut()
+    {
+        outside.publish(crate::translate::outside::outside_state(
+            engine.store(),
+            engine.node(),
+        ));
     }
     Ok(())
 }

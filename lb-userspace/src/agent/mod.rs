@@ -83,6 +83,8 @@ pub struct AgentConfig {
     /// arriving from outside it (NodePorts, load-balancer IPs on the wire), which socklb does
     /// not translate. Without it the load-balancer probes say this node has nothing to offer.
     pub external_traffic: bool,
+    /// `--external-traffic nftables`: socklb carries that traffic itself, with these options.
+    pub outside: Option<crate::outside::render::RenderOptions>,
     /// How often failed backend sets are retried.
     pub retry_interval: Duration,
     /// The agent's own /livez fails when a change stays unwritten this long (an unreachable

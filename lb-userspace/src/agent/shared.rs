@@ -25,6 +25,8 @@ pub struct Shared {
     pub status: Mutex<Status>,
     /// What kube-proxy's /healthz says about the node.
     pub node_health: probes::NodeHealth,
+    /// The outside path's state, as its task last wrote it (`None`: not asked for).
+    pub outside: Mutex<Option<crate::status::OutsideReport>>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -50,6 +52,7 @@ impl Shared {
             metrics: Metrics::new(&dataplane.maps_dir, &dataplane.features),
             status: Mutex::new(Status::default()),
             node_health: probes::NodeHealth::new(config.external_traffic),
+            outside: Mutex::new(None),
         })
     }
 

@@ -50,6 +50,11 @@ pub enum ExternalTraffic {
     /// Another component on this node (the CNI's eBPF service handling, say): the probes
     /// answer as kube-proxy's would.
     Carried,
+    /// socklb itself, with nftables rules in a table of its own (`ip socklb`, `ip6 socklb`), as
+    /// kube-proxy's nftables mode: `NodePorts`, load-balancer IPs and `externalIPs` reaching this
+    /// node are rewritten (DNAT) to their endpoints; the probes answer as kube-proxy's would. Needs the
+    /// `nft` tool (1.0.1 or newer) and no kube-proxy rules on the node.
+    Nftables,
 }
 
 #[derive(clap::Args, Debug)]
@@ -105,6 +110,16 @@ pub struct AgentArgs {
     /// on this node does (the CNI's service handling), and they answer as kube-proxy's.
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_EXTERNAL_TRAFFIC")]
     pub external_traffic: ExternalTraffic,
+    /// With --external-traffic nftables: the cluster's pod ranges (comma-separated CIDRs, as
+    /// kube-proxy's --cluster-cidr). Under externalTrafficPolicy Local, traffic from them that
+    /// reaches a NodePort or load-balancer IP is sent to any endpoint, unmasqueraded, as
+    /// kube-proxy's local-traffic detector does. Without it only the node's own traffic is.
+    #[arg(long, value_delimiter = ',', env = "SOCKLB_CLUSTER_CIDR")]
+    pub cluster_cidr: Vec<String>,
+    /// With --external-traffic nftables: the packet mark bit (0-31) that asks for masquerade,
+    /// cleared before the packet leaves (kube-proxy's --iptables-masquerade-bit).
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31), env = "SOCKLB_MASQUERADE_BIT")]
+    pub masquerade_bit: u8,
     /// Log format (json for log collectors).
     #[arg(long, value_enum, default_value_t, env = "SOCKLB_LOG_FORMAT")]
     pub log_format: LogFormat,
@@ -238,7 +253,10 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         prometheus_listen: listen(&args.prometheus_listen, "prometheus-listen")?,
         kube_proxy_healthz: kube_proxy_healthz(&args.kube_proxy_healthz)?,
         health_check_node_ports: args.health_check_node_ports,
-        external_traffic: args.external_traffic == ExternalTraffic::Carried,
+        external_traffic: args.external_traffic != ExternalTraffic::None,
+        outside: (args.external_traffic == ExternalTraffic::Nftables)
+            .then(|| outside_options(args))
+            .transpose()?,
         retry_interval: Duration::from_millis(args.retry_ms.max(10)),
         stuck_after: Duration::from_secs(args.stuck_after_s.max(1)),
         healthz_stale_after: Duration::from_secs(args.healthz_stale_after_s.max(1)),
@@ -260,6 +278,22 @@ pub(super) fn run(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         .build()?;
     runtime.block_on(crate::agent::run(config, listeners, dataplane))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The outside path's options from the flags.
+fn outside_options(args: &AgentArgs) -> anyhow::Result<crate::outside::render::RenderOptions> {
+    let cluster_cidrs = args
+        .cluster_cidr
+        .iter()
+        .map(|c| {
+            crate::model::Cidr::parse(c.trim())
+                .ok_or_else(|| anyhow::anyhow!("--cluster-cidr {c:?}: not a CIDR (10.244.0.0/16)"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(crate::outside::render::RenderOptions {
+        masquerade_bit: args.masquerade_bit,
+        cluster_cidrs,
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! `socklb reset`: detach the programs and remove every pin (the uninstall path).
-use std::process::ExitCode;
+//! `socklb reset`: detach the programs, remove every pin, and delete the outside path's
+//! nftables tables in this network namespace (the uninstall path).
+use std::{fmt::Write as _, process::ExitCode};
 
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +26,9 @@ pub struct Reset {
     pub links: usize,
     /// Map pins removed.
     pub maps: usize,
+    /// The outside path's nftables tables deleted (`ip socklb`, `ip6 socklb`).
+    #[serde(default)]
+    pub nft_tables: usize,
 }
 
 /// Exit status 0 also when nothing was pinned.
@@ -35,21 +39,34 @@ pub(super) fn run(args: &ResetArgs) -> anyhow::Result<ExitCode> {
         pinned: pins.root.exists(),
         links: 0,
         maps: 0,
+        nft_tables: 0,
     };
     if reset.pinned {
         let removed = remove_pins(&pins)?;
         reset.links = removed.links;
         reset.maps = removed.maps;
     }
+    // The outside path's rules, where the nft tool is (without it there can be none of ours).
+    if let Ok(nft) = crate::dataplane::nft::Nft::find() {
+        reset.nft_tables = nft.delete_tables()?;
+    }
     print_output(args.output, &reset, || {
-        if reset.pinned {
+        let mut text = if reset.pinned {
             format!(
                 "detached {} program link(s) and removed {} map pin(s) from {}\n",
                 reset.links, reset.maps, reset.pin_folder
             )
         } else {
             format!("nothing pinned at {}\n", reset.pin_folder)
+        };
+        if reset.nft_tables > 0 {
+            let _ = writeln!(
+                text,
+                "deleted {} nftables table(s) of the outside path",
+                reset.nft_tables
+            );
         }
+        text
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -3,11 +3,13 @@
 //! dumps of map contents, and the translated sockets.
 pub mod abi;
 pub mod bpf;
+pub mod conntrack;
 pub mod dump;
 pub mod events;
 pub mod features;
 pub mod loader;
 pub mod maps;
+pub mod nft;
 pub mod pins;
 pub mod pods;
 pub mod probe;

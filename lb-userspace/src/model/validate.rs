@@ -179,7 +179,9 @@ pub fn parse_ip_sloppy(value: &str) -> Option<IpAddr> {
 }
 
 /// An address block (`10.0.0.0/8`), for loadBalancerSourceRanges.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct Cidr {
     pub addr: IpAddr,
     pub prefix: u8,
@@ -214,6 +216,27 @@ impl Cidr {
         let prefix = u32::from(self.prefix);
         let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
         bits(self.addr) & mask == bits(ip) & mask
+    }
+
+    /// The block with its host bits cleared (`203.0.113.7/25` is `203.0.113.0/25`), as tools
+    /// that refuse host bits want it.
+    #[must_use]
+    pub fn network(&self) -> Self {
+        let prefix = u32::from(self.prefix);
+        let addr = match self.addr {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+                IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & mask))
+            }
+        };
+        Self {
+            addr,
+            prefix: self.prefix,
+        }
     }
 }
 

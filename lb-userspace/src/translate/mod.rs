@@ -39,6 +39,7 @@
 //! the healthCheckNodePort rules (`health_checks`) take the same `NodeInfo`.
 mod endpoints;
 mod health;
+pub mod outside;
 mod ownership;
 pub mod report;
 mod types;

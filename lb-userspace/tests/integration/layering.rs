@@ -19,12 +19,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "reconcile",
         &["translate", "dataplane", "vocab", "vec_set", "hashing"],
     ),
+    ("outside", &["translate", "model", "dataplane", "vocab"]),
     ("source", &["model", "dataplane", "vocab"]),
     ("status", &["translate", "dataplane", "vocab"]),
     ("sockets", &["model", "dataplane", "vocab"]),
     (
         "explain",
         &[
+            "outside",
             "status",
             "sockets",
             "translate",
@@ -36,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "agent",
         &[
+            "outside",
             "source",
             "status",
             "sockets",

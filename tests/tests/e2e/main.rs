@@ -20,6 +20,7 @@ mod metrics;
 mod monitor;
 mod monitoring;
 mod node;
+mod outside;
 mod reliability;
 mod seed;
 mod tenants;

@@ -9,6 +9,7 @@
 //! metrics` reads) and `OpenMetrics` 1.0.0 when the scraper asks for it (`Accept`), both
 //! written by prometheus-client's encoders (label values escaped as each format wants).
 mod datapath;
+mod outside;
 mod process;
 mod sockets;
 
@@ -129,6 +130,7 @@ pub struct Metrics {
     retries: Counter,
     seen_retries: AtomicU64,
     sockets: sockets::SocketMetrics,
+    outside: outside::OutsideMetrics,
     /// Last cumulative values seen, to turn totals into counter increments.
     seen_errors: Mutex<std::collections::BTreeMap<ErrorKind, u64>>,
     seen_rejected: AtomicU64,
@@ -389,6 +391,7 @@ impl Metrics {
         let [writes, rejected_objects, udp_terminated, retries] = event_counters(r);
         register_features(r, features);
         let sockets = sockets::SocketMetrics::register(r);
+        let outside = outside::OutsideMetrics::register(r);
         r.register(
             "build",
             "The socklb version and git commit of the running agent",
@@ -425,6 +428,7 @@ impl Metrics {
             retries,
             seen_retries: AtomicU64::new(0),
             sockets,
+            outside,
             seen_errors: Mutex::new(std::collections::BTreeMap::new()),
             seen_rejected: AtomicU64::new(0),
             maps_dir: generation,
@@ -433,6 +437,32 @@ impl Metrics {
             at_ceiling,
             pods_placed,
         }
+    }
+
+    /// One sync of the outside path: its outcome, and the state its rules are in after it.
+    pub fn record_outside(
+        &self,
+        outcome: Result<&crate::outside::SyncReport, ()>,
+        condition: crate::status::OutsideCondition,
+    ) {
+        match outcome {
+            Ok(report) => {
+                self.outside.syncs.inc();
+                self.outside.duration.set(report.took.as_secs_f64());
+                self.outside
+                    .flows_cleared
+                    .inc_by(report.flows_cleared as u64);
+            }
+            Err(()) => {
+                self.outside.failures.inc();
+            }
+        }
+        self.outside.set_state(condition);
+    }
+
+    /// The outside path's rules were found changed by someone else.
+    pub fn record_outside_drift(&self) {
+        self.outside.drift_repairs.inc();
     }
 
     /// Whether the pods' level is known.

@@ -2,6 +2,7 @@
 //! loop only routes ticks and results to them.
 pub(super) mod census;
 pub(super) mod growth;
+pub(super) mod outside;
 pub(super) mod pods;
 pub(super) mod recount;
 pub(super) mod udp_termination;
