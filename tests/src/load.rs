@@ -68,6 +68,17 @@ impl Load {
         clients: usize,
         min_count: usize,
     ) -> anyhow::Result<Self> {
+        Self::start_in(sandbox, None, target, clients, min_count)
+    }
+
+    /// The same, in `pod` (the sandbox's client pod when `None`).
+    pub fn start_in(
+        sandbox: &Sandbox,
+        pod: Option<&crate::sandbox::ClientPod>,
+        target: SocketAddr,
+        clients: usize,
+        min_count: usize,
+    ) -> anyhow::Result<Self> {
         static LOADS: AtomicUsize = AtomicUsize::new(0);
         let n = LOADS.fetch_add(1, Ordering::Relaxed);
         let stop = sandbox.workdir.join(format!("stop-load-{n}"));
@@ -75,7 +86,10 @@ impl Load {
         let mut records = Vec::new();
         for i in 0..clients {
             let out = sandbox.workdir.join(format!("load-{n}-{i}.txt"));
-            let mut client = sandbox.client()?;
+            let mut client = match pod {
+                Some(pod) => sandbox.client_in(pod)?,
+                None => sandbox.client()?,
+            };
             let (o, s) = (out.clone(), stop.clone());
             threads.push(std::thread::spawn(move || {
                 client.run(&Command::Record {

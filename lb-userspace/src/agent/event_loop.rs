@@ -300,11 +300,8 @@ fn record_state(
             placement: pods.placement.clone(),
             reason: pods.placement.reason(),
         }),
-        outside: shared
-            .outside
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone(),
+        // Filled in by the handler, from the outside path's task.
+        outside: None,
     };
     *shared.status.lock().unwrap_or_else(PoisonError::into_inner) = status;
 }

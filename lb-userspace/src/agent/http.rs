@@ -162,11 +162,18 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> (StatusCode, &'static str)
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> ([(&'static str, &'static str); 1], String) {
-    let status = shared
+    let mut status = shared
         .status
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
+    // The outside path's task reports on its own thread: its latest word, not the loop's copy.
+    status.outside.clone_from(
+        &shared
+            .outside
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner),
+    );
     (
         [("content-type", "application/json")],
         serde_json::to_string_pretty(&status).unwrap_or_default(),

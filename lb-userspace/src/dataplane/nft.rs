@@ -3,7 +3,6 @@
 //! checks a node needs before the mode runs (the tool and its version, no kube-proxy rules).
 //! As kube-proxy's knftables: the tool, not hand-built netlink, and never `list ruleset`.
 use std::{
-    fmt::Write as _,
     io::Write as _,
     path::PathBuf,
     process::{Command, Stdio},
@@ -57,7 +56,6 @@ impl Nft {
     pub fn find() -> Result<Self, NftError> {
         let path_var = std::env::var_os("PATH").unwrap_or_default();
         let path = std::env::split_paths(&path_var)
-            .chain(["/usr/sbin".into(), "/sbin".into()])
             .map(|dir| dir.join("nft"))
             .find(|p| p.is_file())
             .ok_or_else(|| NftError::Missing {
@@ -131,17 +129,6 @@ impl Nft {
             }
             Err(e) => Err(e),
         }
-    }
-
-    /// The text of these maps and sets of the table, with their elements.
-    pub fn list_maps(&self, family: Family, maps: &[(&str, bool)]) -> Result<String, NftError> {
-        let fam = family_keyword(family);
-        let mut script = String::new();
-        for (name, is_map) in maps {
-            let kind = if *is_map { "map" } else { "set" };
-            let _ = writeln!(script, "list {kind} {fam} {TABLE} {name}");
-        }
-        self.run(&["-f", "-"], Some(&script))
     }
 
     /// The table as nft's JSON (`nft -j list table`), or `None` when there is no such table.

@@ -25,6 +25,25 @@ pub fn names(json: &Value) -> Names {
     out
 }
 
+/// Drops the elements of the sets the kernel fills (flag `dynamic`: the affinity sets), whose
+/// timers change by the second, so that a listing says only what socklb wrote.
+pub fn forget_dynamic_elements(json: &mut Value) {
+    let Some(items) = json.get_mut("nftables").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for item in items {
+        if let Some(set) = item.get_mut("set").and_then(Value::as_object_mut) {
+            let dynamic = set
+                .get("flags")
+                .and_then(Value::as_array)
+                .is_some_and(|f| f.iter().any(|x| x == "dynamic"));
+            if dynamic {
+                set.remove("elem");
+            }
+        }
+    }
+}
+
 fn objects(json: &Value) -> impl Iterator<Item = &Value> {
     json.get("nftables")
         .and_then(Value::as_array)

@@ -228,14 +228,14 @@ pub fn stale_flows(state: &OutsideState, ports: &[&OutsidePort], flows: &[Flow])
         .collect()
 }
 
-/// A digest of the table as the kernel lists it (rules, and the elements of the maps socklb
-/// writes; not the affinity sets, which the kernel fills).
+/// A digest of the table as the kernel lists it (`nft -j list table`: its chains, rules, maps
+/// and their elements), without the elements of the affinity sets, which the kernel fills.
 fn listing_digest(nft: &Nft, family: Family) -> Result<[u8; 32], NftError> {
     let mut hasher = Sha256::new();
-    match nft.list_terse(family)? {
-        Some(text) => {
-            hasher.update(text.as_bytes());
-            hasher.update(nft.list_maps(family, &render::STATIC_MAPS)?.as_bytes());
+    match nft.list_json(family)? {
+        Some(mut json) => {
+            installed::forget_dynamic_elements(&mut json);
+            hasher.update(json.to_string().as_bytes());
         }
         None => hasher.update(b"no table"),
     }

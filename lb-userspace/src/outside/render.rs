@@ -75,16 +75,6 @@ pub const NO_ENDPOINT_NODEPORTS: &str = "no-endpoint-nodeports";
 pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const NODEPORT_IPS: &str = "nodeport-ips";
 
-/// The maps and sets whose elements socklb writes (`true`: a map), for listings.
-pub const STATIC_MAPS: [(&str, bool); 6] = [
-    (SERVICE_IPS, true),
-    (SERVICE_NODEPORTS, true),
-    (NO_ENDPOINT_SERVICES, true),
-    (NO_ENDPOINT_NODEPORTS, true),
-    (FIREWALL_IPS, true),
-    (NODEPORT_IPS, false),
-];
-
 /// The chain names a Service port's rules live in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PortChains {

@@ -378,3 +378,300 @@ fn source_ranges(w: &mut World) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The number of successful syncs an agent's outside path has made.
+fn syncs(agent: &AgentProcess) -> anyhow::Result<u64> {
+    Ok(agent.status()?.outside.map_or(0, |o| o.syncs))
+}
+
+/// Writes the slices and waits until `agent` wrote its rules for them: the time it was done.
+fn change(w: &World, agent: usize, endpoints: &[(&Pod, &str, &str)]) -> anyhow::Result<Instant> {
+    let before = syncs(&w.agents[agent])?;
+    let written = Instant::now();
+    w.cluster
+        .sandbox
+        .write_manifest("web-slices.yaml", &slices(endpoints))?;
+    eventually("the change in the rules", Duration::from_secs(10), || {
+        Ok((syncs(&w.agents[agent])? > before).then(Instant::now))
+    })?;
+    let done = Instant::now();
+    println!(
+        "FIGURE outside: a change reached node-{}'s rules {} ms after its manifest was written",
+        agent + 1,
+        (done - written).as_millis()
+    );
+    Ok(done)
+}
+
+/// Changes as a rollout makes them, under load from outside through node-2's NodePort (no
+/// endpoint on node-2: every connect crosses to another node): A, C → A, C, D → C, D → D. Every
+/// connect is answered, and none that starts after the rules dropped an endpoint reaches it.
+/// A connected UDP socket from outside keeps its socket while its endpoint leaves: the flow is
+/// cleared and its next datagram reaches a serving endpoint ("should be able to preserve UDP
+/// traffic when server pod cycles for a NodePort service").
+#[test]
+fn removed_endpoints_get_no_new_flow_and_udp_flows_move() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let mut w = World::new(&sandbox, "Cluster")?;
+    let pod_d = w.cluster.pod(1)?;
+    w.cluster.serve(&pod_d, HTTP, false)?;
+    w.cluster.serve(&pod_d, DNS, true)?;
+    let (pod_a, pod_c) = (&w.pod_a, &w.pod_c);
+    let n2 = w.cluster.nodes[1].ip4;
+
+    // UDP first: a connected socket's flow, then its endpoint leaves.
+    let r = w.client.run(&Command::Open {
+        id: 1,
+        target: at(n2, 30053),
+        udp: true,
+    })?;
+    let (first, _) = answered(&r);
+    let first = *first.iter().next().context("an answer")?;
+    let (leaving, staying) = if first == pod_a.ip4 {
+        (pod_a, pod_c)
+    } else {
+        (pod_c, pod_a)
+    };
+    let stay_node = if staying.ip4 == pod_a.ip4 {
+        "node-1"
+    } else {
+        "node-3"
+    };
+    change(&w, 1, &[(staying, stay_node, READY)])?;
+    let moved = eventually("the UDP flow moved", Duration::from_secs(5), || {
+        let r = w.client.run(&Command::Exchange {
+            id: 1,
+            msg: "again".into(),
+        })?;
+        Ok(answered(&r).0.contains(&staying.ip4).then_some(()))
+    });
+    moved.context("the connected UDP socket still reached the endpoint that left")?;
+    assert_ne!(leaving.ip4, staying.ip4);
+    println!(
+        "FIGURE outside, UDP: a connected socket's flow moved to a serving endpoint after its endpoint left"
+    );
+    change(&w, 1, &[(pod_a, "node-1", READY), (pod_c, "node-3", READY)])?;
+
+    // TCP under load through the rollout.
+    let load = socklb_tests::load::Load::start_in(
+        &sandbox,
+        Some(&w.cluster.outside),
+        at(n2, 30080),
+        2,
+        500,
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    change(
+        &w,
+        1,
+        &[
+            (pod_a, "node-1", READY),
+            (pod_c, "node-3", READY),
+            (&pod_d, "node-2", READY),
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let without_a = change(
+        &w,
+        1,
+        &[(pod_c, "node-3", READY), (&pod_d, "node-2", READY)],
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let without_c = change(&w, 1, &[(&pod_d, "node-2", READY)])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let done = load.finish()?;
+    assert!(
+        done.failed().is_empty(),
+        "failed: {:?}",
+        &done.failed()[..done.failed().len().min(5)]
+    );
+    let epoch = |t: Instant| -> u64 {
+        let ago = t.elapsed();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        u64::try_from((now - ago).as_nanos()).unwrap_or(u64::MAX)
+    };
+    let a = format!("{}:{HTTP}", pod_a.ip4);
+    let c = format!("{}:{HTTP}", pod_c.ip4);
+    let late_a = done
+        .connects
+        .iter()
+        .filter(|x| x.start_ns > epoch(without_a) && x.outcome == a)
+        .count();
+    let late_c = done
+        .connects
+        .iter()
+        .filter(|x| x.start_ns > epoch(without_c) && x.outcome == c)
+        .count();
+    assert_eq!((late_a, late_c), (0, 0), "new flows to removed endpoints");
+    println!(
+        "FIGURE outside, rollout under load: {} connects from outside through node-2's NodePort, 0 failed, 0 to an endpoint after its removal reached the rules",
+        done.connects.len()
+    );
+    Ok(())
+}
+
+/// With the agents killed the rules keep serving what was last written; a restart adopts them
+/// with no failed connect; rules someone else deletes or flushes are written again; `socklb
+/// reset` deletes them; a node without the nft tool, or with kube-proxy's rules, runs the
+/// socket path and says why the outside path is off.
+#[test]
+fn the_rules_outlive_the_agent_and_are_repaired() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let mut w = World::new(&sandbox, "Cluster")?;
+    let n2 = &w.cluster.nodes[1];
+    let target = at(n2.ip4, 30080);
+    let load =
+        socklb_tests::load::Load::start_in(&sandbox, Some(&w.cluster.outside), target, 1, 300)?;
+    std::thread::sleep(Duration::from_millis(300));
+    for agent in &mut w.agents {
+        agent.kill9();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for agent in &mut w.agents {
+        agent.restart(true)?;
+    }
+    in_sync(&w.agents, 4)?;
+    std::thread::sleep(Duration::from_millis(300));
+    let done = load.finish()?;
+    assert!(done.failed().is_empty(), "{:?}", done.failed().first());
+    let restarted = w.agents[1].status()?.outside.context("outside")?;
+    println!(
+        "FIGURE outside: {} connects from outside through kill -9 of every agent and their restart, 0 failed; the restart's first sync took {:?} ms",
+        done.connects.len(),
+        restarted.last_sync_ms
+    );
+
+    // Someone else's edits.
+    let nft = |args: &str| -> anyhow::Result<String> {
+        let out = std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &n2.netns,
+                "sh",
+                "-c",
+                &format!("nft {args}"),
+            ])
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "nft {args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    for (what, edit) in [
+        ("the table deleted", "delete table ip socklb"),
+        (
+            "the dispatch chain flushed",
+            "flush chain ip socklb services",
+        ),
+        (
+            "a NodePort element removed",
+            "delete element ip socklb service-nodeports { tcp . 30080 }",
+        ),
+    ] {
+        nft(edit)?;
+        let start = Instant::now();
+        let client = &mut w.client;
+        eventually(what, Duration::from_secs(20), || {
+            Ok((connects(client, target, 1, false)?.answers() == 1).then_some(()))
+        })
+        .with_context(|| w.agents[1].log_tail(30))?;
+        println!(
+            "FIGURE outside: {what} by someone else, repaired in {} ms",
+            start.elapsed().as_millis()
+        );
+    }
+    assert!(w.agents[1].metric("socklb_outside_drift_repairs_total")? >= Some(3.0));
+
+    // socklb reset deletes the tables.
+    w.agents[1].stop()?;
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &n2.netns])
+        .arg(socklb_tests::bins::socklb()?)
+        .args(["reset", "--bpffs"])
+        .arg(&n2.pins)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tables = nft("list tables")?;
+    assert!(!tables.contains("socklb"), "{tables}");
+    Ok(())
+}
+
+/// A node that cannot run the outside path: without the nft tool, and with kube-proxy's table
+/// on it. The agent starts, serves pods through the socket path, and `/status` and the metrics
+/// name what is missing.
+#[test]
+fn a_node_that_cannot_carry_outside_traffic_says_why_and_serves_pods() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    let cluster = Cluster::new(&sandbox, 2)?;
+    let pod = cluster.pod(1)?;
+    cluster.serve(&pod, HTTP, false)?;
+    cluster.serve(&pod, DNS, true)?;
+    sandbox.write_manifest("nodes.yaml", &cluster.node_manifests())?;
+    sandbox.write_manifest("web.yaml", &web("Cluster", &[]))?;
+    sandbox.write_manifest("web-slices.yaml", &slices(&[(&pod, "node-2", READY)]))?;
+    let client_pod = cluster.pod(0)?;
+    for (what, setup, expect) in [
+        ("no nft tool", None, "nft tool was not found"),
+        (
+            "kube-proxy's table",
+            Some("add table ip kube-proxy"),
+            "kube-proxy's rules are on this node",
+        ),
+    ] {
+        let node = &cluster.nodes[0];
+        let mut options = socklb_tests::agent::AgentOptions {
+            args: vec![
+                "--node-name".into(),
+                node.name.clone(),
+                "--external-traffic".into(),
+                "nftables".into(),
+            ],
+            netns: Some(node.netns.clone()),
+            cgroup: Some(node.cgroup.clone()),
+            pin_folder: Some(node.pins.clone()),
+            ..Default::default()
+        };
+        match setup {
+            None => options.env.push(("PATH".into(), "/nonexistent".into())),
+            Some(script) => {
+                let out = std::process::Command::new("ip")
+                    .args(["netns", "exec", &node.netns, "nft", script])
+                    .output()?;
+                anyhow::ensure!(out.status.success());
+            }
+        }
+        let mut agent = sandbox.start_agent(&options)?;
+        let outside = agent.status()?.outside.context("an outside report")?;
+        assert_eq!(
+            outside.condition,
+            socklb::status::OutsideCondition::Off,
+            "{what}"
+        );
+        let reason = outside.reason.unwrap_or_default();
+        assert!(reason.contains(expect), "{what}: {reason}");
+        assert_eq!(
+            agent.metric("socklb_outside_rules{state=\"off\"}")?,
+            Some(1.0),
+            "{what}"
+        );
+        // The socket path serves the pods.
+        let mut client = cluster.client_in(&client_pod)?;
+        let r = connects(&mut client, at("10.96.0.80".parse()?, 80), 10, false)?;
+        assert_eq!(r.answers(), 10, "{what}: {r:?}");
+        agent.stop()?;
+        println!("FIGURE outside off ({what}): /status says {reason:?}; pods served 10 of 10");
+    }
+    Ok(())
+}
