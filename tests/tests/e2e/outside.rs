@@ -491,7 +491,7 @@ fn removed_endpoints_get_no_new_flow_and_udp_flows_move() -> anyhow::Result<()> 
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        u64::try_from((now - ago).as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(now.saturating_sub(ago).as_nanos()).unwrap_or(u64::MAX)
     };
     let a = format!("{}:{HTTP}", pod_a.ip4);
     let c = format!("{}:{HTTP}", pod_c.ip4);
