@@ -145,6 +145,7 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
             agent: agent.as_ref(),
             ownership: ownership.as_ref(),
             connections: connections.as_ref(),
+            outside: outside_tables().as_ref(),
         },
         &args.target,
     );
@@ -154,6 +155,25 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The outside path's tables on this node, when the nft tool is here and they exist.
+fn outside_tables() -> Option<
+    std::collections::BTreeMap<crate::vocab::Family, crate::outside::installed::InstalledTable>,
+> {
+    let nft = crate::dataplane::nft::Nft::find().ok()?;
+    let tables: std::collections::BTreeMap<_, _> =
+        [crate::vocab::Family::IPv4, crate::vocab::Family::IPv6]
+            .into_iter()
+            .filter_map(|family| {
+                let json = nft.list_json(family).ok()??;
+                Some((
+                    family,
+                    crate::outside::installed::InstalledTable::parse(&json),
+                ))
+            })
+            .collect();
+    (!tables.is_empty()).then_some(tables)
 }
 
 fn from_manifests(dir: &std::path::Path, node_name: Option<&str>) -> anyhow::Result<Loaded> {

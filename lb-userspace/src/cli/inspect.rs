@@ -71,6 +71,10 @@ pub enum What {
     },
     /// The attached programs: instruction counts and the kernel's run counters.
     Programs,
+    /// The outside path's rules (`--external-traffic nftables`) in this network namespace:
+    /// each NodePort, load-balancer IP and externalIP, the Service port its rules serve, and
+    /// the endpoints new flows go to.
+    Outside,
 }
 
 impl InspectArgs {
@@ -85,6 +89,12 @@ impl InspectArgs {
 }
 
 pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
+    if matches!(args.what, What::Outside) {
+        // The kernel's nftables tables: no pinned map needed.
+        let frontends = outside_frontends()?;
+        print_output(args.output, &frontends, || outside_text(&frontends))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let pins = PinFolder::new(&args.pins.pin_folder);
     let Some(dir) = pins.current() else {
         anyhow::bail!(
@@ -151,8 +161,50 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
             let programs = attached_programs(&pins)?;
             print_output(args.output, &programs, || programs_text(&programs))?;
         }
+        What::Outside => unreachable!("answered above"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every frontend the outside path's tables hold, both families.
+fn outside_frontends() -> anyhow::Result<Vec<crate::outside::evidence::Frontend>> {
+    use crate::{outside::installed::InstalledTable, vocab::Family};
+    let nft = crate::dataplane::nft::Nft::find()?;
+    let mut out = Vec::new();
+    for family in [Family::IPv4, Family::IPv6] {
+        if let Some(json) = nft.list_json(family)? {
+            out.extend(crate::outside::evidence::installed(
+                &InstalledTable::parse(&json),
+                family,
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn outside_text(frontends: &[crate::outside::evidence::Frontend]) -> String {
+    if frontends.is_empty() {
+        return "no outside-path rules in this network namespace\n".into();
+    }
+    let mut t = Table::new(["FAMILY", "FRONTEND", "SERVICE PORT", "SENDS TO"]);
+    for f in frontends {
+        let to = if f.endpoints.is_empty() {
+            f.verdict.clone()
+        } else {
+            f.endpoints
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        t.row(vec![
+            f.family.clone(),
+            f.key.clone(),
+            f.service_port.clone().unwrap_or_default(),
+            to,
+        ]);
+    }
+    t.render()
 }
 
 fn services_table(views: &[ServiceView]) -> String {

@@ -134,6 +134,9 @@ pub struct Explanation {
     /// Each endpoint's live connections on this node, when they could be listed.
     #[serde(default)]
     pub live: Option<LiveConnections>,
+    /// The outside path (`--external-traffic nftables`), where its tables are on this node.
+    #[serde(default)]
+    pub outside: Option<OutsideExplanation>,
 }
 
 /// The live translated connections of the Service's backend sets, per endpoint.
@@ -184,6 +187,19 @@ pub struct Sources<'a> {
     pub ownership: Option<&'a Ownership>,
     /// This node's live connections, when they could be listed.
     pub connections: Option<&'a ConnectionsView>,
+    /// The outside path's tables as the kernel holds them, by family (`None`: there are none).
+    pub outside:
+        Option<&'a BTreeMap<crate::vocab::Family, crate::outside::installed::InstalledTable>>,
+}
+
+/// The outside path for one Service: each frontend, desired against installed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct OutsideExplanation {
+    pub checks: Vec<crate::outside::evidence::Check>,
+    pub desired_digest: String,
+    pub installed_digest: String,
+    /// The first frontend whose rules are not what the Service asks for.
+    pub problem: Option<String>,
 }
 
 /// Finds the Service a target names: `namespace/name` (or `name` in default), or a frontend
@@ -214,6 +230,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         agent,
         ownership,
         connections,
+        outside,
     } = *sources;
     let service = resolve(store, node, target);
     let mut e = Explanation {
@@ -233,6 +250,7 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
         broken: Link::None,
         verdict: String::new(),
         live: None,
+        outside: None,
     };
     let Some(key) = service else {
         return e.broken_at(Link::Service, format!("no Service has a frontend {target}"));
@@ -281,9 +299,29 @@ pub fn explain(sources: &Sources<'_>, target: &str) -> Explanation {
     }
     e.check_maps(&translation, snapshot.map(|s| (s, index)), &conflicts);
     e.live = connections.map(|view| live(store, &translation, view));
+    e.outside = outside.map(|tables| outside_of(store, node, &key, tables));
     e.translation = Some(translation.clone());
     let (link, verdict) = first_broken_link(&key, svc, &slices, &translation, &e);
     e.broken_at(link, verdict)
+}
+
+/// The outside path's frontends of Service `key`, desired against installed.
+fn outside_of(
+    store: &Store,
+    node: &NodeInfo,
+    key: &ObjectKey,
+    tables: &BTreeMap<crate::vocab::Family, crate::outside::installed::InstalledTable>,
+) -> OutsideExplanation {
+    use crate::outside::evidence;
+    let state = crate::translate::outside::outside_state(store, node);
+    let ports: Vec<_> = state.ports.values().filter(|p| &p.service == key).collect();
+    let checks = evidence::check(&ports, tables);
+    OutsideExplanation {
+        desired_digest: evidence::digest(checks.iter().map(|c| &c.desired)),
+        installed_digest: evidence::digest(checks.iter().filter_map(|c| c.installed.as_ref())),
+        problem: checks.iter().find_map(evidence::Check::problem),
+        checks,
+    }
 }
 
 /// Every endpoint of every backend set with its live connections, and the backends that still

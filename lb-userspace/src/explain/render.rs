@@ -19,6 +19,7 @@ pub fn render(e: &Explanation) -> String {
             endpoints(&mut out, t);
             maps(&mut out, e);
             live(&mut out, e);
+            outside(&mut out, e);
         }
         _ => {
             if let Some(r) = &e.rejected {
@@ -230,4 +231,41 @@ fn live(out: &mut String, e: &Explanation) {
 
 fn dash(s: &str) -> &str {
     if s.is_empty() { "-" } else { s }
+}
+
+/// The outside path's frontends, where its tables are on this node.
+fn outside(out: &mut String, e: &Explanation) {
+    let Some(o) = &e.outside else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\n   from outside the node (nftables, table socklb): desired {} installed {}",
+        o.desired_digest, o.installed_digest
+    );
+    if o.checks.is_empty() {
+        let _ = writeln!(
+            out,
+            "   no NodePort, load-balancer IP or externalIP on this node"
+        );
+    }
+    for c in &o.checks {
+        let d = &c.desired;
+        let state = if c.holds() { "ok" } else { "DIFFERS" };
+        let endpoints: Vec<String> = d.endpoints.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            out,
+            "   {state:7} {} {} -> {}",
+            d.family,
+            d.key,
+            if endpoints.is_empty() {
+                d.verdict.clone()
+            } else {
+                endpoints.join(", ")
+            }
+        );
+    }
+    if let Some(p) = &o.problem {
+        let _ = writeln!(out, "   first broken link: {p}");
+    }
 }

@@ -10,6 +10,7 @@
 //! `inspect` and `explain`), and here the state kept between syncs: what each family's table
 //! holds, the digest that notices someone else's edit, and the UDP flows cleared when their
 //! endpoint stops serving. Below it, in `dataplane`: the `nft` tool and conntrack.
+pub mod evidence;
 pub mod installed;
 pub mod render;
 pub mod script;

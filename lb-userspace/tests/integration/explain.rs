@@ -44,6 +44,7 @@ fn sources<'a>(
         agent: None,
         ownership: None,
         connections: None,
+        outside: None,
     }
 }
 

@@ -125,6 +125,46 @@ fn connects(
     client.run(&Command::Connect { target, count, udp })
 }
 
+/// `socklb ARGS` inside node `i`'s namespace: (success, stdout).
+fn socklb_in(w: &World, i: usize, args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let node = &w.cluster.nodes[i];
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &node.netns])
+        .arg(socklb_tests::bins::socklb()?)
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    ))
+}
+
+/// `socklb explain shop/web` on node `i`, as JSON.
+fn explain_on(w: &World, i: usize) -> anyhow::Result<socklb::explain::Explanation> {
+    let node = &w.cluster.nodes[i];
+    let manifests = w.cluster.sandbox.manifests();
+    let pins = node.pins.display().to_string();
+    let (_, out) = socklb_in(
+        w,
+        i,
+        &[
+            "explain",
+            "shop/web",
+            "--manifests",
+            &manifests.display().to_string(),
+            "--node-name",
+            &node.name,
+            "--bpffs",
+            &pins,
+            "--agent",
+            "127.0.0.1:1",
+            "-o",
+            "json",
+        ],
+    )?;
+    serde_json::from_str(&out).with_context(|| out.clone())
+}
+
 /// Three nodes, a pod with an endpoint on node-1 (A) and one on node-3 (C), an agent per node,
 /// and a client outside the nodes.
 struct World<'a> {
@@ -260,6 +300,24 @@ fn cluster_policy(w: &mut World) -> anyhow::Result<()> {
     println!(
         "FIGURE outside, Cluster: NodePort, load-balancer IP and externalIP, TCP and UDP, IPv4 and IPv6: 40 of 40 each, both endpoints, source the node's"
     );
+    // What the rules hold, as `inspect` and `explain` show them.
+    let (ok, out) = socklb_in(w, 1, &["inspect", "outside", "-o", "json"])?;
+    assert!(ok, "{out}");
+    let frontends: Vec<socklb::outside::evidence::Frontend> = serde_json::from_str(&out)?;
+    let node_port = frontends
+        .iter()
+        .find(|f| f.family == "IPv4" && f.key == "tcp . 30080")
+        .context("the NodePort in inspect outside")?;
+    assert_eq!(
+        node_port.endpoints,
+        BTreeSet::from([at(w.pod_a.ip4, HTTP), at(w.pod_c.ip4, HTTP)])
+    );
+    assert_eq!(node_port.service_port.as_deref(), Some("shop/web/tcp/http"));
+    let e = explain_on(w, 1)?;
+    let o = e.outside.context("explain's outside section")?;
+    assert_eq!(o.checks.len(), 12, "3 frontends x 2 protocols x 2 families");
+    assert!(o.problem.is_none(), "{:?}", o.problem);
+    assert_eq!(o.desired_digest, o.installed_digest);
     Ok(())
 }
 
@@ -589,8 +647,20 @@ fn the_rules_outlive_the_agent_and_are_repaired() -> anyhow::Result<()> {
     }
     assert!(w.agents[1].metric("socklb_outside_drift_repairs_total")? >= Some(3.0));
 
-    // socklb reset deletes the tables.
+    // With the agent stopped, an edit stays, and explain names it.
     w.agents[1].stop()?;
+    nft("delete element ip socklb service-nodeports { tcp . 30080 }")?;
+    let e = explain_on(&w, 1)?;
+    let o = e.outside.context("explain's outside section")?;
+    assert_ne!(o.desired_digest, o.installed_digest);
+    let problem = o.problem.unwrap_or_default();
+    assert!(
+        problem.contains("tcp . 30080: not in the rules"),
+        "{problem}"
+    );
+    println!("FIGURE outside: explain names the first broken link: {problem}");
+
+    // socklb reset deletes the tables.
     let out = std::process::Command::new("ip")
         .args(["netns", "exec", &n2.netns])
         .arg(socklb_tests::bins::socklb()?)
