@@ -134,6 +134,172 @@ pub fn nft_scripts(services: &[SvcPort], batch: usize) -> Vec<String> {
     scripts
 }
 
+/// kube-proxy's iptables layout for traffic from outside: `nat PREROUTING` → KUBE-SERVICES
+/// (one rule per load-balancer IP, then `--dst-type LOCAL` → KUBE-NODEPORTS last, as
+/// kube-proxy writes it), the NodePort's KUBE-EXT chain marking for masquerade, KUBE-SVC and
+/// KUBE-SEP chains as above, and POSTROUTING's masquerade of marked packets.
+pub fn iptables_outside_rules(services: &[SvcPort], node_port: u16, measured: &SvcPort) -> String {
+    let mut chains = String::from(
+        "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n",
+    );
+    let mut rules = String::from(
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+         -A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+         -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000\n\
+         -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n\
+         -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
+         -A KUBE-POSTROUTING -j MASQUERADE --random-fully\n",
+    );
+    let svc_rules = |svc: &SvcPort, chains: &mut String, rules: &mut String| -> String {
+        let svc_chain = format!("KUBE-SVC-{}", chain_hash(&svc.name));
+        let _ = writeln!(chains, ":{svc_chain} - [0:0]");
+        let n = svc.endpoints.len();
+        for (i, ep) in svc.endpoints.iter().enumerate() {
+            let sep = format!("KUBE-SEP-{}", chain_hash(&format!("{}/{ep}", svc.name)));
+            let _ = writeln!(chains, ":{sep} - [0:0]");
+            let left = n - i;
+            if left > 1 {
+                let _ = writeln!(
+                    rules,
+                    "-A {svc_chain} -m statistic --mode random --probability {:.11} -j {sep}",
+                    1.0 / left as f64
+                );
+            } else {
+                let _ = writeln!(rules, "-A {svc_chain} -j {sep}");
+            }
+            let _ = writeln!(
+                rules,
+                "-A {sep} -p tcp -m tcp -j DNAT --to-destination {ep}"
+            );
+        }
+        svc_chain
+    };
+    for svc in services {
+        let svc_chain = svc_rules(svc, &mut chains, &mut rules);
+        let _ = writeln!(
+            rules,
+            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"{} loadbalancer IP\" -m tcp --dport {} -j {svc_chain}",
+            svc.vip.ip(),
+            svc.name,
+            svc.vip.port()
+        );
+    }
+    let svc_chain = svc_rules(measured, &mut chains, &mut rules);
+    let ext = format!("KUBE-EXT-{}", chain_hash(&measured.name));
+    let _ = writeln!(chains, ":{ext} - [0:0]");
+    let _ = writeln!(rules, "-A {ext} -j KUBE-MARK-MASQ\n-A {ext} -j {svc_chain}");
+    let _ = writeln!(
+        rules,
+        "-A KUBE-NODEPORTS -p tcp -m tcp --dport {node_port} -j {ext}\n\
+         -A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"
+    );
+    format!("{chains}{rules}COMMIT\n")
+}
+
+/// kube-proxy's nftables layout for traffic from outside (1.31's shapes): `nat-prerouting` →
+/// `services` (the `service-ips` verdict map by load-balancer IP, then `service-nodeports` for
+/// local addresses), an external chain marking for masquerade, a chain per service
+/// (`numgen random mod N vmap`) and per endpoint (DNAT), and `nat-postrouting`'s masquerade;
+/// the services in batches of `batch`.
+pub fn nft_outside_scripts(
+    services: &[SvcPort],
+    node_port: u16,
+    measured: &SvcPort,
+    batch: usize,
+) -> Vec<String> {
+    let mut first = String::from(
+        "add table ip kube-proxy\n\
+         add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }\n\
+         add map ip kube-proxy service-nodeports { type inet_proto . inet_service : verdict ; }\n\
+         add chain ip kube-proxy services\n\
+         add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips\n\
+         add rule ip kube-proxy services fib daddr type local ip daddr != 127.0.0.0/8 meta l4proto . th dport vmap @service-nodeports\n\
+         add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; policy accept ; }\n\
+         add rule ip kube-proxy nat-prerouting jump services\n\
+         add chain ip kube-proxy masquerading\n\
+         add rule ip kube-proxy masquerading mark and 0x4000 == 0 return\n\
+         add rule ip kube-proxy masquerading mark set mark xor 0x4000\n\
+         add rule ip kube-proxy masquerading masquerade fully-random\n\
+         add chain ip kube-proxy nat-postrouting { type nat hook postrouting priority 100 ; policy accept ; }\n\
+         add rule ip kube-proxy nat-postrouting jump masquerading\n\
+         add chain ip kube-proxy mark-for-masquerade\n\
+         add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n",
+    );
+    let chain = nft_service(&mut first, measured);
+    let ext = format!("external-{}", chain_hash(&measured.name));
+    let _ = writeln!(first, "add chain ip kube-proxy {ext}");
+    let _ = writeln!(
+        first,
+        "add rule ip kube-proxy {ext} jump mark-for-masquerade"
+    );
+    let _ = writeln!(first, "add rule ip kube-proxy {ext} goto {chain}");
+    let _ = writeln!(
+        first,
+        "add element ip kube-proxy service-nodeports {{ tcp . {node_port} : goto {ext} }}"
+    );
+    let mut scripts = vec![first];
+    for chunk in services.chunks(batch.max(1)) {
+        let mut s = String::new();
+        for svc in chunk {
+            let chain = nft_service(&mut s, svc);
+            let _ = writeln!(
+                s,
+                "add element ip kube-proxy service-ips {{ {} . tcp . {} : goto {chain} }}",
+                svc.vip.ip(),
+                svc.vip.port()
+            );
+        }
+        scripts.push(s);
+    }
+    scripts
+}
+
+/// One service's chain and its endpoints' chains, in kube-proxy's nftables shape; its name.
+fn nft_service(s: &mut String, svc: &SvcPort) -> String {
+    let chain = format!("service-{}", chain_hash(&svc.name));
+    let _ = writeln!(s, "add chain ip kube-proxy {chain}");
+    let mut vmap = Vec::new();
+    for (i, ep) in svc.endpoints.iter().enumerate() {
+        let ep_chain = format!("endpoint-{}", chain_hash(&format!("{}/{ep}", svc.name)));
+        let _ = writeln!(s, "add chain ip kube-proxy {ep_chain}");
+        let _ = writeln!(
+            s,
+            "add rule ip kube-proxy {ep_chain} meta l4proto tcp dnat to {ep}"
+        );
+        vmap.push(format!("{i} : goto {ep_chain}"));
+    }
+    let _ = writeln!(
+        s,
+        "add rule ip kube-proxy {chain} numgen random mod {} vmap {{ {} }}",
+        svc.endpoints.len(),
+        vmap.join(", ")
+    );
+    chain
+}
+
+/// Loads kube-proxy's outside layout of one mode into `netns`; returns the load time.
+pub fn load_outside(
+    netns: &str,
+    nftables: bool,
+    services: &[SvcPort],
+    node_port: u16,
+    measured: &SvcPort,
+) -> anyhow::Result<Duration> {
+    if nftables {
+        let _ = run_in(netns, "nft", &["-f", "-"], "delete table ip kube-proxy\n");
+        let start = Instant::now();
+        for script in nft_outside_scripts(services, node_port, measured, 500) {
+            run_in(netns, "nft", &["-f", "-"], &script)?;
+        }
+        Ok(start.elapsed())
+    } else {
+        let rules = iptables_outside_rules(services, node_port, measured);
+        let start = Instant::now();
+        run_in(netns, "iptables-restore", &[], &rules)?;
+        Ok(start.elapsed())
+    }
+}
+
 fn run_in(netns: &str, program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", netns, program])

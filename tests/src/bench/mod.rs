@@ -7,6 +7,7 @@ pub mod datapath;
 pub mod floor;
 pub mod kernel;
 pub mod listing;
+pub mod outside;
 pub mod report;
 pub mod stats;
 pub mod world;

@@ -69,6 +69,8 @@ pub struct Report {
     /// The agent's RSS in API mode at half the services, for memory per service.
     pub api_half: Option<ApiMode>,
     pub micro: Vec<Micro>,
+    /// The outside path: a NodePort from outside through socklb's and kube-proxy's rules.
+    pub outside: Option<super::outside::OutsideBench>,
 }
 
 /// What the verifier costs at an agent's start.
@@ -579,6 +581,7 @@ impl Report {
             rows,
         );
         self.kernel_section(&mut m);
+        self.outside_section(&mut m);
         self.datapath_section(&mut m);
         self.controlplane_section(&mut m);
         let _ = writeln!(
@@ -789,6 +792,52 @@ impl Report {
             );
         }
         s
+    }
+
+    /// The outside path's rows: each case at each number of Services, then install times.
+    fn outside_section(&self, m: &mut String) {
+        let Some(o) = &self.outside else {
+            return;
+        };
+        let _ = writeln!(
+            m,
+            "\n## Traffic from outside the node\n\nA NodePort connection from a client outside the nodes, through each layout on a node of its own, against the same client reaching a pod directly through a fourth node (no translation). Ratios per pass, then median (min–max).\n"
+        );
+        table(
+            m,
+            &[
+                "case",
+                "services",
+                "connect p50 µs",
+                "connect ÷ direct",
+                "requests/s",
+                "requests ÷ direct",
+                "failed",
+            ],
+            o.cases.iter().map(|c| {
+                vec![
+                    c.case.clone(),
+                    c.services.to_string(),
+                    c.connect_p50_us.show(1),
+                    c.connect_ratio.show(3),
+                    c.requests_per_s.show(0),
+                    c.requests_ratio.show(3),
+                    c.failures.to_string(),
+                ]
+            }),
+        );
+        let _ = writeln!(m);
+        table(
+            m,
+            &["install", "services", "seconds"],
+            o.install.iter().map(|i| {
+                vec![
+                    i.what.clone(),
+                    i.services.to_string(),
+                    format!("{:.2}", i.seconds),
+                ]
+            }),
+        );
     }
 
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {

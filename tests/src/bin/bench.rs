@@ -29,6 +29,8 @@ enum Part {
     ControlPlane,
     /// `listing`: the live sockets' listing.
     Listing,
+    /// `outside`: NodePorts from outside the node, through socklb's and kube-proxy's rules.
+    Outside,
 }
 
 struct Settings {
@@ -50,6 +52,9 @@ struct Settings {
     cp_changes: usize,
     cp_rolling: usize,
     api_changes: usize,
+    /// The outside path: passes and connects per case and pass.
+    outside_passes: usize,
+    outside_connects: usize,
 }
 
 impl Settings {
@@ -74,6 +79,8 @@ impl Settings {
                 cp_changes: 50,
                 cp_rolling: 10,
                 api_changes: 20,
+                outside_passes: 3,
+                outside_connects: 50,
             }
         } else if quick {
             Self {
@@ -93,6 +100,8 @@ impl Settings {
                 cp_changes: 200,
                 cp_rolling: 20,
                 api_changes: 50,
+                outside_passes: 5,
+                outside_connects: 200,
             }
         } else {
             Self {
@@ -112,15 +121,18 @@ impl Settings {
                 cp_changes: 1000,
                 cp_rolling: 1000,
                 api_changes: 300,
+                outside_passes: 7,
+                outside_connects: 1000,
             }
         }
     }
 }
 
-const USAGE: &str = "usage: socklb-bench [--quick] [--only kernel|control-plane|listing] \
+const USAGE: &str = "usage: socklb-bench [--quick] [--only kernel|control-plane|listing|outside] \
 [--out DIR] [--criterion DIR]
   --quick      every benchmark once at a small size (its report says its figures mean nothing)
-  --only PART  one part: the programs' kernel cost, the control plane, or the live sockets' listing
+  --only PART  one part: the programs' kernel cost, the control plane, the live sockets' listing,
+               or traffic from outside the node (NodePorts through socklb's and kube-proxy's rules)
   --out DIR    where the report, results.json and the charts go (target/bench)
   --criterion DIR  criterion's output to take the micro-benchmarks from";
 
@@ -175,8 +187,9 @@ fn main() -> ExitCode {
         Some("kernel") => Some(Part::Kernel),
         Some("control-plane") => Some(Part::ControlPlane),
         Some("listing") => Some(Part::Listing),
+        Some("outside") => Some(Part::Outside),
         Some(other) => {
-            eprintln!("socklb-bench: --only {other}: kernel, control-plane or listing");
+            eprintln!("socklb-bench: --only {other}: kernel, control-plane, listing or outside");
             return ExitCode::FAILURE;
         }
     };
@@ -256,7 +269,7 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         ..Report::default()
     };
     let sandbox = match s.only {
-        Some(Part::ControlPlane) => socklb_tests::Sandbox::shared()?,
+        Some(Part::ControlPlane | Part::Outside) => socklb_tests::Sandbox::shared()?,
         Some(Part::Listing) => listing_only(s, &mut report)?,
         _ => data_path(s, &mut report)?,
     };
@@ -264,6 +277,34 @@ fn run(s: &Settings, out: &Path, criterion: Option<&Path>) -> anyhow::Result<Rep
         control_plane(s, &sandbox, &mut report)?;
     }
     drop(sandbox);
+    if matches!(s.only, None | Some(Part::Outside)) {
+        eprintln!(
+            "outside: NodePort from outside through socklb's and kube-proxy's rules, 1 and {} services",
+            s.services
+        );
+        let o = socklb_tests::bench::outside::measure(
+            s.services,
+            s.outside_passes,
+            s.outside_connects,
+        )?;
+        for c in &o.cases {
+            eprintln!(
+                "  {:<22} {:>6} services  connect {}  requests {}  failed {}",
+                c.case,
+                c.services,
+                c.connect_ratio.show(3),
+                c.requests_ratio.show(3),
+                c.failures
+            );
+        }
+        for i in &o.install {
+            eprintln!(
+                "  install {:>6} services {:>8.2} s  {}",
+                i.services, i.seconds, i.what
+            );
+        }
+        report.outside = Some(o);
+    }
     report.write(out)?;
     Ok(report)
 }
