@@ -238,7 +238,39 @@ fn every_frontend_from_outside_under_both_policies() -> anyhow::Result<()> {
     cluster_policy(&mut w)?;
     own_node_port_from_a_pod(&w)?;
     local_policy(&mut w)?;
-    source_ranges(&mut w)
+    source_ranges(&mut w)?;
+    client_ip_affinity(&mut w)
+}
+
+/// `sessionAffinity: ClientIP` from outside: every connect of one client address reaches the
+/// endpoint its first reached, per source address ("should have session affinity work for
+/// NodePort service"); without it both endpoints answer.
+fn client_ip_affinity(w: &mut World) -> anyhow::Result<()> {
+    w.cluster.sandbox.write_manifest(
+        "web.yaml",
+        &web(
+            "Cluster",
+            &[
+                "sessionAffinity: ClientIP",
+                "sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}",
+            ],
+        ),
+    )?;
+    in_sync(&w.agents, 4)?;
+    let target = at(w.cluster.nodes[1].ip4, 30080);
+    let client = &mut w.client;
+    let reached = eventually("affinity in the rules", Duration::from_secs(10), || {
+        let r = connects(client, target, 30, false)?;
+        Ok((r.answers() == 30 && r.backends.len() == 1).then(|| answered(&r).0))
+    })?;
+    let r = connects(client, target, 30, false)?;
+    assert_eq!(
+        answered(&r).0,
+        reached,
+        "the same endpoint every time: {r:?}"
+    );
+    println!("FIGURE outside, ClientIP affinity: 60 connects from one client, one endpoint");
+    Ok(())
 }
 
 /// Cluster: every frontend reaches both endpoints, masqueraded to the node it entered.
