@@ -81,33 +81,3 @@ fn stale_flows_are_those_whose_replies_come_from_no_serving_endpoint() {
     .collect();
     assert_eq!(found, expected);
 }
-
-#[test]
-#[ignore = "writes a 10,000-service script to /tmp/outside-10k.nft"]
-fn write_10k_script() {
-    let mut state = OutsideState::default();
-    for i in 0..10_000u32 {
-        let mut p = udp_port(&[], None, &[]);
-        p.service = ObjectKey::new("bench", format!("svc-{i}").as_str());
-        p.protocol = Protocol::Tcp;
-        p.port = 80;
-        p.addresses = vec![(
-            std::net::IpAddr::V4(std::net::Ipv4Addr::from(0xac10_0000 + i)),
-            ClaimKind::LoadBalancer,
-        )];
-        let eps: Vec<SocketAddr> = (0..2)
-            .map(|j| {
-                SocketAddr::new(
-                    std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0af4_0000 + i * 2 + j)),
-                    8080,
-                )
-            })
-            .collect();
-        p.cluster = eps;
-        p.has_endpoints = true;
-        state.ports.insert((Family::IPv4, p.name()), p);
-    }
-    let r = render::render(&state, Family::IPv4, &RenderOptions::default());
-    let t = script::transactions(Family::IPv4, None, &r, &script::Names::default());
-    std::fs::write("/tmp/outside-10k.nft", &t.main).unwrap();
-}

@@ -194,6 +194,12 @@ impl<'a> World<'a> {
             .map(|i| cluster.agent(i, &[]))
             .collect::<anyhow::Result<_>>()?;
         in_sync(&agents, 4)?;
+        for agent in &agents {
+            anyhow::ensure!(
+                agent.metric("socklb_outside_rules{state=\"in-sync\"}")? == Some(1.0),
+                "the metric says in sync"
+            );
+        }
         let client = cluster.outside_client()?;
         Ok(Self {
             cluster,
