@@ -341,8 +341,10 @@ fn at_the_ceiling_a_rollout_keeps_its_room_and_every_other_service_answers() -> 
             "step {step:?}: only and all of what it serves"
         );
         for i in 0..7 {
+            // 40 connects over two endpoints: both answer but once in 2^39 (10 missed one in
+            // about 500 checks, and this loop makes 35).
             assert_eq!(
-                answered_by(&sandbox, &format!("10.96.1.{}:80", i + 1), 10)?,
+                answered_by(&sandbox, &format!("10.96.1.{}:80", i + 1), 40)?,
                 fillers,
                 "step {step:?}: filler-{i} answers every connect"
             );
@@ -363,7 +365,7 @@ fn at_the_ceiling_a_rollout_keeps_its_room_and_every_other_service_answers() -> 
         "a newer Service answered every connect through the rollout"
     );
     println!(
-        "FIGURE at the ceiling, a 4-step rollout of the older Service: {} connects to a newer one, 0 failed; 7 newer Services answered 10 of 10 at every step",
+        "FIGURE at the ceiling, a 4-step rollout of the older Service: {} connects to a newer one, 0 failed; 7 newer Services answered 40 of 40 at every step",
         done.connects.len()
     );
     assert!(!agent.log_text().contains("to make room for"));
