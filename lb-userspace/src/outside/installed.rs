@@ -25,25 +25,6 @@ pub fn names(json: &Value) -> Names {
     out
 }
 
-/// Drops the elements of the sets the kernel fills (flag `dynamic`: the affinity sets), whose
-/// timers change by the second, so that a listing says only what socklb wrote.
-pub fn forget_dynamic_elements(json: &mut Value) {
-    let Some(items) = json.get_mut("nftables").and_then(Value::as_array_mut) else {
-        return;
-    };
-    for item in items {
-        if let Some(set) = item.get_mut("set").and_then(Value::as_object_mut) {
-            let dynamic = set
-                .get("flags")
-                .and_then(Value::as_array)
-                .is_some_and(|f| f.iter().any(|x| x == "dynamic"));
-            if dynamic {
-                set.remove("elem");
-            }
-        }
-    }
-}
-
 fn objects(json: &Value) -> impl Iterator<Item = &Value> {
     json.get("nftables")
         .and_then(Value::as_array)
@@ -98,6 +79,24 @@ impl InstalledTable {
             }
         }
         out
+    }
+
+    /// Whether this table still holds what `written` says: every chain, with as many rules,
+    /// and exactly the elements of every map socklb writes (the affinity sets' elements are the
+    /// kernel's). Leftover chains and sets beside them do not count.
+    pub fn holds(&self, written: &super::render::Ruleset) -> bool {
+        let chains = written.chains.iter().all(|(name, chain)| {
+            self.chains
+                .get(name)
+                .is_some_and(|rules| rules.len() == chain.rules.len())
+        });
+        let maps = written.maps.iter().all(|(name, map)| {
+            let Some(elements) = self.maps.get(name) else {
+                return false;
+            };
+            map.dynamic || *elements == map.elements
+        });
+        chains && maps
     }
 
     /// The endpoints new flows entering `chain` are sent to, following its jumps, gotos and

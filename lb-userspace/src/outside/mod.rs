@@ -8,7 +8,7 @@
 //! port), `render` (that table as nftables chains, maps and sets), `script` (the transactions
 //! from what is installed to what is desired), `installed` (reading the kernel's table back for
 //! `inspect` and `explain`), and here the state kept between syncs: what each family's table
-//! holds, the digest that notices someone else's edit, and the UDP flows cleared when their
+//! holds, the check that notices someone else's edit, and the UDP flows cleared when their
 //! endpoint stops serving. Below it, in `dataplane`: the `nft` tool and conntrack.
 pub mod evidence;
 pub mod installed;
@@ -20,8 +20,6 @@ use std::{
     net::SocketAddr,
     time::{Duration, Instant},
 };
-
-use sha2::{Digest as _, Sha256};
 
 use crate::{
     dataplane::{
@@ -61,8 +59,6 @@ pub struct SyncReport {
 struct Installed {
     /// What the table holds, as socklb wrote it (`None`: unknown, the next sync is full).
     ruleset: Option<Ruleset>,
-    /// The digest of the kernel's listing right after that write.
-    digest: Option<[u8; 32]>,
 }
 
 /// The outside path's state between syncs.
@@ -111,7 +107,6 @@ impl Outside {
             let t = script::transactions(*family, installed.ruleset.as_ref(), &desired, &names);
             if let Err(source) = self.nft.apply(&t.main) {
                 installed.ruleset = None;
-                installed.digest = None;
                 return Err(OutsideError::Nft {
                     family: *family,
                     source,
@@ -126,7 +121,6 @@ impl Outside {
             report.chains_written += t.chains_written;
             report.elements_written += t.elements_written;
             installed.ruleset = Some(desired);
-            installed.digest = listing_digest(&self.nft, *family).ok();
         }
         report.flows_cleared = self.clear_stale_flows(state)?;
         self.last = Some(state.clone());
@@ -134,21 +128,27 @@ impl Outside {
         Ok(report)
     }
 
-    /// Families whose table is not what socklb last wrote (deleted, flushed, edited): each is
-    /// marked unknown, so the next sync writes it whole.
+    /// Families whose table is not what socklb last wrote (deleted, a chain flushed or
+    /// removed, an element of a map socklb writes removed, added or changed): each is marked
+    /// unknown, so the next sync writes it whole. Judged on the kernel's listing against what
+    /// was written, not against an earlier listing, so an edit right after a write is seen too.
     pub fn check_drift(&mut self) -> Result<Vec<Family>, OutsideError> {
         let mut drifted = Vec::new();
         for (family, installed) in &mut self.families {
-            let Some(expected) = installed.digest else {
+            let Some(written) = &installed.ruleset else {
                 continue;
             };
-            let now = listing_digest(&self.nft, *family).map_err(|source| OutsideError::Nft {
-                family: *family,
-                source,
-            })?;
-            if now != expected {
+            let listing = self
+                .nft
+                .list_json(*family)
+                .map_err(|source| OutsideError::Nft {
+                    family: *family,
+                    source,
+                })?;
+            let holds =
+                listing.is_some_and(|json| installed::InstalledTable::parse(&json).holds(written));
+            if !holds {
                 installed.ruleset = None;
-                installed.digest = None;
                 drifted.push(*family);
             }
         }
@@ -227,20 +227,6 @@ pub fn stale_flows(state: &OutsideState, ports: &[&OutsidePort], flows: &[Flow])
         })
         .copied()
         .collect()
-}
-
-/// A digest of the table as the kernel lists it (`nft -j list table`: its chains, rules, maps
-/// and their elements), without the elements of the affinity sets, which the kernel fills.
-fn listing_digest(nft: &Nft, family: Family) -> Result<[u8; 32], NftError> {
-    let mut hasher = Sha256::new();
-    match nft.list_json(family)? {
-        Some(mut json) => {
-            installed::forget_dynamic_elements(&mut json);
-            hasher.update(json.to_string().as_bytes());
-        }
-        None => hasher.update(b"no table"),
-    }
-    Ok(hasher.finalize().into())
 }
 
 #[cfg(test)]

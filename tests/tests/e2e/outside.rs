@@ -245,7 +245,18 @@ fn every_frontend_from_outside_under_both_policies() -> anyhow::Result<()> {
     own_node_port_from_a_pod(&w)?;
     local_policy(&mut w)?;
     source_ranges(&mut w)?;
-    client_ip_affinity(&mut w)
+    client_ip_affinity(&mut w)?;
+    // The drift check ran (every 10 s) over every kind of rule and element above, both
+    // families, and found the tables as written: no false alarm.
+    for agent in &w.agents {
+        assert_eq!(
+            agent.metric("socklb_outside_drift_repairs_total")?,
+            Some(0.0),
+            "{}",
+            agent.log_tail(20)
+        );
+    }
+    Ok(())
 }
 
 /// `sessionAffinity: ClientIP` from outside: every connect of one client address reaches the
