@@ -18,7 +18,7 @@
 //!   iterate `MapId::ALL`, and the programs' map statics carry the same names and take their sizes
 //!   from the table. A test in the agent reads the built eBPF object and requires exactly these
 //!   maps with their kinds, key and value sizes, default sizes and allocation (and only
-//!   `CONNECTIONS` mmapable), and one requires every `capacity_flag` to be a flag that sizes them.
+//!   `CONNECTIONS`, `FRONTEND_INDEX` and `SLOTS_HELD` mmapable), and one requires every `capacity_flag` to be a flag that sizes them.
 //! - `Counter`, with the names and help texts the metrics and `inspect stats` show.
 //! - `program::ALL` (the eight cgroup programs), `program::RELEASE` and the iterator programs'
 //!   names.
@@ -26,7 +26,8 @@
 //!   its hash `frontend_bit`, shared by the programs and the agent, the backend port bitmap).
 //! - The per-socket records: `SockState` (the pod charged, the creation time, up to
 //!   `SOCK_DESTINATIONS` destinations) in socket storage, and `ConnRecord`, a `CONNECTIONS` slot
-//!   holding one TCP connection or connected UDP socket by socket cookie (`cookie` 0 when free). A
+//!   holding one TCP connection or connected UDP socket by socket cookie (`cookie` 0 when free), and
+//!   `SlotsHeld`, a byte per slot that says whether a socket may hold it. A
 //!   TCP connection's `cgroup_id` is the connecting process's own cgroup, not its pod's (no pod
 //!   lookup on the connect path; the connections view shows it as its pod); a UDP socket's is its
 //!   pod, the one charged.
@@ -126,6 +127,7 @@ pub enum MapId {
     Events,
     Monitor,
     FrontendIndex,
+    SlotsHeld,
 }
 
 /// One map: its pin and object name, kind, key and value layout, default size and the agent flag
@@ -163,7 +165,7 @@ pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 
 impl MapId {
     /// Every map, in the order the descriptor table lists them.
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Frontends4,
         Self::Frontends6,
         Self::Backends,
@@ -179,6 +181,7 @@ impl MapId {
         Self::Events,
         Self::Monitor,
         Self::FrontendIndex,
+        Self::SlotsHeld,
     ];
 
     pub const fn descriptor(self) -> &'static MapDescriptor {
@@ -202,7 +205,7 @@ impl MapId {
 }
 
 /// The maps, indexed by `MapId`.
-pub const MAPS: [MapDescriptor; 15] = [
+pub const MAPS: [MapDescriptor; 16] = [
     MapDescriptor {
         id: MapId::Frontends4,
         name: "FRONTENDS4",
@@ -412,6 +415,20 @@ pub const MAPS: [MapDescriptor; 15] = [
         preallocated: true,
         per_socket: false,
         help: "IPv4 frontends copied into a direct-mapped array at a secret-keyed hash of their address, with a keyed check: the connect and sendmsg programs read one entry before FRONTENDS4 (written by the agent only)",
+    },
+    MapDescriptor {
+        id: MapId::SlotsHeld,
+        name: "SLOTS_HELD",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "SlotsHeld",
+        value_size: size_of::<SlotsHeld>() as u32,
+        default_capacity: CONNECTION_SLOTS / SLOTS_PER_HELD,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: true,
+        help: "a byte per CONNECTIONS slot, 1 while a socket may hold it: closing a socket or asking its peer's name reads a slot only where its byte says so",
     },
 ];
 
@@ -894,6 +911,29 @@ pub struct ConnRecord {
     pub slot: u32,
 }
 
+/// `CONNECTIONS` slots per `SLOTS_HELD` entry.
+pub const SLOTS_PER_HELD: u32 = 64;
+
+/// `SLOTS_HELD` value: a byte per `CONNECTIONS` slot, 1 while a socket may hold the slot, for
+/// `SLOTS_PER_HELD` consecutive slots (one cache line; the whole array is 128 KiB, where the
+/// slots are 9 MiB). Written 1 after a slot's cookie at connect and 0 before it at close, by the
+/// one socket that holds the slot; a socket whose byte is 0 holds no slot, so closing it or
+/// asking its peer's name reads no slot. A byte left 1 with its slot free only costs that read
+/// (an agent that finds the array new, beside slots an older agent's programs took, fills it
+/// with 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotsHeld {
+    pub held: [u8; SLOTS_PER_HELD as usize],
+}
+
+impl SlotsHeld {
+    /// Every slot of the entry may be held.
+    pub const ALL: Self = Self {
+        held: [1; SLOTS_PER_HELD as usize],
+    };
+}
+
 /// Entries in one client's affinity table.
 pub const AFFINITY_WAYS: usize = 16;
 /// Entries of one bucket of a client's affinity table: a service's choices go in the bucket its
@@ -1077,6 +1117,8 @@ const _: () = {
     assert!(offset_of!(ConnRecord, service_id) == 64);
     assert!(offset_of!(ConnRecord, slot) == 68);
     assert!(CONNECTION_SLOTS.is_power_of_two());
+    assert!(size_of::<SlotsHeld>() == SLOTS_PER_HELD as usize);
+    assert!(CONNECTION_SLOTS.is_multiple_of(SLOTS_PER_HELD));
     assert!(size_of::<MonitorState>() == 8);
     assert!(size_of::<Event>() == 64);
     assert!(offset_of!(Event, frontend) == 16);
@@ -1121,6 +1163,7 @@ mod pod {
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::DatapathConfig {}
     unsafe impl aya::Pod for super::ConnRecord {}
+    unsafe impl aya::Pod for super::SlotsHeld {}
     unsafe impl aya::Pod for super::MonitorState {}
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::AffinityEntry {}

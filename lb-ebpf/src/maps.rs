@@ -7,7 +7,7 @@ use aya_ebpf::{
 use lb_common::{
     AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Event, Frontend, Frontend4Key,
     FrontendKey, IndexEntry, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState, ServiceMeta,
-    SockState,
+    SlotsHeld, SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -65,6 +65,17 @@ pub(crate) static SOCKETS: SkStorage<SockState> = SkStorage::new();
 pub(crate) static CONNECTIONS: Array<
     ConnRecord,
     { size(MapId::Connections) },
+    { MAP_F_MMAPABLE as usize },
+> = Array::new();
+
+/// A byte per `CONNECTIONS` slot, 1 while a socket may hold it (`lb_common::SlotsHeld`): a
+/// socket that holds no slot (most sockets on a node never meet a Service) is told so by a
+/// line of 128 KiB that stays in the cache, not by its slot's line in 9 MiB. Mmapable only for
+/// its layout (values start on a page, so an entry is one cache line).
+#[btf_map]
+pub(crate) static SLOTS_HELD: Array<
+    SlotsHeld,
+    { size(MapId::SlotsHeld) },
     { MAP_F_MMAPABLE as usize },
 > = Array::new();
 

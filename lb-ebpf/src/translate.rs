@@ -69,14 +69,14 @@ use lb_common::{
     AFFINITY_BUCKET, AFFINITY_WAYS, AffinityEntry, Backend, CONFIG_CONNECTION_SLOTS,
     CONNECTION_SLOTS, ConnRecord, Counter, DatapathConfig, Event, FAMILY_IPV4,
     FRONTEND_FLAG_AFFINITY, FRONTEND_FLAG_NO_LOCAL, Frontend, Frontend4Key, FrontendKey,
-    HOOK_CONNECT, HOOK_SENDMSG, PROTOCOL_TCP, PROTOCOL_UDP, SOCK_DESTINATIONS, SockRecord,
-    SockState, event, index, ports,
+    HOOK_CONNECT, HOOK_SENDMSG, PROTOCOL_TCP, PROTOCOL_UDP, SLOTS_PER_HELD, SOCK_DESTINATIONS,
+    SockRecord, SockState, event, index, ports,
 };
 
 use crate::{
     maps::{
         AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTEND_INDEX,
-        FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SOCKET_QUOTA, SOCKETS, count,
+        FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SLOTS_HELD, SOCKET_QUOTA, SOCKETS, count,
     },
     sockaddr::{self, SockAddr},
 };
@@ -260,6 +260,7 @@ pub(crate) fn try_translate(
             owner = unsafe { bpf_get_current_cgroup_id() };
         }
         take_slot(slot, cookie, owner, &key, &choice, frontend.service_id);
+        set_held(cookie, 1);
     } else if wants_record && !choice.recorded {
         remember(state, &key, &choice, frontend.service_id);
     }
@@ -286,7 +287,8 @@ pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
     if slots_on(CONFIG.get(0)) {
         // SAFETY: the hook's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
-        if let Some(slot) = CONNECTIONS.get(cookie as u32 & SLOT_MASK)
+        if may_hold_slot(cookie)
+            && let Some(slot) = CONNECTIONS.get(cookie as u32 & SLOT_MASK)
             && slot.cookie == cookie
             && same_backend(&slot.backend, &peer)
         {
@@ -526,6 +528,35 @@ fn connection_slot(ctx: &SockAddrContext) -> (*mut ConnRecord, u64, bool) {
     (core::ptr::null_mut(), cookie, false)
 }
 
+/// The `SLOTS_HELD` byte of the slot of `cookie`.
+#[inline(always)]
+fn held_byte(cookie: u64) -> Option<*mut u8> {
+    let slot = cookie as u32 & SLOT_MASK;
+    let entry = SLOTS_HELD.get_ptr_mut(slot / SLOTS_PER_HELD)?;
+    // SAFETY: a value of the array; the index is below its length.
+    Some(unsafe {
+        core::ptr::addr_of_mut!((*entry).held[(slot % SLOTS_PER_HELD) as usize]).cast::<u8>()
+    })
+}
+
+/// Whether a socket with this cookie may hold its slot: false when its slot's byte is 0, so
+/// that a socket that never took a slot reads no slot (true when the byte cannot be read).
+#[inline(always)]
+fn may_hold_slot(cookie: u64) -> bool {
+    // SAFETY: a byte of the array, read once.
+    held_byte(cookie).is_none_or(|b| unsafe { core::ptr::read_volatile(b) } != 0)
+}
+
+/// Writes the slot's byte: 1 after its cookie at connect, 0 before it at close, by the one
+/// socket that holds the slot.
+#[inline(always)]
+fn set_held(cookie: u64, value: u8) {
+    if let Some(b) = held_byte(cookie) {
+        // SAFETY: a byte of the array; a byte store tears nothing.
+        unsafe { core::ptr::write_volatile(b, value) };
+    }
+}
+
 /// Writes a connection's record in its slot, the cookie last (readers match on it).
 #[inline(always)]
 fn take_slot(
@@ -553,7 +584,7 @@ fn take_slot(
 /// `cgroup/sock_release`: a closing socket's record comes off its pod's count, and a
 /// connected socket frees its slot. Runs for every socket closed in the cgroup tree; a TCP or
 /// UDP socket that was never translated costs a storage lookup that finds nothing, its cookie
-/// and its slot's first word.
+/// and its slot's byte in `SLOTS_HELD` (the slot itself only when another socket holds it).
 #[inline(always)]
 pub(crate) fn release(ctx: &SockContext) -> i32 {
     use aya_ebpf::helpers::generated::bpf_sk_storage_get;
@@ -583,11 +614,16 @@ pub(crate) fn release(ctx: &SockContext) -> i32 {
     if slots_on(config) {
         // SAFETY: the program's own socket.
         let cookie = unsafe { bpf_get_socket_cookie(sk.cast()) };
-        if let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK) {
+        if may_hold_slot(cookie)
+            && let Some(slot) = CONNECTIONS.get_ptr_mut(cookie as u32 & SLOT_MASK)
+        {
             // SAFETY: a value of the array; only a matching cookie is cleared.
             unsafe {
                 if core::ptr::read_volatile(core::ptr::addr_of!((*slot).cookie)) == cookie {
                     let pod = (*slot).cgroup_id;
+                    // The byte first: a connect that takes the slot once its cookie reads 0
+                    // writes its 1 after this 0.
+                    set_held(cookie, 0);
                     core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).cookie), 0);
                     if udp {
                         uncharge(pod, max);

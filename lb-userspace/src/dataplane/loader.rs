@@ -170,6 +170,8 @@ pub enum LoadError {
     Maps(#[from] MapReadError),
     #[error("carrying the programs' state into the grown maps")]
     Carry(#[source] aya::maps::MapError),
+    #[error("marking the connection slots an older agent's programs may hold (SLOTS_HELD)")]
+    SlotsHeld(#[source] aya::maps::MapError),
 }
 
 impl LoadError {
@@ -641,6 +643,10 @@ fn load_into(
     check_pinned_maps(sockets_dir, pins, &config.capacities)?;
     sysfs::raise_memlock_limit();
     let dir_of = |d: &MapDescriptor| if d.per_socket { sockets_dir } else { maps_dir };
+    // Slots taken by programs that did not write `SLOTS_HELD` (an older agent's): made now
+    // beside them, it must say every slot may be held.
+    let slots_unmarked = sockets_dir.join(MapId::Connections.name()).exists()
+        && !sockets_dir.join(MapId::SlotsHeld.name()).exists();
     let paths: Vec<(MapId, PathBuf)> = lb_common::MAPS
         .iter()
         .map(|d| (d.id, dir_of(d).join(d.name)))
@@ -663,6 +669,9 @@ fn load_into(
     };
     for (_, path) in &paths {
         restrict(path, 0o600);
+    }
+    if slots_unmarked {
+        mark_every_slot_held(&mut ebpf)?;
     }
     load_core(&mut ebpf)?;
     let sockets = map_fd(&ebpf, MapId::Sockets)?;
@@ -857,6 +866,27 @@ fn read_config(ebpf: &Ebpf) -> Result<DatapathConfig, LoadError> {
         .ok_or(LoadError::MissingMap { map: MapId::Config })?;
     let array: Array<&MapData, DatapathConfig> = Array::try_from(map).map_err(LoadError::Config)?;
     array.get(&0, 0).map_err(LoadError::Config)
+}
+
+/// Fills `SLOTS_HELD` with 1 (before any program that reads it is attached): each byte goes to
+/// 0 when the socket that holds its slot closes.
+fn mark_every_slot_held(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    let map = ebpf
+        .map_mut(MapId::SlotsHeld.name())
+        .ok_or(LoadError::MissingMap {
+            map: MapId::SlotsHeld,
+        })?;
+    let mut array: Array<&mut MapData, lb_common::SlotsHeld> =
+        Array::try_from(map).map_err(LoadError::SlotsHeld)?;
+    for entry in 0..MapId::SlotsHeld.default_capacity() {
+        array
+            .set(entry, lb_common::SlotsHeld::ALL, 0)
+            .map_err(LoadError::SlotsHeld)?;
+    }
+    tracing::info!(
+        "marked every connection slot as possibly held (the slots were taken by programs of an agent older than SLOTS_HELD)"
+    );
+    Ok(())
 }
 
 fn write_config(ebpf: &mut Ebpf, config: DatapathConfig) -> Result<(), LoadError> {
@@ -1196,7 +1226,9 @@ mod tests {
                 m.map_flags() & lb_common::MAP_F_MMAPABLE != 0,
                 matches!(
                     d.id,
-                    lb_common::MapId::Connections | lb_common::MapId::FrontendIndex
+                    lb_common::MapId::Connections
+                        | lb_common::MapId::FrontendIndex
+                        | lb_common::MapId::SlotsHeld
                 ),
                 "{}: mmapable (0x{:x})",
                 d.name,

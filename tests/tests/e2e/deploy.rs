@@ -500,6 +500,49 @@ fn a_connection_outliving_its_service_across_a_migration_keeps_its_name_and_free
     Ok(())
 }
 
+/// An agent that finds its connection slots without `SLOTS_HELD` beside them (an older agent's
+/// folder: its programs took slots and wrote no byte) marks every slot as possibly held before
+/// its own programs read the bytes: a connection made before the upgrade still reports the
+/// Service's address from getpeername, and closing it frees its slot.
+#[test]
+fn a_connection_made_under_an_agent_without_slot_bytes_keeps_its_name_and_frees_its_slot()
+-> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::seeded()?;
+    let mut old = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    let folder = PinFolder::new(sandbox.pin_folder());
+    let slots = SocketPins::new(folder.sockets(&socket_layout_digest()));
+    if !socklb_tests::features::Claims::of(&old.status()?).socket_release {
+        // No release program, no slots: the record is in socket storage.
+        println!("FALLBACK no connection slots on this kernel: nothing to mark");
+        return Ok(());
+    }
+    let (mut held, opened) = hold_a_connection(&sandbox)?;
+    assert_eq!(held_slots(&slots)?, 1, "the connection holds a slot");
+    let stopped = old.stop()?;
+    assert!(stopped.success(), "the old agent stops cleanly: {stopped}");
+    // As an older agent left the folder: slots, and no byte per slot.
+    std::fs::remove_file(slots.dir.join(lb_common::MapId::SlotsHeld.name()))?;
+    let new = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(WEB, &[A, B])?;
+    assert!(
+        new.log_text()
+            .contains("marked every connection slot as possibly held"),
+        "{}",
+        new.log_tail(30)
+    );
+    still_on_the_service(&mut held, &opened)?;
+    let closed = held.run(&Command::Close { id: 1 })?;
+    assert!(closed.ok, "{closed:?}");
+    assert_eq!(
+        held_slots(&slots)?,
+        0,
+        "closing the connection freed its slot"
+    );
+    Ok(())
+}
+
 /// A connection to the Service made before a migration: its record lives in the per-socket
 /// storage, which a new layout keeps when the records' own layout is unchanged.
 fn hold_a_connection(sandbox: &Sandbox) -> anyhow::Result<(Client, Reply)> {

@@ -210,6 +210,7 @@ fn fixed_sizes(
         MapId::Affinity,
         MapId::SocketQuota,
         MapId::Connections,
+        MapId::SlotsHeld,
         MapId::AffinityEmpty,
         MapId::Config,
         MapId::Counters,
