@@ -21,6 +21,11 @@ impl Registry {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The children still tracked.
+    pub fn live(&self) -> Vec<u32> {
+        self.lock().live.iter().copied().collect()
+    }
+
     /// Starts `cmd` and tracks the child (refused once the registry is closed).
     pub fn spawn(&self, cmd: &mut Command) -> std::io::Result<Owned> {
         let mut pids = self.lock();

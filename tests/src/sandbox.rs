@@ -558,6 +558,11 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Every process this sandbox started and still tracks (agents, clients, backends).
+    pub fn process_ids(&self) -> Vec<u32> {
+        self.processes.live()
+    }
+
     /// Stops the backend process serving `addr` (its pod stays, so connects are refused).
     pub fn stop_backend(&self, addr: SocketAddr, udp: bool) {
         lock(&self.servers).retain(|(a, u, _)| !(*a == addr && *u == udp));

@@ -244,6 +244,55 @@ pub struct ConcurrentResult {
     pub throughput_ratio: Spread,
     pub p99_ratio: Spread,
     pub failures: usize,
+    /// One client at a time (a load the direct case does not saturate): CPU time per connect,
+    /// every process of the sandbox and the kernel's softirq threads counted, in µs.
+    pub cpu_socklb_us: Spread,
+    pub cpu_direct_us: Spread,
+    pub cpu_ratio: Spread,
+}
+
+/// CPU time so far, in ns, of every process the sandbox started (all their threads, with the
+/// softirq work the kernel did in their context) and of the kernel's softirq threads.
+fn cpu_ns(world: &World) -> anyhow::Result<u64> {
+    let mut pids = world.sandbox.process_ids();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("ksoftirqd/")
+            && let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok())
+        {
+            pids.push(pid);
+        }
+    }
+    let mut total = 0;
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            // The first field: time on a CPU, in ns (CONFIG_SCHED_INFO).
+            let stat = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+            total += stat
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// µs of CPU per connect of one client's `count` connects.
+fn cpu_per_connect(
+    world: &World,
+    client: &mut [Client],
+    targets: &[SocketAddr],
+    count: usize,
+) -> anyhow::Result<f64> {
+    let before = cpu_ns(world)?;
+    let (rate, _, _) = all_at_once(client, targets, count)?;
+    anyhow::ensure!(rate > 0.0, "no connect completed");
+    let spent = cpu_ns(world)?.saturating_sub(before);
+    Ok(spent as f64 / 1000.0 / count as f64)
 }
 
 fn all_at_once(
@@ -303,6 +352,19 @@ pub fn concurrent(
         rate_ratio.push(s.0 / d.0);
         p99_ratio.push(s.1 / d.1);
     }
+    let (mut cpu_s, mut cpu_d, mut cpu_ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for pass in 0..passes {
+        let (s, d) = if pass % 2 == 0 {
+            let s = cpu_per_connect(world, &mut socklb[..1], &vips, count)?;
+            (s, cpu_per_connect(world, &mut direct[..1], &pods, count)?)
+        } else {
+            let d = cpu_per_connect(world, &mut direct[..1], &pods, count)?;
+            (cpu_per_connect(world, &mut socklb[..1], &vips, count)?, d)
+        };
+        cpu_s.push(s);
+        cpu_d.push(d);
+        cpu_ratio.push(s / d);
+    }
     Ok(ConcurrentResult {
         clients,
         connects_per_client: count,
@@ -311,5 +373,8 @@ pub fn concurrent(
         throughput_ratio: Spread::of(&rate_ratio),
         p99_ratio: Spread::of(&p99_ratio),
         failures,
+        cpu_socklb_us: Spread::of(&cpu_s),
+        cpu_direct_us: Spread::of(&cpu_d),
+        cpu_ratio: Spread::of(&cpu_ratio),
     })
 }

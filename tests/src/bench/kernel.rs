@@ -62,6 +62,11 @@ struct Workload {
 /// A port nothing listens on in the backend pods and no service uses.
 const CLOSED_PORT: u16 = 9;
 
+/// The workload that runs every program a socket that never meets a Service meets: a TCP
+/// connection to a live pod's address (connect4, getpeername4, then close: `sock_release`). Its
+/// programs' nanoseconds are also summed per pass into one row of its own.
+pub const WHOLE_LIFE: &str = "a TCP connection to a pod, no service: its whole life";
+
 fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
     let vip_tcp = all_vips(services);
     let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
@@ -172,6 +177,15 @@ fn untranslated_peers(count: usize) -> Vec<Workload> {
                 count,
             },
             hooks: vec![Hook::GetPeerName4],
+        },
+        Workload {
+            name: WHOLE_LIFE.into(),
+            command: ClientCommand::Ops {
+                kind: Op::TcpPeerName,
+                targets: backends(BACKEND_TCP),
+                count,
+            },
+            hooks: vec![Hook::Connect4, Hook::GetPeerName4, Hook::SockRelease],
         },
         Workload {
             name: "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated)"
@@ -298,9 +312,14 @@ pub fn program_costs(
             }
         }
     }
+    Ok(costs_of(&loads, &samples, alternate))
+}
+
+/// Each workload's program on each hook, and the whole life's sum.
+fn costs_of(loads: &[Workload], samples: &[Vec<Sample>], alternate: bool) -> Vec<KernelCost> {
     let mut out = Vec::new();
     let mut slot = 0;
-    for w in &loads {
+    for w in loads {
         for &h in &w.hooks {
             let name = if w.hooks.len() > 1 {
                 format!("{} ({})", w.name, h.socklb_program())
@@ -310,8 +329,33 @@ pub fn program_costs(
             out.push(cost_of(name, h, &samples[slot], alternate));
             slot += 1;
         }
+        if w.name == WHOLE_LIFE {
+            let parts = &samples[slot - w.hooks.len()..slot];
+            out.push(whole_life(parts, alternate));
+        }
     }
-    Ok(out)
+    out
+}
+
+/// The programs of one workload summed per pass (each pass's socklb nanoseconds ÷ its empty
+/// programs' nanoseconds), as one row: `WHOLE_LIFE (sum)`.
+fn whole_life(parts: &[Vec<Sample>], alternate: bool) -> KernelCost {
+    let passes = parts.iter().map(Vec::len).min().unwrap_or(0);
+    let summed: Vec<Sample> = (0..passes)
+        .map(|i| Sample {
+            socklb_ns: parts.iter().map(|p| p[i].socklb_ns).sum(),
+            floor_ns: parts.iter().map(|p| p[i].floor_ns).sum(),
+            runs: parts.iter().map(|p| p[i].runs).min().unwrap_or(0),
+            word_ns: 0.0,
+            order: parts[0][i].order,
+        })
+        .collect();
+    cost_of(
+        format!("{WHOLE_LIFE} (sum)"),
+        Hook::SockRelease,
+        &summed,
+        alternate,
+    )
 }
 
 /// The hit's cost (spread and hot) while `socklb monitor` reads the decisions: a reader claims

@@ -31,6 +31,8 @@ enum Part {
     Listing,
     /// `outside`: NodePorts from outside the node, through socklb's and kube-proxy's rules.
     Outside,
+    /// `concurrent`: several clients at once, and the CPU time per connect.
+    Concurrent,
 }
 
 struct Settings {
@@ -128,11 +130,12 @@ impl Settings {
     }
 }
 
-const USAGE: &str = "usage: socklb-bench [--quick] [--only kernel|control-plane|listing|outside] \
-[--out DIR] [--criterion DIR]
+const USAGE: &str = "usage: socklb-bench [--quick] \
+[--only kernel|control-plane|listing|outside|concurrent] [--out DIR] [--criterion DIR]
   --quick      every benchmark once at a small size (its report says its figures mean nothing)
   --only PART  one part: the programs' kernel cost, the control plane, the live sockets' listing,
-               or traffic from outside the node (NodePorts through socklb's and kube-proxy's rules)
+               traffic from outside the node (NodePorts through socklb's and kube-proxy's rules),
+               or several clients at once with the CPU time per connect
   --out DIR    where the report, results.json and the charts go (target/bench)
   --criterion DIR  criterion's output to take the micro-benchmarks from";
 
@@ -188,8 +191,11 @@ fn main() -> ExitCode {
         Some("control-plane") => Some(Part::ControlPlane),
         Some("listing") => Some(Part::Listing),
         Some("outside") => Some(Part::Outside),
+        Some("concurrent") => Some(Part::Concurrent),
         Some(other) => {
-            eprintln!("socklb-bench: --only {other}: kernel, control-plane, listing or outside");
+            eprintln!(
+                "socklb-bench: --only {other}: kernel, control-plane, listing, outside or concurrent"
+            );
             return ExitCode::FAILURE;
         }
     };
@@ -329,6 +335,12 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
     report.load = Some(world.set_services(s.services)?);
     report.index = Some(world.index_share()?);
     let pins = world.sandbox.pin_folder();
+    if s.only == Some(Part::Concurrent) {
+        concurrent(s, &world, report)?;
+        world.stop_agent();
+        drop(world.runners);
+        return Ok(world.sandbox);
+    }
 
     eprintln!(
         "kernel cost: {} passes x {} calls per workload, beside empty programs",
@@ -401,16 +413,25 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
         s.listing_sockets
     );
     report.listing = Some(listing::listing_cost(&world, s.listing_sockets, s.passes)?);
+    concurrent(s, &world, report)?;
+    without_tcp_records(s, world, &pins, report)
+}
+
+/// Several clients at once, then one at a time for the CPU time per connect.
+fn concurrent(s: &Settings, world: &World, report: &mut Report) -> anyhow::Result<()> {
     let clients = 2 * cpus();
     eprintln!("data path: {clients} clients at once, {} passes", s.passes);
-    report.concurrent = Some(datapath::concurrent(
-        &world,
-        clients,
-        s.concurrent_connects,
-        s.passes,
-    )?);
-
-    without_tcp_records(s, world, &pins, report)
+    let c = datapath::concurrent(world, clients, s.concurrent_connects, s.passes)?;
+    eprintln!(
+        "  connects/s {}  p99 {}  CPU per connect {} ({:.1} us / {:.1} us)",
+        c.throughput_ratio.show(3),
+        c.p99_ratio.show(3),
+        c.cpu_ratio.show(3),
+        c.cpu_socklb_us.median,
+        c.cpu_direct_us.median
+    );
+    report.concurrent = Some(c);
+    Ok(())
 }
 
 /// `--only listing`: the world with its services and the listing's cost, nothing else.
