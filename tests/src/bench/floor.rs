@@ -11,6 +11,7 @@ use socklb::dataplane::sys::{self, bpf_attach_type, bpf_prog_type};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Hook {
     Connect4,
+    Connect6,
     SendMsg4,
     RecvMsg4,
     GetPeerName4,
@@ -21,6 +22,7 @@ impl Hook {
     fn attach_type(self) -> bpf_attach_type {
         match self {
             Self::Connect4 => bpf_attach_type::BPF_CGROUP_INET4_CONNECT,
+            Self::Connect6 => bpf_attach_type::BPF_CGROUP_INET6_CONNECT,
             Self::SendMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_SENDMSG,
             Self::RecvMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_RECVMSG,
             Self::GetPeerName4 => bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
@@ -40,6 +42,7 @@ impl Hook {
         use lb_common::program;
         match self {
             Self::Connect4 => program::CONNECT4,
+            Self::Connect6 => program::CONNECT6,
             Self::SendMsg4 => program::SENDMSG4,
             Self::RecvMsg4 => program::RECVMSG4,
             Self::GetPeerName4 => program::GETPEERNAME4,

@@ -14,7 +14,10 @@ use socklb::dataplane::{loader::attached_programs, pins::PinFolder};
 use super::{
     floor::{BpfStats, Floor, Hook, Order},
     stats::{Spread, median},
-    world::{BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, World, all_vips, backends},
+    world::{
+        BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, VIP6, World, all_vips, backends,
+        backends6,
+    },
 };
 use crate::client::{Command as ClientCommand, Op};
 
@@ -159,8 +162,31 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
             hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],
         },
     ];
+    loads.splice(2..2, ipv6(count, tcp_label));
     loads.extend(untranslated_peers(count));
     loads
+}
+
+/// The IPv6 rows of the IPv4 ones: a hit on the one IPv6 service, and a miss to a live pod.
+fn ipv6(count: usize, tcp_label: &str) -> Vec<Workload> {
+    vec![
+        Workload {
+            name: format!("connect6, service hit, TCP, {tcp_label}, one service (hot maps)"),
+            command: ClientCommand::Bench {
+                targets: vec![SocketAddr::new(VIP6.parse().expect("VIP6"), HTTP_PORT)],
+                count,
+            },
+            hooks: vec![Hook::Connect6],
+        },
+        Workload {
+            name: "connect6, not a service, a live server (a full TCP connection each)".into(),
+            command: ClientCommand::Bench {
+                targets: backends6(BACKEND_TCP),
+                count,
+            },
+            hooks: vec![Hook::Connect6],
+        },
+    ]
 }
 
 /// The reverse programs' other path: a peer on a port backends use, on a socket that was never
@@ -232,6 +258,7 @@ pub fn program_costs(
         .any(|p| p.name == Hook::SockRelease.socklb_program());
     let mut floors: Vec<Floor> = [
         Hook::Connect4,
+        Hook::Connect6,
         Hook::SendMsg4,
         Hook::RecvMsg4,
         Hook::GetPeerName4,

@@ -1,5 +1,6 @@
-//! The benchmark's world: three backend pods (TCP and UDP echo), one client pod per case, the
-//! agent, and N other services installed in socklb's maps and in the kube-proxy rule sets alike.
+//! The benchmark's world: three backend pods (TCP and UDP echo), three IPv6 ones (TCP echo)
+//! behind one IPv6 service, one client pod per case, the agent, and N other services installed
+//! in socklb's maps and in the kube-proxy rule sets alike.
 //! Every other service's endpoints are the same three live pods, so a client can spread its
 //! connects over all N services (cold maps) and every connect is answered.
 use std::{
@@ -24,6 +25,9 @@ pub const DNS_PORT: u16 = 53;
 pub const BACKEND_TCP: u16 = 8080;
 pub const BACKEND_UDP: u16 = 5353;
 pub const BACKENDS: [&str; 3] = ["10.244.1.21", "10.244.2.34", "10.244.3.47"];
+/// The benchmark's IPv6 service (http only) and its backends, pods of their own.
+pub const VIP6: &str = "fd00:96::10";
+pub const BACKENDS6: [&str; 3] = ["fd00:244::1:21", "fd00:244::2:34", "fd00:244::3:47"];
 
 pub fn vip_of(i: usize) -> Ipv4Addr {
     // 10.100.0.0/16 onwards: inside the service range, never the benchmark's own VIP.
@@ -43,6 +47,14 @@ fn backend_ips() -> impl Iterator<Item = IpAddr> {
 /// The three live backends on `port`.
 pub fn backends(port: u16) -> Vec<SocketAddr> {
     backend_ips().map(|ip| SocketAddr::new(ip, port)).collect()
+}
+
+/// The three live IPv6 backends on `port`.
+pub fn backends6(port: u16) -> Vec<SocketAddr> {
+    BACKENDS6
+        .iter()
+        .map(|b| SocketAddr::new(b.parse().expect("literal IP"), port))
+        .collect()
 }
 
 /// The benchmark's own service (http 80 → 8080) and `n` others, all served by the live
@@ -87,6 +99,13 @@ pub fn datapath_manifests(n: usize) -> String {
         "apiVersion: v1\nkind: Service\nmetadata: {{name: bench, namespace: default}}\nspec:\n  clusterIP: {VIP}\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}\n  - {{name: dns, port: {DNS_PORT}, targetPort: {BACKEND_UDP}, protocol: UDP}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench-1, namespace: default, labels: {{kubernetes.io/service-name: bench}}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_TCP}}}, {{name: dns, port: {BACKEND_UDP}, protocol: UDP}}]\nendpoints:\n"
     );
     for b in BACKENDS {
+        let _ = writeln!(y, "- addresses: [\"{b}\"]");
+    }
+    let _ = write!(
+        y,
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: bench6, namespace: default}}\nspec:\n  clusterIP: \"{VIP6}\"\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench6-1, namespace: default, labels: {{kubernetes.io/service-name: bench6}}}}\naddressType: IPv6\nports: [{{name: http, port: {BACKEND_TCP}}}]\nendpoints:\n"
+    );
+    for b in BACKENDS6 {
         let _ = writeln!(y, "- addresses: [\"{b}\"]");
     }
     for i in 0..n {
@@ -164,6 +183,10 @@ impl World {
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_TCP), false)?;
             sandbox.add_backend(SocketAddr::new(ip, BACKEND_UDP), true)?;
             tcp_hygiene(&sandbox, &sandbox.pod(ip)?)?;
+        }
+        for addr in backends6(BACKEND_TCP) {
+            sandbox.add_backend(addr, false)?;
+            tcp_hygiene(&sandbox, &sandbox.pod(addr.ip())?)?;
         }
         tcp_hygiene(&sandbox, &sandbox.client_ns)?;
         sandbox.write_manifest("bench.yaml", &datapath_manifests(0))?;
