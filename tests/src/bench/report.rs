@@ -104,6 +104,10 @@ const WHY_MISSED: &[(&str, &str)] = &[
         "cause: as the IPv4 hot hit's (compare the two rows: with one service, FRONTENDS6's bucket stays as hot as the IPv4 index's entry); an IPv6 index would matter for connects spread over many IPv6 services, a row this bench does not have (10,000 IPv6 services would double its world); not done: that index (a map of its own: a 20-byte key with its frontend and check does not fit the IPv4 entry's 32 bytes)",
     ),
     (
+        "connect6, not a service, a live server",
+        "cause: as the IPv4 row's (compare the two): the miss path's own work on lines a whole TCP connection's kernel work has left cold",
+    ),
+    (
         "sock_release, a socket never translated",
         "cause: the proof that a socket has nothing of socklb's still costs two helper calls: its storage lookup (one load when it has none) and its cookie, which the helper makes at that moment for a socket that never had one (an atomic exchange on the socket); measured by removing each in turn (debug-build bench, 7 passes): the storage lookup and the rest about 1.4x, the cookie about 13 ns more; done: SLOTS_HELD, a byte per slot in 128 KiB that stays cached, so such a socket no longer reads its slot's line in 9 MiB (76 to 50 ns, 3.0x to 2.2x, the same bench); not possible without another proof: reading the socket's cookie field without the helper needs a BTF relocation, which aya's Rust programs do not get, and a mark in sk_mark or sk_priority would change what the application sees",
     ),
