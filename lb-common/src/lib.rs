@@ -18,7 +18,8 @@
 //!   iterate `MapId::ALL`, and the programs' map statics carry the same names and take their sizes
 //!   from the table. A test in the agent reads the built eBPF object and requires exactly these
 //!   maps with their kinds, key and value sizes, default sizes and allocation (and only
-//!   `CONNECTIONS`, `FRONTEND_INDEX` and `SLOTS_HELD` mmapable), and one requires every `capacity_flag` to be a flag that sizes them.
+//!   `CONNECTIONS`, `FRONTEND_INDEX` and `SLOTS_HELD` mmapable), and one requires every
+//!   `capacity_flag` to be a flag that sizes them.
 //! - `Counter`, with the names and help texts the metrics and `inspect stats` show.
 //! - `program::ALL` (the eight cgroup programs), `program::RELEASE` and the iterator programs'
 //!   names.
@@ -26,11 +27,11 @@
 //!   its hash `frontend_bit`, shared by the programs and the agent, the backend port bitmap).
 //! - The per-socket records: `SockState` (the pod charged, the creation time, up to
 //!   `SOCK_DESTINATIONS` destinations) in socket storage, and `ConnRecord`, a `CONNECTIONS` slot
-//!   holding one TCP connection or connected UDP socket by socket cookie (`cookie` 0 when free), and
-//!   `SlotsHeld`, a byte per slot that says whether a socket may hold it. A
-//!   TCP connection's `cgroup_id` is the connecting process's own cgroup, not its pod's (no pod
-//!   lookup on the connect path; the connections view shows it as its pod); a UDP socket's is its
-//!   pod, the one charged.
+//!   holding one TCP connection or connected UDP socket by socket cookie (`cookie` 0 when free),
+//!   and `SlotsHeld`, a byte per slot that says whether a socket may hold it. A TCP connection's
+//!   `cgroup_id` is the connecting process's own cgroup, not its pod's (no pod lookup on the
+//!   connect path; the connections view shows it as its pod); a UDP socket's is its pod, the one
+//!   charged.
 //! - The iterators' entries: `SocketEntry`, and `UdpSocketEntry` with `SockAddrs` (the socket's
 //!   IPv4 addresses, and whether it holds storage, a slot or both).
 //! - The affinity table: `AFFINITY_WAYS` entries per client, in buckets of `AFFINITY_BUCKET`.

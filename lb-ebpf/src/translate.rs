@@ -16,7 +16,9 @@
 //! `SERVICE_META`, `CONFIG` or `MONITOR`). What they write is per socket (`SOCKETS`, socket-local
 //! storage freed with the socket; `CONNECTIONS`, a slot by socket cookie, taken at connect only
 //! when free or already this socket's, and cleared by the release program only when it holds
-//! this socket's cookie), per pod (`SOCKET_QUOTA`, the count of its socket records), per client
+//! this socket's cookie; `SLOTS_HELD`, the slot's byte, 1 after the cookie is written and 0
+//! before it is cleared, so that close, getpeername and recvmsg read no slot for a socket whose
+//! byte is 0), per pod (`SOCKET_QUOTA`, the count of its socket records), per client
 //! cgroup (`AFFINITY`, a fixed-size table each, so one pod only ever evicts its own choices; a
 //! Service's choices live in the bucket its id hashes to, so a connect searches
 //! `AFFINITY_BUCKET` entries, not the table), per CPU (`COUNTERS`), or, only while a reader has

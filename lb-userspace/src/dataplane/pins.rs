@@ -8,12 +8,13 @@
 //!   digest of the map table and the configured sizes of the maps that are not per socket
 //!   (`layout_digest`), so an agent whose layout differs creates a new generation instead of
 //!   misreading the old one; pinned maps whose sizes disagree with the table are refused.
-//! - `sockets-<record layout>/`: the per-socket maps (`SOCKETS`, `CONNECTIONS`, `SOCKET_QUOTA`)
-//!   and the links of the iterators the kernel accepted. Named by a digest of `SOCKETS`'s layout
-//!   alone (`socket_layout_digest`), so socket records outlive a capacity migration; a per-socket
-//!   map beside them whose own layout changed is made again, empty, and a record folder an older
-//!   agent named otherwise is taken over when its `SOCKETS` has this layout. An agent's start
-//!   removes the UDP iterator link of older agents, whose entries had another layout.
+//! - `sockets-<record layout>/`: the per-socket maps (`SOCKETS`, `CONNECTIONS`, `SLOTS_HELD`,
+//!   `SOCKET_QUOTA`) and the links of the iterators the kernel accepted. Named by a digest of
+//!   `SOCKETS`'s layout alone (`socket_layout_digest`), so socket records outlive a capacity
+//!   migration; a per-socket map beside them whose own layout changed is made again, empty, and a
+//!   record folder an older agent named otherwise is taken over when its `SOCKETS` has this layout.
+//!   An agent's start removes the UDP iterator link of older agents, whose entries had another
+//!   layout.
 //! - `links/<program>`: every cgroup attachment, the release program's included.
 use std::{
     fs,
