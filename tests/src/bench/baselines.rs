@@ -47,7 +47,6 @@ pub fn iptables_rules(services: &[SvcPort]) -> String {
     );
     for svc in services {
         let svc_chain = format!("KUBE-SVC-{}", chain_hash(&svc.name));
-        let _ = writeln!(chains, ":{svc_chain} - [0:0]");
         let _ = writeln!(
             rules,
             "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"{} cluster IP\" -m tcp --dport {} -j {svc_chain}",
@@ -55,33 +54,45 @@ pub fn iptables_rules(services: &[SvcPort]) -> String {
             svc.name,
             svc.vip.port()
         );
-        let n = svc.endpoints.len();
-        for (i, ep) in svc.endpoints.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{}", chain_hash(&format!("{}/{ep}", svc.name)));
-            let _ = writeln!(chains, ":{sep} - [0:0]");
-            let left = n - i;
-            if left > 1 {
-                let _ = writeln!(
-                    rules,
-                    "-A {svc_chain} -m comment --comment \"{} -> {ep}\" -m statistic --mode random --probability {:.11} -j {sep}",
-                    svc.name,
-                    1.0 / left as f64
-                );
-            } else {
-                let _ = writeln!(
-                    rules,
-                    "-A {svc_chain} -m comment --comment \"{} -> {ep}\" -j {sep}",
-                    svc.name
-                );
-            }
-            let _ = writeln!(rules, "-A {sep} -s {}/32 -j KUBE-MARK-MASQ", ep.ip());
-            let _ = writeln!(
-                rules,
-                "-A {sep} -p tcp -m tcp -j DNAT --to-destination {ep}"
-            );
-        }
+        ipt_service(svc, &mut chains, &mut rules, true);
     }
     format!("{chains}{rules}COMMIT\n")
+}
+
+/// One service's KUBE-SVC chain and its endpoints' KUBE-SEP chains, spread by conditional
+/// probabilities; `cluster_ip`: with the comments and the hairpin masquerade rule kube-proxy
+/// writes for a ClusterIP. Returns the KUBE-SVC chain's name.
+fn ipt_service(svc: &SvcPort, chains: &mut String, rules: &mut String, cluster_ip: bool) -> String {
+    let svc_chain = format!("KUBE-SVC-{}", chain_hash(&svc.name));
+    let _ = writeln!(chains, ":{svc_chain} - [0:0]");
+    let n = svc.endpoints.len();
+    for (i, ep) in svc.endpoints.iter().enumerate() {
+        let sep = format!("KUBE-SEP-{}", chain_hash(&format!("{}/{ep}", svc.name)));
+        let _ = writeln!(chains, ":{sep} - [0:0]");
+        let comment = if cluster_ip {
+            format!(" -m comment --comment \"{} -> {ep}\"", svc.name)
+        } else {
+            String::new()
+        };
+        let left = n - i;
+        if left > 1 {
+            let _ = writeln!(
+                rules,
+                "-A {svc_chain}{comment} -m statistic --mode random --probability {:.11} -j {sep}",
+                1.0 / left as f64
+            );
+        } else {
+            let _ = writeln!(rules, "-A {svc_chain}{comment} -j {sep}");
+        }
+        if cluster_ip {
+            let _ = writeln!(rules, "-A {sep} -s {}/32 -j KUBE-MARK-MASQ", ep.ip());
+        }
+        let _ = writeln!(
+            rules,
+            "-A {sep} -p tcp -m tcp -j DNAT --to-destination {ep}"
+        );
+    }
+    svc_chain
 }
 
 /// The nft scripts: the table and its fixed chains, then the services in batches.
@@ -99,29 +110,7 @@ pub fn nft_scripts(services: &[SvcPort], batch: usize) -> Vec<String> {
     for chunk in services.chunks(batch.max(1)) {
         let mut s = String::new();
         for svc in chunk {
-            let chain = format!("service-{}", chain_hash(&svc.name));
-            let _ = writeln!(s, "add chain ip kube-proxy {chain}");
-            let mut vmap = Vec::new();
-            for (i, ep) in svc.endpoints.iter().enumerate() {
-                let ep_chain = format!("endpoint-{}", chain_hash(&format!("{}/{ep}", svc.name)));
-                let _ = writeln!(s, "add chain ip kube-proxy {ep_chain}");
-                let _ = writeln!(
-                    s,
-                    "add rule ip kube-proxy {ep_chain} ip saddr {} jump mark-for-masquerade",
-                    ep.ip()
-                );
-                let _ = writeln!(
-                    s,
-                    "add rule ip kube-proxy {ep_chain} meta l4proto tcp dnat to {ep}"
-                );
-                vmap.push(format!("{i} : goto {ep_chain}"));
-            }
-            let _ = writeln!(
-                s,
-                "add rule ip kube-proxy {chain} numgen random mod {} vmap {{ {} }}",
-                svc.endpoints.len(),
-                vmap.join(", ")
-            );
+            let chain = nft_service(&mut s, svc, true);
             let _ = writeln!(
                 s,
                 "add element ip kube-proxy service-ips {{ {} . tcp . {} : goto {chain} }}",
@@ -150,32 +139,8 @@ pub fn iptables_outside_rules(services: &[SvcPort], node_port: u16, measured: &S
          -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000\n\
          -A KUBE-POSTROUTING -j MASQUERADE --random-fully\n",
     );
-    let svc_rules = |svc: &SvcPort, chains: &mut String, rules: &mut String| -> String {
-        let svc_chain = format!("KUBE-SVC-{}", chain_hash(&svc.name));
-        let _ = writeln!(chains, ":{svc_chain} - [0:0]");
-        let n = svc.endpoints.len();
-        for (i, ep) in svc.endpoints.iter().enumerate() {
-            let sep = format!("KUBE-SEP-{}", chain_hash(&format!("{}/{ep}", svc.name)));
-            let _ = writeln!(chains, ":{sep} - [0:0]");
-            let left = n - i;
-            if left > 1 {
-                let _ = writeln!(
-                    rules,
-                    "-A {svc_chain} -m statistic --mode random --probability {:.11} -j {sep}",
-                    1.0 / left as f64
-                );
-            } else {
-                let _ = writeln!(rules, "-A {svc_chain} -j {sep}");
-            }
-            let _ = writeln!(
-                rules,
-                "-A {sep} -p tcp -m tcp -j DNAT --to-destination {ep}"
-            );
-        }
-        svc_chain
-    };
     for svc in services {
-        let svc_chain = svc_rules(svc, &mut chains, &mut rules);
+        let svc_chain = ipt_service(svc, &mut chains, &mut rules, false);
         let _ = writeln!(
             rules,
             "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"{} loadbalancer IP\" -m tcp --dport {} -j {svc_chain}",
@@ -184,7 +149,7 @@ pub fn iptables_outside_rules(services: &[SvcPort], node_port: u16, measured: &S
             svc.vip.port()
         );
     }
-    let svc_chain = svc_rules(measured, &mut chains, &mut rules);
+    let svc_chain = ipt_service(measured, &mut chains, &mut rules, false);
     let ext = format!("KUBE-EXT-{}", chain_hash(&measured.name));
     let _ = writeln!(chains, ":{ext} - [0:0]");
     let _ = writeln!(rules, "-A {ext} -j KUBE-MARK-MASQ\n-A {ext} -j {svc_chain}");
@@ -225,7 +190,7 @@ pub fn nft_outside_scripts(
          add chain ip kube-proxy mark-for-masquerade\n\
          add rule ip kube-proxy mark-for-masquerade mark set mark or 0x4000\n",
     );
-    let chain = nft_service(&mut first, measured);
+    let chain = nft_service(&mut first, measured, false);
     let ext = format!("external-{}", chain_hash(&measured.name));
     let _ = writeln!(first, "add chain ip kube-proxy {ext}");
     let _ = writeln!(
@@ -241,7 +206,7 @@ pub fn nft_outside_scripts(
     for chunk in services.chunks(batch.max(1)) {
         let mut s = String::new();
         for svc in chunk {
-            let chain = nft_service(&mut s, svc);
+            let chain = nft_service(&mut s, svc, false);
             let _ = writeln!(
                 s,
                 "add element ip kube-proxy service-ips {{ {} . tcp . {} : goto {chain} }}",
@@ -255,13 +220,22 @@ pub fn nft_outside_scripts(
 }
 
 /// One service's chain and its endpoints' chains, in kube-proxy's nftables shape; its name.
-fn nft_service(s: &mut String, svc: &SvcPort) -> String {
+/// `hairpin`: each endpoint chain first marks an endpoint's connects to itself for masquerade,
+/// as kube-proxy writes for a ClusterIP.
+fn nft_service(s: &mut String, svc: &SvcPort, hairpin: bool) -> String {
     let chain = format!("service-{}", chain_hash(&svc.name));
     let _ = writeln!(s, "add chain ip kube-proxy {chain}");
     let mut vmap = Vec::new();
     for (i, ep) in svc.endpoints.iter().enumerate() {
         let ep_chain = format!("endpoint-{}", chain_hash(&format!("{}/{ep}", svc.name)));
         let _ = writeln!(s, "add chain ip kube-proxy {ep_chain}");
+        if hairpin {
+            let _ = writeln!(
+                s,
+                "add rule ip kube-proxy {ep_chain} ip saddr {} jump mark-for-masquerade",
+                ep.ip()
+            );
+        }
         let _ = writeln!(
             s,
             "add rule ip kube-proxy {ep_chain} meta l4proto tcp dnat to {ep}"
