@@ -490,14 +490,7 @@ fn a_connection_outliving_its_service_across_a_migration_keeps_its_name_and_free
         new.log_tail(30)
     );
     still_on_the_service(&mut held, &opened)?;
-    let closed = held.run(&Command::Close { id: 1 })?;
-    assert!(closed.ok, "{closed:?}");
-    assert_eq!(
-        held_slots(&slots)?,
-        0,
-        "closing the connection freed its slot"
-    );
-    Ok(())
+    closing_frees_its_slot(&mut held, &slots)
 }
 
 /// An agent that finds its connection slots without `SLOTS_HELD` beside them (an older agent's
@@ -533,10 +526,15 @@ fn a_connection_made_under_an_agent_without_slot_bytes_keeps_its_name_and_frees_
         new.log_tail(30)
     );
     still_on_the_service(&mut held, &opened)?;
+    closing_frees_its_slot(&mut held, &slots)
+}
+
+/// Closes the held connection; its slot is then free.
+fn closing_frees_its_slot(held: &mut Client, slots: &SocketPins) -> anyhow::Result<()> {
     let closed = held.run(&Command::Close { id: 1 })?;
     assert!(closed.ok, "{closed:?}");
     assert_eq!(
-        held_slots(&slots)?,
+        held_slots(slots)?,
         0,
         "closing the connection freed its slot"
     );

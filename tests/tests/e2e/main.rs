@@ -24,3 +24,24 @@ mod outside;
 mod reliability;
 mod seed;
 mod tenants;
+
+use std::time::{Duration, Instant};
+
+/// Waits until `check` gives a value, at most `limit` (checked every 100 ms); the error names
+/// `what`.
+fn wait_until<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(t) = check()? {
+            return Ok(t);
+        }
+        if start.elapsed() > limit {
+            anyhow::bail!("{what}: not within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::wait_until;
 use anyhow::{Context as _, bail};
 use socklb::vocab::ErrorKind;
 use socklb_tests::{
@@ -29,23 +30,6 @@ use socklb_tests::{
 const NODE_IP: &str = "10.244.250.1";
 /// The node's IPv6 address, where a test gives it one (the Node object never names it).
 const NODE_IP6: &str = "fd00:244::250:1";
-
-fn wait_until<T>(
-    what: &str,
-    limit: Duration,
-    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
-) -> anyhow::Result<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(t) = check()? {
-            return Ok(t);
-        }
-        if start.elapsed() > limit {
-            bail!("{what}: not within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 /// The node's namespace, with the agent in it (`args` added to its flags), once it is ready.
 fn node_with_agent(sandbox: &Sandbox, args: &[&str]) -> anyhow::Result<(String, AgentProcess)> {

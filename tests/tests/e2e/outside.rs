@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use socklb_tests::{
     Client, Sandbox,
     agent::AgentProcess,
@@ -70,28 +70,10 @@ fn slices(endpoints: &[(&Pod, &str, &str)]) -> String {
 
 const READY: &str = "{ready: true}";
 
-/// Waits until `check` holds, at most `limit`.
-fn eventually<T>(
-    what: &str,
-    limit: Duration,
-    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
-) -> anyhow::Result<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(t) = check()? {
-            return Ok(t);
-        }
-        if start.elapsed() > limit {
-            bail!("{what}: not within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Waits until every agent's outside rules are in sync with at least `ports` service ports.
 fn in_sync(agents: &[AgentProcess], ports: usize) -> anyhow::Result<()> {
     for agent in agents {
-        eventually("the outside rules in sync", Duration::from_secs(20), || {
+        crate::wait_until("the outside rules in sync", Duration::from_secs(20), || {
             let s = agent.status()?;
             Ok(s.outside.filter(|o| {
                 o.condition == socklb::status::OutsideCondition::InSync && o.service_ports >= ports
@@ -276,7 +258,7 @@ fn client_ip_affinity(w: &mut World) -> anyhow::Result<()> {
     in_sync(&w.agents, 4)?;
     let target = at(w.cluster.nodes[1].ip4, 30080);
     let client = &mut w.client;
-    let reached = eventually("affinity in the rules", Duration::from_secs(10), || {
+    let reached = crate::wait_until("affinity in the rules", Duration::from_secs(10), || {
         let r = connects(client, target, 30, false)?;
         Ok((r.answers() == 30 && r.backends.len() == 1).then(|| answered(&r).0))
     })?;
@@ -392,7 +374,7 @@ fn local_policy(w: &mut World) -> anyhow::Result<()> {
     let (n1, n2) = (&w.cluster.nodes[0], &w.cluster.nodes[1]);
     let outside = &w.cluster.outside.netns;
     let hc = |node: IpAddr| format!("http://{}/", at(node, 32100));
-    eventually("node-1's health check 200", Duration::from_secs(10), || {
+    crate::wait_until("node-1's health check 200", Duration::from_secs(10), || {
         Ok(match curl::curl(outside, "GET", &hc(n1.ip4))? {
             curl::Outcome::Answer(x) if x.status == 200 => Some(x),
             _ => None,
@@ -455,7 +437,7 @@ fn source_ranges(w: &mut World) -> anyhow::Result<()> {
     in_sync(&w.agents, 4)?;
     let lb = at("192.0.2.10".parse()?, 80);
     let client = &mut w.client;
-    eventually(
+    crate::wait_until(
         "the load-balancer IP inside the ranges",
         Duration::from_secs(10),
         || Ok((connects(client, lb, 5, false)?.answers() == 5).then_some(())),
@@ -464,7 +446,7 @@ fn source_ranges(w: &mut World) -> anyhow::Result<()> {
         "web.yaml",
         &web("Local", &["loadBalancerSourceRanges: [203.0.113.0/24]"]),
     )?;
-    eventually(
+    crate::wait_until(
         "the load-balancer IP refused outside the ranges",
         Duration::from_secs(10),
         || Ok((connects(client, lb, 1, false)?.answers() == 0).then_some(())),
@@ -498,7 +480,7 @@ fn change(w: &World, agent: usize, endpoints: &[(&Pod, &str, &str)]) -> anyhow::
     w.cluster
         .sandbox
         .write_manifest("web-slices.yaml", &slices(endpoints))?;
-    eventually("the change in the rules", Duration::from_secs(10), || {
+    crate::wait_until("the change in the rules", Duration::from_secs(10), || {
         Ok((syncs(&w.agents[agent])? > before).then(Instant::now))
     })?;
     let done = Instant::now();
@@ -546,7 +528,7 @@ fn removed_endpoints_get_no_new_flow_and_udp_flows_move() -> anyhow::Result<()> 
         "node-3"
     };
     change(&w, 1, &[(staying, stay_node, READY)])?;
-    let moved = eventually("the UDP flow moved", Duration::from_secs(5), || {
+    let moved = crate::wait_until("the UDP flow moved", Duration::from_secs(5), || {
         let r = w.client.run(&Command::Exchange {
             id: 1,
             msg: "again".into(),
@@ -685,7 +667,7 @@ fn the_rules_outlive_the_agent_and_are_repaired() -> anyhow::Result<()> {
         nft(edit)?;
         let start = Instant::now();
         let client = &mut w.client;
-        eventually(what, Duration::from_secs(20), || {
+        crate::wait_until(what, Duration::from_secs(20), || {
             Ok((connects(client, target, 1, false)?.answers() == 1).then_some(()))
         })
         .with_context(|| w.agents[1].log_tail(30))?;
