@@ -64,6 +64,54 @@ pub const PROTOCOL_UDP: u8 = 17;
 /// the hooks read the socket's protocol whole, or 262 would read as TCP by accident.
 pub const PROTOCOL_MPTCP: u32 = 262;
 
+/// The socket-cookie proof (`cookie-proof`): how the programs tell, with loads and no helper,
+/// that a socket has nothing of socklb's. Every socket socklb gives a slot or a record has had
+/// its cookie made first; a socket whose cookie field in `struct sock_common` is still 0 has
+/// neither, so its close, getpeername and recvmsg return at once. The programs reach the
+/// kernel's socket through the kfunc `bpf_cast_to_kern_ctx` (6.2+), which aya cannot name from
+/// Rust, at offsets only the running kernel's BTF knows: the object carries the instruction
+/// sequences [`RELEASE`](proof::RELEASE) and [`ADDR`](proof::ADDR) of markers, and the agent
+/// rewrites each before the object is parsed, into the call and loads for this kernel
+/// ([`written`](proof::written)), or into `r0 = 1` and no-ops ([`off`](proof::off)): "not
+/// proven", and the programs make the cookie with the helper as before.
+pub mod proof {
+    /// `call` with `src_reg = BPF_PSEUDO_KFUNC_CALL` (2) of BTF id `btf_id` in vmlinux, as the
+    /// object holds an instruction (little-endian).
+    pub const fn call(btf_id: u32) -> u64 {
+        0x85 | (0x20 << 8) | ((btf_id as u64) << 32)
+    }
+    /// `r0 = *(u64 *)(r0 + offset)`.
+    pub const fn load(offset: u16) -> u64 {
+        0x79 | ((offset as u64) << 16)
+    }
+    /// `r0 = 1`.
+    pub const NOT_PROVEN: u64 = 0xb7 | (1 << 32);
+    /// `goto +0`.
+    pub const NOP: u64 = 0x05;
+    const CALL: u64 = call(0x5ec1_b0c1);
+    const SK: u64 = load(0x7ec2);
+    const COOKIE: u64 = load(0x7ec1);
+    /// In the release program: the socket (`struct sock`) from the context, its cookie field.
+    pub const RELEASE: [u64; 2] = [CALL, COOKIE];
+    /// In a `sock_addr` program: `struct bpf_sock_addr_kern` from the context, its `sk`, that
+    /// socket's cookie field.
+    pub const ADDR: [u64; 3] = [CALL, SK, COOKIE];
+
+    /// The sequences for a kernel whose kfunc has BTF id `btf_id`, with `skc_cookie` at
+    /// `cookie` in `struct sock` and `sk` at `sk` in `struct bpf_sock_addr_kern`.
+    pub const fn written(btf_id: u32, sk: u16, cookie: u16) -> ([u64; 2], [u64; 3]) {
+        (
+            [call(btf_id), load(cookie)],
+            [call(btf_id), load(sk), load(cookie)],
+        )
+    }
+
+    /// The sequences when the proof is off: 1 in r0, never a cookie of 0.
+    pub const fn off() -> ([u64; 2], [u64; 3]) {
+        ([NOT_PROVEN, NOP], [NOT_PROVEN, NOP, NOP])
+    }
+}
+
 /// The programs in the eBPF object, by function name (also the names of their link pins).
 pub mod program {
     pub const CONNECT4: &str = "socklb_connect4";

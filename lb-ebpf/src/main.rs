@@ -14,6 +14,8 @@
 // exist for this target; the intrinsic compiles to the BPF instruction. (The eBPF crate is
 // built with RUSTC_BOOTSTRAP=1 for `-Z build-std` already.)
 #![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+// The one instruction of `proof` the agent rewrites is written with inline assembly.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 #![allow(
     clippy::inline_always,
@@ -24,6 +26,8 @@
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod programs;
+#[cfg(target_arch = "bpf")]
+mod proof;
 #[cfg(target_arch = "bpf")]
 mod sockaddr;
 #[cfg(target_arch = "bpf")]

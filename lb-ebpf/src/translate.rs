@@ -80,6 +80,7 @@ use crate::{
         AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTEND_INDEX,
         FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SLOTS_HELD, SOCKET_QUOTA, SOCKETS, count,
     },
+    proof,
     sockaddr::{self, SockAddr},
 };
 
@@ -281,6 +282,9 @@ pub(crate) fn try_translate(
 /// its peer, as it would behind a NAT-based proxy.
 #[inline(always)]
 pub(crate) fn reverse(ctx: &SockAddrContext, family: SocketFamily) -> i32 {
+    if proof::never_met_addr(ctx) {
+        return ALLOW;
+    }
     let peer = load(ctx, family);
     let udp = sockaddr::udp(ctx) == Some(true);
     if !backend_port_in_use(udp, peer.port_be) {
@@ -397,6 +401,10 @@ fn socket_state(
         count(Counter::RecordQuota);
         return Err(event::RECORD_QUOTA);
     }
+    // The cookie before the record: a socket with a record is never one whose cookie is unmade
+    // (`proof`), so its close and recvmsg look for the record.
+    // SAFETY: the hook's own socket.
+    unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
     // SAFETY: the socket is the hook's own; the helper returns its storage or null.
     let state = unsafe { SOCKETS.get_or_insert_ptr_mut(ctx, None) };
     if state.is_null() {
@@ -590,6 +598,9 @@ fn take_slot(
 #[inline(always)]
 pub(crate) fn release(ctx: &SockContext) -> i32 {
     use aya_ebpf::helpers::generated::bpf_sk_storage_get;
+    if proof::never_met(ctx) {
+        return ALLOW;
+    }
     let sk = ctx.sock;
     // SAFETY: the kernel's socket, the program's context.
     let Some(udp) = sockaddr::transport(unsafe { (*sk).protocol }) else {

@@ -44,6 +44,39 @@ pub fn loads_release_program() -> bool {
     .is_ok()
 }
 
+/// Whether the kernel lets both program types socklb's cookie proof runs in (`cgroup/sock_release`
+/// and a `cgroup/getpeername4` one) call the kfunc `bpf_cast_to_kern_ctx`, its id read from
+/// the kernel's BTF with aya's parser (socklb reads it with another), from raw bytecode.
+pub fn calls_cast_to_kern_ctx() -> bool {
+    let Ok(btf) = aya::Btf::from_sys_fs() else {
+        return false;
+    };
+    let Ok(id) = btf.id_by_type_name_kind("bpf_cast_to_kern_ctx", aya_obj::btf::BtfKind::Func)
+    else {
+        return false;
+    };
+    // r0 = bpf_cast_to_kern_ctx(r1 = ctx) (a kfunc call: src_reg 2); r0 = 1; exit
+    let mut call = [0x85, 0x20, 0, 0, 0, 0, 0, 0];
+    call[4..].copy_from_slice(&id.to_le_bytes());
+    let insns = [
+        u64::from_le_bytes(call),
+        u64::from_le_bytes([0xb7, 0, 0, 0, 1, 0, 0, 0]),
+        u64::from_le_bytes([0x95, 0, 0, 0, 0, 0, 0, 0]),
+    ];
+    [
+        (
+            bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK,
+            bpf_attach_type::BPF_CGROUP_INET_SOCK_RELEASE,
+        ),
+        (
+            bpf_prog_type::BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+            bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
+        ),
+    ]
+    .into_iter()
+    .all(|(prog, attach)| sys::prog_load(prog, attach, 0, &insns, "oracle_kfunc").is_ok())
+}
+
 /// A `NETLINK_SOCK_DIAG` socket in the calling thread's network namespace.
 fn sock_diag_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the descriptor is owned below.

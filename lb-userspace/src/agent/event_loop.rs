@@ -26,7 +26,7 @@ use super::{
     tasks::{census, growth, outside, pods, recount, udp_termination, version},
 };
 use crate::{
-    dataplane::{abi::frontend_key, bpf::BpfServiceMaps, loader::Dataplane},
+    dataplane::{abi::frontend_key, bpf::BpfServiceMaps, features::Feature, loader::Dataplane},
     reconcile::Reconciler,
     source::SourceEvent,
     status::{Failed, Owned, Rejected, Status},
@@ -158,7 +158,13 @@ fn attach(
     shared: &Arc<Shared>,
     udp: &udp_termination::UdpTermination,
 ) -> anyhow::Result<()> {
+    // Records an older agent's programs made without the socket's cookie would look like
+    // sockets that never met socklb to the cookie proof: every listing makes the cookie of each
+    // socket it lists, once before the proof's programs are attached and once after (a record
+    // the old programs made in between).
+    make_cookies(config, dataplane);
     let ids = dataplane.attach().context("attaching the programs")?;
+    make_cookies(config, dataplane);
     tracing::info!(
         cgroup = %config.load.cgroup.display(),
         programs = ids.len(),
@@ -177,6 +183,29 @@ fn attach(
         );
     }
     Ok(())
+}
+
+/// Lists every translated socket once, for the cookie the listing makes (`attach`); only when
+/// the cookie proof is on.
+fn make_cookies(config: &AgentConfig, dataplane: &Dataplane) {
+    if !dataplane.features.enabled(Feature::CookieProof) {
+        return;
+    }
+    let listed = tokio::task::block_in_place(|| {
+        crate::sockets::census_each(
+            &dataplane.sockets,
+            &config.load.cgroup,
+            dataplane.features.listing(),
+            false,
+            |_| {},
+        )
+    });
+    if let Err(e) = listed {
+        tracing::warn!(
+            error = %e,
+            "listing the translated sockets failed: a record an older agent made without its socket's cookie may be missed by close, getpeername and recvmsg until the next listing"
+        );
+    }
 }
 
 /// Whether the API server's address is a Service frontend in the maps (once they are attached):

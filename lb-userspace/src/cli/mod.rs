@@ -129,7 +129,7 @@ pub struct PinArgs {
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct FeatureArgs {
     /// An optional part of the data path not to load: sockets-iterator, udp-iterator,
-    /// sock-diag-storage, socket-destroy, socket-release, or all (repeatable or
+    /// sock-diag-storage, socket-destroy, socket-release, cookie-proof, or all (repeatable or
     /// comma-separated). What the
     /// kernel would refuse anyway, on purpose: to test a node's degraded mode.
     #[arg(

@@ -49,15 +49,19 @@ pub enum Feature {
     /// `cgroup/sock_release`: a closing socket's record comes off its pod's count (the per-pod
     /// bound, kept exact in the kernel) and a TCP connection frees its `CONNECTIONS` slot.
     SocketRelease,
+    /// The socket-cookie proof (`lb_common::proof`): close, getpeername and recvmsg of a socket
+    /// that never met socklb return after a load of its cookie field, made by no helper.
+    CookieProof,
 }
 
 impl Feature {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::SocketsIterator,
         Self::UdpIterator,
         Self::SockDiagStorage,
         Self::SocketDestroy,
         Self::SocketRelease,
+        Self::CookieProof,
     ];
 
     /// The name in flags, `/status`, metrics and logs.
@@ -68,6 +72,7 @@ impl Feature {
             Self::SockDiagStorage => "sock-diag-storage",
             Self::SocketDestroy => "socket-destroy",
             Self::SocketRelease => "socket-release",
+            Self::CookieProof => "cookie-proof",
         }
     }
 
@@ -85,6 +90,9 @@ impl Feature {
             Self::SocketRelease => {
                 "cgroup/sock_release program with bpf_sk_storage_get and bpf_get_socket_cookie (5.11+)"
             }
+            Self::CookieProof => {
+                "the kfunc bpf_cast_to_kern_ctx (6.2+) and the kernel's BTF (/sys/kernel/btf/vmlinux)"
+            }
         }
     }
 
@@ -99,6 +107,9 @@ impl Feature {
             Self::SocketDestroy => "terminates connected UDP sockets whose backend left",
             Self::SocketRelease => {
                 "counts each pod's socket records exactly, in the kernel (the per-pod bound), and gives TCP connections a preallocated record"
+            }
+            Self::CookieProof => {
+                "a socket that never met a Service closes, and answers getpeername and recvmsg, with a load of its cookie field and nothing else"
             }
         }
     }
@@ -283,6 +294,11 @@ impl Features {
         if !listing.global && (listing.tcp() || listing.udp()) {
             out.push(
                 "translated sockets are found one pod network namespace at a time (sock_diag for TCP, the UDP iterator for UDP) instead of in one walk",
+            );
+        }
+        if !self.enabled(Feature::CookieProof) {
+            out.push(
+                "every TCP and UDP socket's close, getpeername and recvmsg make its cookie with bpf_get_socket_cookie to look for a slot, where a load would show most have none",
             );
         }
         if !self.connection_slots() {

@@ -50,7 +50,7 @@ use super::{
     pins::{PinFolder, SocketPins, layout_digest, restrict, socket_layout_digest},
     pods::{self, PodCgroups},
     probe::{self, kernel_refusal},
-    sysfs,
+    proof, sysfs,
 };
 
 /// The eBPF object built by build.rs.
@@ -82,6 +82,10 @@ impl std::fmt::Display for PinOp {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error(
+        "the embedded eBPF object lacks a cookie-proof sequence to write (lb_common::proof::RELEASE or ADDR; a build that lost one)"
+    )]
+    NoProofMarker,
     #[error("{op} {}", .path.display())]
     PinFolder {
         path: PathBuf,
@@ -653,6 +657,8 @@ fn load_into(
         .collect();
     // The loader holds the kernel's BTF it parsed (9 MiB here): gone before the probes parse
     // it again, so the agent's start does not hold both.
+    let (site, cookie_proof) = proof::decide(config.disabled.contains(&Feature::CookieProof));
+    let object = object_with(site.as_ref())?;
     let mut ebpf = {
         let mut loader = EbpfLoader::new();
         for (map, path) in &paths {
@@ -665,8 +671,9 @@ fn load_into(
         loader
             .override_global(aya_log::LEVEL, &config.log_level, true)
             .override_global("RECORD_TCP", &record_tcp, true);
-        loader.load(EBPF_OBJECT).map_err(LoadError::object)?
+        loader.load(object.bytes()).map_err(LoadError::object)?
     };
+    drop(object);
     for (_, path) in &paths {
         restrict(path, 0o600);
     }
@@ -680,6 +687,7 @@ fn load_into(
         sockets.as_fd(),
         &config.disabled,
         Some(sockets_dir),
+        &cookie_proof,
     );
     if !adopted {
         // A new generation: no bound and no slots until `attach` writes the settings (an
@@ -902,16 +910,29 @@ fn write_config(ebpf: &mut Ebpf, config: DatapathConfig) -> Result<(), LoadError
 /// core and every optional part: what `socklb version --features` reports. `Err` when the core
 /// does not load.
 pub fn probe_kernel(disabled: &BTreeSet<Feature>) -> Result<Features, LoadError> {
-    let mut ebpf = throwaway_object()?;
+    let (mut ebpf, cookie_proof) = throwaway_object_with(disabled.contains(&Feature::CookieProof))?;
     load_core(&mut ebpf)?;
     let sockets = map_fd(&ebpf, MapId::Sockets)?;
-    Ok(probe::probe_all(&mut ebpf, sockets.as_fd(), disabled, None))
+    Ok(probe::probe_all(
+        &mut ebpf,
+        sockets.as_fd(),
+        disabled,
+        None,
+        &cookie_proof,
+    ))
 }
 
 /// The eBPF object with its maps created small and unpinned (gone with the `Ebpf`), no program
 /// loaded yet: for probes and tests.
 pub fn throwaway_object() -> Result<Ebpf, LoadError> {
+    throwaway_object_with(false).map(|(ebpf, _)| ebpf)
+}
+
+/// [`throwaway_object`], with the cookie proof's verdict (`proof_off`: turned off).
+fn throwaway_object_with(proof_off: bool) -> Result<(Ebpf, super::features::Probe), LoadError> {
     sysfs::raise_memlock_limit();
+    let (site, cookie_proof) = proof::decide(proof_off);
+    let object = object_with(site.as_ref())?;
     let mut loader = EbpfLoader::new();
     for d in lb_common::MAPS {
         // A ring buffer is sized in pages (it keeps its size).
@@ -919,7 +940,17 @@ pub fn throwaway_object() -> Result<Ebpf, LoadError> {
             loader.map_max_entries(d.name, 1024);
         }
     }
-    loader.load(EBPF_OBJECT).map_err(LoadError::object)
+    let ebpf = loader.load(object.bytes()).map_err(LoadError::object)?;
+    Ok((ebpf, cookie_proof))
+}
+
+/// socklb's object with the cookie proof's instructions written for `site` (`lb_common::proof`).
+fn object_with(site: Option<&proof::Site>) -> Result<proof::AlignedObject, LoadError> {
+    let (object, written) = proof::write_into(EBPF_OBJECT, site);
+    if written.contains(&0) {
+        return Err(LoadError::NoProofMarker);
+    }
+    Ok(object)
 }
 
 /// Pins a new link beside the old one, moves the pin over it, then lets the old link go: there

@@ -13,6 +13,7 @@ pub mod nft;
 pub mod pins;
 pub mod pods;
 pub mod probe;
+pub mod proof;
 pub mod sock_diag;
 pub mod sys;
 pub mod sysfs;

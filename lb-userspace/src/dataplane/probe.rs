@@ -114,7 +114,8 @@ pub fn verifier_tail(log: &str) -> String {
     format!("; the verifier said:\n  {}\n", tail.join("\n  "))
 }
 
-/// Tries every optional part. `sockets_map` is the `SOCKETS` map the iterators read; with
+/// Tries every optional part but the cookie proof, whose verdict `cookie_proof` is (written
+/// into the object before it was parsed). `sockets_map` is the `SOCKETS` map the iterators read; with
 /// `pins` the iterators' links are pinned there (and stale pins of refused or disabled ones
 /// removed), without it they are dropped again.
 pub fn probe_all(
@@ -122,6 +123,7 @@ pub fn probe_all(
     sockets_map: BorrowedFd<'_>,
     disabled: &BTreeSet<Feature>,
     pins: Option<&Path>,
+    cookie_proof: &Probe,
 ) -> Features {
     let btf = aya::Btf::from_sys_fs();
     let with_btf = |f: &mut dyn FnMut(&aya::Btf) -> Result<(), ProbeError>| match &btf {
@@ -136,7 +138,10 @@ pub fn probe_all(
     }
     let mut probes = Vec::new();
     for feature in Feature::ALL {
-        let probe = if disabled.contains(&feature) {
+        let probe = if feature == Feature::CookieProof {
+            // Decided before the object was parsed (`proof::decide`).
+            cookie_proof.clone()
+        } else if disabled.contains(&feature) {
             Probe::disabled(feature)
         } else {
             let result = match feature {
@@ -147,6 +152,7 @@ pub fn probe_all(
                 Feature::SockDiagStorage => sock_diag_storage(sockets_map),
                 Feature::SocketDestroy => socket_destroy(),
                 Feature::SocketRelease => socket_release(ebpf),
+                Feature::CookieProof => unreachable!("decided above"),
             };
             match result {
                 Ok(()) => Probe::enabled(feature),

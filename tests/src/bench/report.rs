@@ -81,6 +81,9 @@ pub struct Verifier {
     pub load_system_s: crate::bench::stats::Spread,
     /// Each attached program's verified instructions.
     pub programs: Vec<(String, u32)>,
+    /// The optional parts this kernel takes (`socklb version --features`): the cookie proof
+    /// among them decides what a socket that never met a Service costs.
+    pub parts_on: Vec<String>,
 }
 
 /// For a target missed (by the start of its name): the cause measured and what was tried, as
@@ -109,15 +112,15 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "sock_release, a socket never translated",
-        "cause: the proof that a socket has nothing of socklb's still costs two helper calls: its storage lookup (one load when it has none) and its cookie, which the helper makes at that moment for a socket that never had one (an atomic exchange on the socket); measured by removing each in turn (debug-build bench, 7 passes): the storage lookup and the rest about 1.4x, the cookie about 13 ns more; done: SLOTS_HELD, a byte per slot in 128 KiB that stays cached, so such a socket no longer reads its slot's line in 9 MiB (76 to 50 ns, 3.0x to 2.2x, the same bench); not possible without another proof: reading the socket's cookie field without the helper needs a BTF relocation, which aya's Rust programs do not get, and a mark in sk_mark or sk_priority would change what the application sees",
+        "cause: with the cookie proof (`cookie-proof`; the verifier row names the parts on), only the order of the floors (compare the two orders): the program is a register move and one load of the socket's cookie field, 0 for a socket nobody asked its cookie; without it (a kernel before 6.2, or turned off) the socket's cookie, which bpf_get_socket_cookie makes at that call, its storage lookup and its byte in SLOTS_HELD, about 2x (from 3.37x before SLOTS_HELD); tried before the proof: sk_mark or sk_priority as a mark (they change what the application sees)",
     ),
     (
         "getpeername4, a TCP connection made directly to a backend",
-        "cause: as for the close of a socket never translated: the socket's cookie, made by the helper at that call, and its storage lookup, once the peer's port is one backends use; done: SLOTS_HELD (90 to 54 ns, 3.6x to 2.2x, debug-build bench, 7 passes)",
+        "cause: as for the close of a socket never translated: with the cookie proof, the floors' order and three instructions; without it, the cookie the helper makes at that call and the storage lookup, once the peer's port is one backends use (about 2x; 4.32x before SLOTS_HELD)",
     ),
     (
         "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated) (socklb_recvmsg4)",
-        "cause: as getpeername's, on a datagram from a port backends use; its range swings with the order of the floors more than the other rows (compare the two orders)",
+        "cause: as getpeername's, on a datagram from a port backends use; its range swings with the order of the floors more than the other rows (compare the two orders: the first program on the hook pays for the socket's lines)",
     ),
     (
         "sock_release, a translated TCP connection closed",
@@ -329,7 +332,14 @@ impl Report {
                 limit: "≤ 0.5 s".into(),
                 measured: format!("{} s", v.load_system_s.show(3)),
                 met: at_most(&v.load_system_s, 0.5),
-                note: "system time of `socklb version --features`, which loads the core, the release program and the iterators".into(),
+                note: format!(
+                    "system time of `socklb version --features`, which loads the core, the release program and the iterators; optional parts on: {}",
+                    if v.parts_on.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        v.parts_on.join(", ")
+                    }
+                ),
             });
         }
         for prefix in [

@@ -497,6 +497,17 @@ fn verifier(s: &Settings, pins: &std::path::Path) -> anyhow::Result<report::Veri
         let stime = usage.ru_stime;
         system.push(stime.tv_sec as f64 + stime.tv_usec as f64 / 1e6);
     }
+    let out = std::process::Command::new(socklb_tests::bins::socklb()?)
+        .args(["version", "--features", "-o", "json"])
+        .output()?;
+    let versions: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let parts_on = versions["kernel"]["features"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["state"] == "enabled")
+        .filter_map(|p| p["feature"].as_str().map(str::to_owned))
+        .collect();
     let programs = socklb::dataplane::loader::attached_programs(
         &socklb::dataplane::pins::PinFolder::new(pins),
     )?
@@ -506,6 +517,7 @@ fn verifier(s: &Settings, pins: &std::path::Path) -> anyhow::Result<report::Veri
     Ok(report::Verifier {
         load_system_s: socklb_tests::bench::stats::Spread::of(&system),
         programs,
+        parts_on,
     })
 }
 

@@ -194,6 +194,7 @@ fn the_probe_agrees_with_the_agent_and_the_kernel() -> anyhow::Result<()> {
 
 /// Every optional part the probe reports against the kernel's own verdict, asked without
 /// socklb's probe or netlink code (`socklb_tests::kernel`): a minimal release program, a
+/// kfunc call from both program types the cookie proof runs in, a
 /// `SOCK_DESTROY` of a loopback UDP socket, a `sock_diag` dump asking for a translated
 /// connection's storage; and, under `CI=true`, against the parts `tests/expected-parts.txt`
 /// lists for this kernel. (The iterators are checked above.)
@@ -223,6 +224,10 @@ fn the_probe_agrees_with_the_kernels_own_verdict_on_each_part() -> anyhow::Resul
         (
             Feature::SocketDestroy,
             verdict(Feature::SocketDestroy, kernel::destroys_udp_sockets()?),
+        ),
+        (
+            Feature::CookieProof,
+            verdict(Feature::CookieProof, kernel::calls_cast_to_kern_ctx()),
         ),
         (
             Feature::SockDiagStorage,
