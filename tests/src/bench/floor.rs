@@ -15,6 +15,9 @@ pub enum Hook {
     SendMsg4,
     RecvMsg4,
     GetPeerName4,
+    SendMsg6,
+    RecvMsg6,
+    GetPeerName6,
     SockRelease,
 }
 
@@ -26,6 +29,9 @@ impl Hook {
             Self::SendMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_SENDMSG,
             Self::RecvMsg4 => bpf_attach_type::BPF_CGROUP_UDP4_RECVMSG,
             Self::GetPeerName4 => bpf_attach_type::BPF_CGROUP_INET4_GETPEERNAME,
+            Self::SendMsg6 => bpf_attach_type::BPF_CGROUP_UDP6_SENDMSG,
+            Self::RecvMsg6 => bpf_attach_type::BPF_CGROUP_UDP6_RECVMSG,
+            Self::GetPeerName6 => bpf_attach_type::BPF_CGROUP_INET6_GETPEERNAME,
             Self::SockRelease => bpf_attach_type::BPF_CGROUP_INET_SOCK_RELEASE,
         }
     }
@@ -46,6 +52,9 @@ impl Hook {
             Self::SendMsg4 => program::SENDMSG4,
             Self::RecvMsg4 => program::RECVMSG4,
             Self::GetPeerName4 => program::GETPEERNAME4,
+            Self::SendMsg6 => program::SENDMSG6,
+            Self::RecvMsg6 => program::RECVMSG6,
+            Self::GetPeerName6 => program::GETPEERNAME6,
             Self::SockRelease => program::RELEASE,
         }
     }

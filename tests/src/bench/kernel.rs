@@ -223,6 +223,26 @@ fn untranslated_peers(count: usize) -> Vec<Workload> {
             },
             hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],
         },
+        Workload {
+            name: "getpeername6, a TCP connection made directly to a backend (never translated)"
+                .into(),
+            command: ClientCommand::Ops {
+                kind: Op::TcpPeerName,
+                targets: backends6(BACKEND_TCP),
+                count,
+            },
+            hooks: vec![Hook::GetPeerName6],
+        },
+        Workload {
+            name: "sendmsg6 / recvmsg6, unconnected UDP directly to a backend (never translated)"
+                .into(),
+            command: ClientCommand::Ops {
+                kind: Op::UdpUnconnected,
+                targets: backends6(BACKEND_UDP),
+                count,
+            },
+            hooks: vec![Hook::SendMsg6, Hook::RecvMsg6],
+        },
     ]
 }
 
@@ -262,6 +282,9 @@ pub fn program_costs(
         Hook::SendMsg4,
         Hook::RecvMsg4,
         Hook::GetPeerName4,
+        Hook::SendMsg6,
+        Hook::RecvMsg6,
+        Hook::GetPeerName6,
         Hook::SockRelease,
     ]
     .into_iter()

@@ -123,6 +123,14 @@ const WHY_MISSED: &[(&str, &str)] = &[
         "cause: as getpeername's, on a datagram from a port backends use; its range swings with the order of the floors more than the other rows (compare the two orders: the first program on the hook pays for the socket's lines)",
     ),
     (
+        "getpeername6, a TCP connection made directly to a backend",
+        "cause: as getpeername4's (compare the two rows)",
+    ),
+    (
+        "sendmsg6 / recvmsg6, unconnected UDP directly to a backend (never translated) (socklb_recvmsg6)",
+        "cause: as recvmsg4's (compare the two rows): its range swings with the order of the floors",
+    ),
+    (
         "sock_release, a translated TCP connection closed",
         "cause: the slot's record is read and cleared on a cache that the connection's teardown has just left cold, and the first program on the hook pays for the socket's lines (compare the two orders: with the empty programs run first it is about half)",
     ),
@@ -409,6 +417,14 @@ impl Report {
                 "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated) (socklb_recvmsg4)",
                 1.3,
             ),
+            (
+                "getpeername6, a TCP connection made directly to a backend",
+                1.3,
+            ),
+            (
+                "sendmsg6 / recvmsg6, unconnected UDP directly to a backend (never translated) (socklb_recvmsg6)",
+                1.3,
+            ),
             ("sock_release, a translated TCP connection closed", 1.5),
         ] {
             if let Some(k) = self.kernel_cost(prefix) {
@@ -443,6 +459,7 @@ impl Report {
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_sendmsg4)",
             "sendmsg4 / recvmsg4, unconnected UDP to a service (socklb_recvmsg4)",
             "sendmsg4 / recvmsg4, unconnected UDP directly to a backend (never translated) (socklb_sendmsg4)",
+            "sendmsg6 / recvmsg6, unconnected UDP directly to a backend (never translated) (socklb_sendmsg6)",
         ] {
             if let Some(k) = self.kernel_cost(prefix) {
                 out.push(Verdict {

@@ -186,6 +186,7 @@ impl World {
         }
         for addr in backends6(BACKEND_TCP) {
             sandbox.add_backend(addr, false)?;
+            sandbox.add_backend(SocketAddr::new(addr.ip(), BACKEND_UDP), true)?;
             tcp_hygiene(&sandbox, &sandbox.pod(addr.ip())?)?;
         }
         tcp_hygiene(&sandbox, &sandbox.client_ns)?;
