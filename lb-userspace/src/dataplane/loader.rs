@@ -82,6 +82,8 @@ impl std::fmt::Display for PinOp {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    #[error("copying the eBPF object into memory of its own")]
+    ObjectCopy(#[source] io::Error),
     #[error(
         "the embedded eBPF object lacks a cookie-proof sequence to write (lb_common::proof::RELEASE or ADDR; a build that lost one)"
     )]
@@ -946,7 +948,7 @@ fn throwaway_object_with(proof_off: bool) -> Result<(Ebpf, super::features::Prob
 
 /// socklb's object with the cookie proof's instructions written for `site` (`lb_common::proof`).
 fn object_with(site: Option<&proof::Site>) -> Result<proof::AlignedObject, LoadError> {
-    let (object, written) = proof::write_into(EBPF_OBJECT, site);
+    let (object, written) = proof::write_into(EBPF_OBJECT, site).map_err(LoadError::ObjectCopy)?;
     if written.contains(&0) {
         return Err(LoadError::NoProofMarker);
     }

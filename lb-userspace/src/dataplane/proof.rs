@@ -146,15 +146,15 @@ pub fn try_site(site: &Site) -> Result<(), ProofError> {
 }
 
 /// A copy of `object` with each marker sequence (`lb_common::proof`) written for `site`, or
-/// turned off without one, and how many of each kind (release, `sock_addr`) it wrote. 8-byte
-/// aligned, as aya's parser wants.
-pub fn write_into(object: &[u8], site: Option<&Site>) -> (AlignedObject, [usize; 2]) {
+/// turned off without one, and how many of each kind (release, `sock_addr`) it wrote. In
+/// anonymous pages of its own (page-aligned, as aya's parser wants), which go back to the
+/// system when the copy is dropped instead of staying in the agent's heap.
+pub fn write_into(object: &[u8], site: Option<&Site>) -> io::Result<(AlignedObject, [usize; 2])> {
     let (release, addr) = match site {
         Some(s) => marks::written(s.btf_id, s.addr_sk_offset, s.cookie_offset),
         None => marks::off(),
     };
-    let mut words = vec![0u64; object.len().div_ceil(8)];
-    let bytes = as_bytes_mut(&mut words);
+    let mut bytes = memmap2::MmapMut::map_anon(object.len().max(1))?;
     bytes[..object.len()].copy_from_slice(object);
     let mut written = [0; 2];
     for (kind, (marker, with)) in [
@@ -176,35 +176,29 @@ pub fn write_into(object: &[u8], site: Option<&Site>) -> (AlignedObject, [usize;
             }
         }
     }
-    (
+    Ok((
         AlignedObject {
-            words,
+            bytes,
             len: object.len(),
         },
         written,
-    )
+    ))
 }
 
 fn le_bytes(insns: &[u64]) -> Vec<u8> {
     insns.iter().flat_map(|i| i.to_le_bytes()).collect()
 }
 
-/// An eBPF object in 8-byte aligned memory.
+/// An eBPF object in page-aligned memory of its own.
 pub struct AlignedObject {
-    words: Vec<u64>,
+    bytes: memmap2::MmapMut,
     len: usize,
 }
 
 impl AlignedObject {
     pub fn bytes(&self) -> &[u8] {
-        // SAFETY: a u64 slice seen as the bytes it holds; `len` is within it.
-        unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
+        &self.bytes[..self.len]
     }
-}
-
-fn as_bytes_mut(words: &mut [u64]) -> &mut [u8] {
-    // SAFETY: a u64 slice seen as its bytes, for as long as the borrow.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 8) }
 }
 
 #[cfg(test)]
@@ -224,7 +218,7 @@ mod tests {
             cookie_offset: 88,
             addr_sk_offset: 8,
         };
-        let (out, written) = write_into(&object, Some(&site));
+        let (out, written) = write_into(&object, Some(&site)).expect("anonymous pages");
         assert_eq!(written, [1, 1]);
         let b = out.bytes();
         assert_eq!(b.len(), object.len());
@@ -237,7 +231,7 @@ mod tests {
         assert_eq!(b[29..37], [0x85, 0x20, 0, 0, 0x92, 0x10, 0, 0]);
         assert_eq!(b[37..45], [0x79, 0, 88, 0, 0, 0, 0, 0]);
         assert_eq!(b[45..], object[45..]);
-        let (off, written) = write_into(&object, None);
+        let (off, written) = write_into(&object, None).expect("anonymous pages");
         assert_eq!(written, [1, 1]);
         // r0 = 1, goto +0, goto +0
         assert_eq!(
