@@ -177,6 +177,7 @@ pub enum MapId {
     Monitor,
     FrontendIndex,
     SlotsHeld,
+    FrontendIndex6,
 }
 
 /// One map: its pin and object name, kind, key and value layout, default size and the agent flag
@@ -214,7 +215,7 @@ pub const MAP_F_MMAPABLE: u32 = 1 << 10;
 
 impl MapId {
     /// Every map, in the order the descriptor table lists them.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 17] = [
         Self::Frontends4,
         Self::Frontends6,
         Self::Backends,
@@ -231,6 +232,7 @@ impl MapId {
         Self::Monitor,
         Self::FrontendIndex,
         Self::SlotsHeld,
+        Self::FrontendIndex6,
     ];
 
     pub const fn descriptor(self) -> &'static MapDescriptor {
@@ -254,7 +256,7 @@ impl MapId {
 }
 
 /// The maps, indexed by `MapId`.
-pub const MAPS: [MapDescriptor; 16] = [
+pub const MAPS: [MapDescriptor; 17] = [
     MapDescriptor {
         id: MapId::Frontends4,
         name: "FRONTENDS4",
@@ -478,6 +480,20 @@ pub const MAPS: [MapDescriptor; 16] = [
         preallocated: true,
         per_socket: true,
         help: "a byte per CONNECTIONS slot, 1 while a socket may hold it: closing a socket or asking its peer's name reads a slot only where its byte says so",
+    },
+    MapDescriptor {
+        id: MapId::FrontendIndex6,
+        name: "FRONTEND_INDEX6",
+        kind: MapKind::Array,
+        key_type: "u32",
+        key_size: 4,
+        value_type: "IndexEntry6",
+        value_size: size_of::<IndexEntry6>() as u32,
+        default_capacity: index::SLOTS6,
+        capacity_flag: None,
+        preallocated: true,
+        per_socket: false,
+        help: "IPv6 frontends copied as FRONTEND_INDEX copies IPv4 ones (a cache line per entry): the connect and sendmsg programs read one entry before FRONTENDS6 (written by the agent only)",
     },
 ];
 
@@ -743,6 +759,29 @@ impl IndexEntry {
     }
 }
 
+/// `FRONTEND_INDEX6` value: an IPv6 frontend beside its key, written and read by the rules of
+/// `IndexEntry`. A cache line each (the rest is padding), so that one entry is one line.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexEntry6 {
+    /// All zero: the slot is empty.
+    pub key: FrontendKey,
+    pub _pad: u32,
+    pub frontend: Frontend,
+    /// `index::check6` of the key and frontend under the programs' secret.
+    pub check: u64,
+    pub _pad_line: [u64; 2],
+}
+
+impl IndexEntry6 {
+    /// As `IndexEntry::holds`, for an IPv6 key.
+    #[allow(clippy::inline_always, reason = "on the programs' hot path")]
+    #[inline(always)]
+    pub fn holds(&self, key: &FrontendKey, secret: u64) -> bool {
+        self.key == *key && self.check == index::check6(key, &self.frontend, secret)
+    }
+}
+
 /// The frontend index (`FRONTEND_INDEX`): one array read instead of a hash lookup for most IPv4
 /// frontends. Direct-mapped; a frontend whose slot another holds is found in `FRONTENDS4` only.
 /// The slot and the check are keyed with a secret the agent draws at each load
@@ -753,7 +792,7 @@ impl IndexEntry {
     reason = "used on the programs' hot path, where a bpf-to-bpf call would cost more"
 )]
 pub mod index {
-    use super::{Frontend, Frontend4Key};
+    use super::{Frontend, Frontend4Key, FrontendKey};
 
     /// Slots in the index (entries of 32 bytes: 1 MiB). 10,000 IPv4 frontends fill 26% of them
     /// and leave about 14% in a colliding slot.
@@ -781,6 +820,40 @@ pub mod index {
                 | (frontend.flags as u64) << 16
                 | (frontend.affinity_timeout_s as u64) << 32,
         )
+    }
+
+    /// Slots in the IPv6 index (entries of 64 bytes: 1 MiB).
+    pub const SLOTS6: u32 = 1 << 14;
+    const SLOT6_BITS: u32 = SLOTS6.trailing_zeros();
+
+    /// The slot of an IPv6 frontend (its three words mixed in turn, as `slot` mixes one).
+    #[inline(always)]
+    pub const fn slot6(key: &FrontendKey, secret: u64) -> u32 {
+        let [a, b, c] = key_words6(key);
+        (fold(fold(fold(secret, a), b), c).wrapping_mul(MUL) >> (64 - SLOT6_BITS)) as u32
+    }
+
+    /// The check an IPv6 entry holding `key` and `frontend` carries.
+    #[inline(always)]
+    pub const fn check6(key: &FrontendKey, frontend: &Frontend, secret: u64) -> u64 {
+        let [a, b, c] = key_words6(key);
+        let h = fold(fold(fold(secret.rotate_left(32), a), b), c);
+        let h = fold(h, frontend.service_id as u64 | (frontend.base as u64) << 32);
+        fold(
+            h,
+            frontend.count as u64
+                | (frontend.flags as u64) << 16
+                | (frontend.affinity_timeout_s as u64) << 32,
+        )
+    }
+
+    #[inline(always)]
+    const fn key_words6(key: &FrontendKey) -> [u64; 3] {
+        [
+            key.addr[0] as u64 | (key.addr[1] as u64) << 32,
+            key.addr[2] as u64 | (key.addr[3] as u64) << 32,
+            key.port_be as u64 | (key.protocol as u64) << 16 | (key.family as u64) << 24,
+        ]
     }
 
     const MUL: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -1133,6 +1206,9 @@ const _: () = {
     assert!(size_of::<IndexEntry>() == 32);
     assert!(offset_of!(IndexEntry, frontend) == 8);
     assert!(offset_of!(IndexEntry, check) == 24);
+    assert!(size_of::<IndexEntry6>() == 64);
+    assert!(offset_of!(IndexEntry6, frontend) == 24);
+    assert!(offset_of!(IndexEntry6, check) == 40);
     assert!(index::SLOTS.is_power_of_two());
     assert!(size_of::<Backend>() == 20);
     assert!(offset_of!(Backend, port_be) == 16);
@@ -1207,6 +1283,7 @@ mod pod {
     unsafe impl aya::Pod for super::FrontendKey {}
     unsafe impl aya::Pod for super::Frontend {}
     unsafe impl aya::Pod for super::IndexEntry {}
+    unsafe impl aya::Pod for super::IndexEntry6 {}
     unsafe impl aya::Pod for super::Backend {}
     unsafe impl aya::Pod for super::SockRecord {}
     unsafe impl aya::Pod for super::SockState {}
@@ -1250,6 +1327,32 @@ mod tests {
             port_be: port.to_be(),
             protocol: 6,
             _pad: 0,
+        }
+    }
+
+    /// The IPv6 index scatters consecutive addresses as random keys would be (the same bound as
+    /// the IPv4 test's below).
+    #[test]
+    fn consecutive_ipv6_cluster_ips_are_held_as_random_keys_would_be() {
+        let n = 5_000u32;
+        let a = f64::from(n) / f64::from(index::SLOTS6);
+        let random = (1.0 - (-a).exp()) / a;
+        let keys: Vec<super::FrontendKey> = (0..n)
+            .map(|i| super::FrontendKey {
+                addr: [0xfd00_u32.to_be(), 0x96_u32.to_be(), 0, i.to_be()],
+                port_be: 80u16.to_be(),
+                protocol: 6,
+                family: 6,
+            })
+            .collect();
+        for secret in [0, 1, 0x0123_4567_89ab_cdef, u64::MAX] {
+            let mut taken = vec![false; index::SLOTS6 as usize];
+            let held = keys
+                .iter()
+                .filter(|k| !std::mem::replace(&mut taken[index::slot6(k, secret) as usize], true))
+                .count();
+            let share = held as f64 / f64::from(n);
+            assert!(share > random - 0.03, "{share} held, random keys {random}");
         }
     }
 

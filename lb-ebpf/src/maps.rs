@@ -6,8 +6,8 @@ use aya_ebpf::{
 };
 use lb_common::{
     AffinityTable, Backend, ConnRecord, Counter, DatapathConfig, Event, Frontend, Frontend4Key,
-    FrontendKey, IndexEntry, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState, ServiceMeta,
-    SlotsHeld, SockState,
+    FrontendKey, IndexEntry, IndexEntry6, MAP_F_MMAPABLE, MAP_F_NO_PREALLOC, MapId, MonitorState,
+    ServiceMeta, SlotsHeld, SockState,
 };
 
 const fn size(id: MapId) -> usize {
@@ -31,6 +31,15 @@ pub(crate) static FRONTENDS4: HashMap<
 pub(crate) static FRONTEND_INDEX: Array<
     IndexEntry,
     { size(MapId::FrontendIndex) },
+    { MAP_F_MMAPABLE as usize },
+> = Array::new();
+
+/// The IPv6 frontend index (`lb_common::IndexEntry6`), as `FRONTEND_INDEX` for IPv4: read before
+/// `FRONTENDS6`. Mmapable for its layout: each 64-byte entry is one cache line.
+#[btf_map]
+pub(crate) static FRONTEND_INDEX6: Array<
+    IndexEntry6,
+    { size(MapId::FrontendIndex6) },
     { MAP_F_MMAPABLE as usize },
 > = Array::new();
 

@@ -78,7 +78,8 @@ use lb_common::{
 use crate::{
     maps::{
         AFFINITY, AFFINITY_EMPTY, BACKENDS, CONFIG, CONNECTIONS, EVENTS, FRONTEND_INDEX,
-        FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SLOTS_HELD, SOCKET_QUOTA, SOCKETS, count,
+        FRONTEND_INDEX6, FRONTENDS4, FRONTENDS6, MONITOR, PORTS, SLOTS_HELD, SOCKET_QUOTA, SOCKETS,
+        count,
     },
     proof,
     sockaddr::{self, SockAddr},
@@ -120,6 +121,16 @@ fn indexed(key: &Frontend4Key, config: Option<&DatapathConfig>) -> Option<Fronte
     let entry = FRONTEND_INDEX.get(index::slot(key, secret))?;
     // One copy, checked and then used: the agent may be rewriting the entry under us.
     // SAFETY: a map value the verifier bounds; copied by value.
+    let entry = unsafe { core::ptr::read_volatile(entry) };
+    entry.holds(key, secret).then_some(entry.frontend)
+}
+
+/// The same for an IPv6 frontend, from `FRONTEND_INDEX6`.
+#[inline(always)]
+fn indexed6(key: &FrontendKey, config: Option<&DatapathConfig>) -> Option<Frontend> {
+    let secret = config?.index_secret;
+    let entry = FRONTEND_INDEX6.get(index::slot6(key, secret))?;
+    // SAFETY: as in `indexed`.
     let entry = unsafe { core::ptr::read_volatile(entry) };
     entry.holds(key, secret).then_some(entry.frontend)
 }
@@ -190,7 +201,7 @@ pub(crate) fn try_translate(
         indexed(&key4, config).or_else(|| unsafe { FRONTENDS4.get(key4).copied() })
     } else {
         // SAFETY: as above.
-        unsafe { FRONTENDS6.get(key).copied() }
+        indexed6(&key, config).or_else(|| unsafe { FRONTENDS6.get(key).copied() })
     };
     let Some(frontend) = frontend else {
         return Ok(ALLOW);

@@ -5,11 +5,7 @@ use anyhow::Context as _;
 
 use super::{DEFAULT_METRICS_ADDRESS, NodeArgs, Output, PinArgs, agent_status, print_output};
 use crate::{
-    dataplane::{
-        bpf::{BpfServiceMaps, ReadOnlyMaps},
-        maps::ServiceMaps as _,
-        pins::PinFolder,
-    },
+    dataplane::{bpf::ReadOnlyMaps, pins::PinFolder},
     explain::{Link, Sources, explain, render},
     model::{NodeObject, Store},
     source::files::read_folder,
@@ -114,9 +110,8 @@ pub(super) fn run(args: &ExplainArgs) -> anyhow::Result<ExitCode> {
         .then(|| ownership(&loaded.store, &node));
     let pins = PinFolder::new(&args.pins.pin_folder);
     let (snapshot, index) = match pins.current() {
-        Some(dir) => {
-            let maps = BpfServiceMaps::open(&dir, true)?;
-            let mut snapshot = maps.read_all()?;
+        Some(_) => {
+            let (dir, maps, mut snapshot) = super::inspect::read_current(&pins)?;
             // A generation from before the index has none: frontends are then read from
             // the hash maps, as its programs read them.
             let index = ReadOnlyMaps::new(&dir)

@@ -96,15 +96,7 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let pins = PinFolder::new(&args.pins.pin_folder);
-    let Some(dir) = pins.current() else {
-        anyhow::bail!(
-            "no socklb maps pinned under {} (is the agent running with --bpffs {}?)",
-            pins.root.display(),
-            pins.root.display()
-        );
-    };
-    let maps = BpfServiceMaps::open(&dir, true)?;
-    let mut snap = maps.read_all()?;
+    let (dir, maps, mut snap) = read_current(&pins)?;
     let other = ReadOnlyMaps::new(&dir);
     let filter = |key: Option<&ServicePortKey>, name: Option<&str>| {
         args.namespace
@@ -164,6 +156,37 @@ pub(super) fn run(args: &InspectArgs) -> anyhow::Result<ExitCode> {
         What::Outside => unreachable!("answered above"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The current generation's maps and what they hold. A generation the agent replaces (its
+/// maps grew) is removed once the programs use the new one: a read that loses its folder that
+/// way reads the new one (a few times at most).
+pub(super) fn read_current(
+    pins: &PinFolder,
+) -> anyhow::Result<(
+    std::path::PathBuf,
+    BpfServiceMaps,
+    crate::dataplane::maps::MapSnapshot,
+)> {
+    let mut tries = 0;
+    loop {
+        let Some(dir) = pins.current() else {
+            anyhow::bail!(
+                "no socklb maps pinned under {} (is the agent running with --bpffs {}?)",
+                pins.root.display(),
+                pins.root.display()
+            );
+        };
+        let read = BpfServiceMaps::open(&dir, true).and_then(|maps| {
+            let snap = maps.read_all()?;
+            Ok((maps, snap))
+        });
+        match read {
+            Ok((maps, snap)) => return Ok((dir, maps, snap)),
+            Err(_) if !dir.exists() && tries < 5 => tries += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Every frontend the outside path's tables hold, both families.
@@ -349,7 +372,7 @@ fn stats(other: &ReadOnlyMaps, maps: &BpfServiceMaps, snap: &MapSnapshot) -> any
         let (capacity, memory_bytes) = other.footprint(map)?;
         let entries = match map {
             MapId::Backends => Some(used_backends),
-            MapId::FrontendIndex => Some(other.index_held()?),
+            MapId::FrontendIndex | MapId::FrontendIndex6 => Some(other.index_held(map)?),
             _ => snap.entries(map).map(|n| n as u64),
         };
         rows.push(MapStats {

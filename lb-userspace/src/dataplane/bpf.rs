@@ -27,7 +27,7 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use lb_common::{
     AffinityTable, Backend, Counter, DatapathConfig, Frontend, Frontend4Key, FrontendKey,
-    IndexEntry, MapId, ServiceMeta, index,
+    IndexEntry, IndexEntry6, MapId, ServiceMeta, index,
 };
 
 use super::{
@@ -76,17 +76,77 @@ pub struct BpfServiceMaps {
     capacities: Capacities,
     /// Waits for program runs in progress (`None`: the kernel would not make one).
     barrier: Option<sys::ProgramBarrier>,
-    /// The frontend index, for the writer that knows the programs' secret.
-    index: Option<FrontendIndex>,
+    /// The frontend indexes, for the writer that knows the programs' secret.
+    index: Option<FrontendIndex<V4>>,
+    index6: Option<FrontendIndex<V6>>,
 }
 
-/// The frontend index (`lb_common::index`) as its one writer keeps it: which slots are taken,
-/// so a frontend never overwrites another's entry (whose, the entry itself says: a bit per slot
-/// here, where a copy of every holder's key took 256 KiB of the agent's memory). Every entry is
-/// written right before the `FRONTENDS4` write it copies, and cleared right before the delete,
-/// so the index is never older than `FRONTENDS4` and a removal reaches it first.
-struct FrontendIndex {
-    map: Array<MapData, IndexEntry>,
+/// One family's frontend index (`lb_common::index`): its map, the hash map it copies, and how
+/// a key finds its slot and makes its entry.
+trait IndexFamily {
+    type Key: Copy + Eq + Default + aya::Pod;
+    type Entry: Copy + Eq + Default + aya::Pod;
+    const MAP: MapId;
+    const SOURCE: MapId;
+    fn slot(key: &Self::Key, secret: u64) -> u32;
+    fn entry(key: Self::Key, frontend: Frontend, secret: u64) -> Self::Entry;
+    fn key_of(entry: &Self::Entry) -> Self::Key;
+}
+
+/// `FRONTEND_INDEX`, copying `FRONTENDS4`.
+struct V4;
+
+impl IndexFamily for V4 {
+    type Key = Frontend4Key;
+    type Entry = IndexEntry;
+    const MAP: MapId = MapId::FrontendIndex;
+    const SOURCE: MapId = MapId::Frontends4;
+    fn slot(key: &Frontend4Key, secret: u64) -> u32 {
+        index::slot(key, secret)
+    }
+    fn entry(key: Frontend4Key, frontend: Frontend, secret: u64) -> IndexEntry {
+        IndexEntry {
+            key,
+            frontend,
+            check: index::check(&key, &frontend, secret),
+        }
+    }
+    fn key_of(entry: &IndexEntry) -> Frontend4Key {
+        entry.key
+    }
+}
+
+/// `FRONTEND_INDEX6`, copying `FRONTENDS6`.
+struct V6;
+
+impl IndexFamily for V6 {
+    type Key = FrontendKey;
+    type Entry = IndexEntry6;
+    const MAP: MapId = MapId::FrontendIndex6;
+    const SOURCE: MapId = MapId::Frontends6;
+    fn slot(key: &FrontendKey, secret: u64) -> u32 {
+        index::slot6(key, secret)
+    }
+    fn entry(key: FrontendKey, frontend: Frontend, secret: u64) -> IndexEntry6 {
+        IndexEntry6 {
+            key,
+            frontend,
+            check: index::check6(&key, &frontend, secret),
+            ..IndexEntry6::default()
+        }
+    }
+    fn key_of(entry: &IndexEntry6) -> FrontendKey {
+        entry.key
+    }
+}
+
+/// A frontend index as its one writer keeps it: which slots are taken, so a frontend never
+/// overwrites another's entry (whose, the entry itself says: a bit per slot here, where a copy
+/// of every holder's key took 256 KiB of the agent's memory). Every entry is written right
+/// before the hash map write it copies, and cleared right before the delete, so the index is
+/// never older than the hash map and a removal reaches it first.
+struct FrontendIndex<F: IndexFamily> {
+    map: Array<MapData, F::Entry>,
     /// For the batch writes aya does not wrap.
     fd: OwnedFd,
     secret: u64,
@@ -97,22 +157,33 @@ struct FrontendIndex {
     held: usize,
 }
 
-/// Entries written per batch when the whole index is rewritten (64 KiB).
-const INDEX_BATCH: usize = 2_048;
+/// Bytes written per batch when a whole index is rewritten.
+const INDEX_BATCH_BYTES: usize = 64 * 1024;
 
-impl FrontendIndex {
-    fn entry(&self, key: Frontend4Key, frontend: Frontend) -> IndexEntry {
-        IndexEntry {
-            key,
-            frontend,
-            check: index::check(&key, &frontend, self.secret),
-        }
+impl<F: IndexFamily> FrontendIndex<F> {
+    /// Opens the index under `dir` for the programs' `secret` (none taken yet: `rebuild`).
+    fn open(dir: &Path, secret: u64) -> Result<Self, MapReadError> {
+        let data = open_map(dir, F::MAP, false)?;
+        let slots = max_entries(F::MAP, &data)?;
+        let fd = data
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| MapReadError::new(F::MAP, e))?;
+        Ok(Self {
+            map: typed(F::MAP, data)?,
+            fd,
+            secret,
+            slots,
+            taken: vec![0; (slots as usize).div_ceil(64)],
+            held: 0,
+        })
     }
 
-    fn write(&mut self, slot: u32, entry: IndexEntry) -> Result<(), MapWriteError> {
+    fn write(&mut self, slot: u32, entry: F::Entry) -> Result<(), MapWriteError> {
         self.map
             .set(slot, entry, 0)
-            .map_err(|e| write_error(MapId::FrontendIndex, self.slots, e))
+            .map_err(|e| write_error(F::MAP, self.slots, e))
     }
 
     fn is_taken(&self, slot: u32) -> bool {
@@ -129,19 +200,19 @@ impl FrontendIndex {
     }
 
     /// The frontend a taken slot's entry names (none: a write that failed left it empty).
-    fn holder(&self, slot: u32) -> Result<Frontend4Key, MapWriteError> {
+    fn holder(&self, slot: u32) -> Result<F::Key, MapWriteError> {
         self.map
             .get(&slot, 0)
-            .map(|e| e.key)
-            .map_err(|e| write_error(MapId::FrontendIndex, self.slots, e))
+            .map(|e| F::key_of(&e))
+            .map_err(|e| write_error(F::MAP, self.slots, e))
     }
 
     /// Copies a frontend into its slot unless another frontend holds it.
-    fn put(&mut self, key: Frontend4Key, frontend: Frontend) -> Result<(), MapWriteError> {
-        let slot = index::slot(&key, self.secret);
+    fn put(&mut self, key: F::Key, frontend: Frontend) -> Result<(), MapWriteError> {
+        let slot = F::slot(&key, self.secret);
         if self.is_taken(slot) {
             let holder = self.holder(slot)?;
-            if holder != key && holder != Frontend4Key::default() {
+            if holder != key && holder != F::Key::default() {
                 return Ok(());
             }
         } else {
@@ -150,35 +221,34 @@ impl FrontendIndex {
             self.mark(slot, true);
             self.held += 1;
         }
-        let entry = self.entry(key, frontend);
-        self.write(slot, entry)
+        self.write(slot, F::entry(key, frontend, self.secret))
     }
 
     /// Empties the frontend's slot if it holds it.
-    fn clear(&mut self, key: Frontend4Key) -> Result<(), MapWriteError> {
-        let slot = index::slot(&key, self.secret);
+    fn clear(&mut self, key: F::Key) -> Result<(), MapWriteError> {
+        let slot = F::slot(&key, self.secret);
         if !self.is_taken(slot) || self.holder(slot)? != key {
             return Ok(());
         }
-        self.write(slot, IndexEntry::default())?;
+        self.write(slot, F::Entry::default())?;
         self.mark(slot, false);
         self.held -= 1;
         Ok(())
     }
 
-    /// Rewrites the whole index from `FRONTENDS4` under this secret: what a crashed agent or an
-    /// earlier load left there is replaced (an entry under another secret already fails the
+    /// Rewrites the whole index from its hash map under this secret: what a crashed agent or
+    /// an earlier load left there is replaced (an entry under another secret already fails the
     /// check of programs loaded with this one).
     fn rebuild(
         &mut self,
-        frontends: &HashMap<MapData, Frontend4Key, Frontend>,
+        frontends: &HashMap<MapData, F::Key, Frontend>,
     ) -> Result<usize, MapReadError> {
-        let mut held: Vec<(u32, Frontend4Key, Frontend)> = Vec::new();
+        let mut held: Vec<(u32, F::Key, Frontend)> = Vec::new();
         self.taken.fill(0);
         self.held = 0;
         for entry in frontends {
-            let (key, frontend) = entry.map_err(|e| read_error(MapId::Frontends4, e))?;
-            let slot = index::slot(&key, self.secret);
+            let (key, frontend) = entry.map_err(|e| read_error(F::SOURCE, e))?;
+            let slot = F::slot(&key, self.secret);
             if !self.is_taken(slot) {
                 self.mark(slot, true);
                 self.held += 1;
@@ -186,17 +256,19 @@ impl FrontendIndex {
             }
         }
         held.sort_unstable_by_key(|(slot, ..)| *slot);
-        let mut batch = vec![IndexEntry::default(); INDEX_BATCH];
+        let per_batch = INDEX_BATCH_BYTES / size_of::<F::Entry>();
+        let mut batch = vec![F::Entry::default(); per_batch];
         let mut next = held.iter().peekable();
-        for start in (0..self.slots as usize).step_by(INDEX_BATCH) {
-            batch.fill(IndexEntry::default());
+        for start in (0..self.slots as usize).step_by(per_batch) {
+            let len = per_batch.min(self.slots as usize - start);
+            batch.fill(F::Entry::default());
             while let Some((slot, key, frontend)) =
-                next.next_if(|(slot, ..)| (*slot as usize) < start + INDEX_BATCH)
+                next.next_if(|(slot, ..)| (*slot as usize) < start + per_batch)
             {
-                batch[*slot as usize - start] = self.entry(*key, *frontend);
+                batch[*slot as usize - start] = F::entry(*key, *frontend, self.secret);
             }
-            sys::array_update_batch(self.fd.as_fd(), start as u32, &batch)
-                .map_err(|e| MapReadError::new(MapId::FrontendIndex, e))?;
+            sys::array_update_batch(self.fd.as_fd(), start as u32, &batch[..len])
+                .map_err(|e| MapReadError::new(F::MAP, e))?;
         }
         Ok(held.len())
     }
@@ -241,6 +313,7 @@ impl BpfServiceMaps {
                     .ok()
             },
             index: None,
+            index6: None,
         })
     }
 
@@ -248,25 +321,13 @@ impl BpfServiceMaps {
     /// loaded with `secret`, and rewrites the frontend index from `FRONTENDS4` under it.
     pub fn open_writer(dir: &Path, secret: u64) -> Result<Self, MapReadError> {
         let mut maps = Self::open(dir, false)?;
-        let map = MapId::FrontendIndex;
-        let data = open_map(dir, map, false)?;
-        let slots = max_entries(map, &data)?;
-        let fd = data
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| MapReadError::new(map, e))?;
-        let mut index = FrontendIndex {
-            map: typed(map, data)?,
-            fd,
-            secret,
-            slots,
-            taken: vec![0; (slots as usize).div_ceil(64)],
-            held: 0,
-        };
+        let mut index = FrontendIndex::<V4>::open(dir, secret)?;
         let held = index.rebuild(&maps.frontends4)?;
-        tracing::debug!(held, slots, "frontend index rewritten");
+        let mut index6 = FrontendIndex::<V6>::open(dir, secret)?;
+        let held6 = index6.rebuild(&maps.frontends6)?;
+        tracing::debug!(held, held6, "frontend indexes rewritten");
         maps.index = Some(index);
+        maps.index6 = Some(index6);
         Ok(maps)
     }
 }
@@ -309,10 +370,7 @@ impl BpfServiceMaps {
         // An entry is whatever the map holds (planted, torn): only ranges inside the array.
         let capacity = u64::from(self.capacities.get(MapId::Backends));
         let only_indexed: Vec<Frontend> = index
-            .entries
-            .iter()
-            .filter(|e| **e != IndexEntry::default())
-            .map(|e| e.frontend)
+            .frontends()
             .filter(|f| {
                 !used.contains(&(f.base, f.count))
                     && u64::from(f.base) + u64::from(f.count) <= capacity
@@ -398,14 +456,31 @@ impl ServiceMaps for BpfServiceMaps {
                 }
                 r
             }
-            MapWrite::PutFrontend(k, f) => put(self.frontends6.insert(k, f, 0)),
+            MapWrite::PutFrontend(k, f) => {
+                if let Some(index) = &mut self.index6 {
+                    index.put(*k, *f)?;
+                }
+                let r = put(self.frontends6.insert(k, f, 0));
+                if r.is_err()
+                    && let Some(index) = &mut self.index6
+                    && let Err(e) = index.clear(*k)
+                {
+                    tracing::warn!(error = %e, "could not empty a frontend index slot");
+                }
+                r
+            }
             MapWrite::DeleteFrontend(k) if map == MapId::Frontends4 => {
                 if let Some(index) = &mut self.index {
                     index.clear(k.v4())?;
                 }
                 removed(map, cap, self.frontends4.remove(&k.v4()))
             }
-            MapWrite::DeleteFrontend(k) => removed(map, cap, self.frontends6.remove(k)),
+            MapWrite::DeleteFrontend(k) => {
+                if let Some(index) = &mut self.index6 {
+                    index.clear(*k)?;
+                }
+                removed(map, cap, self.frontends6.remove(k))
+            }
             MapWrite::PutBackends { base, backends } => {
                 if u64::from(*base) + backends.len() as u64 > u64::from(cap) {
                     return Err(MapWriteError::Full { map, capacity: cap });
@@ -463,9 +538,18 @@ impl ServiceMaps for BpfServiceMaps {
         self.capacities
     }
 
-    fn frontend_index(&self) -> Option<(usize, u32)> {
-        self.index.as_ref().map(|i| (i.held, i.slots))
+    fn frontend_indexes(&self) -> Vec<(MapId, usize, u32)> {
+        let v4 = self.index.as_ref().map(|i| (V4::MAP, i.held, i.slots));
+        let v6 = self.index6.as_ref().map(|i| (V6::MAP, i.held, i.slots));
+        v4.into_iter().chain(v6).collect()
     }
+}
+
+fn held<F: IndexFamily>(entries: &[F::Entry]) -> u64 {
+    entries
+        .iter()
+        .filter(|e| **e != F::Entry::default())
+        .count() as u64
 }
 
 /// Read-only access to a pin folder's other maps (counters, affinity), for inspect and metrics.
@@ -505,18 +589,18 @@ impl ReadOnlyMaps {
             .collect()
     }
 
-    /// The frontend index's slots that hold a frontend (an entry per IPv4 frontend but those
-    /// whose slot another holds).
-    pub fn index_held(&self) -> Result<u64, MapReadError> {
-        Ok(self
-            .index_entries()?
-            .iter()
-            .filter(|e| **e != IndexEntry::default())
-            .count() as u64)
+    /// The slots of the frontend index `map` (`FRONTEND_INDEX`, `FRONTEND_INDEX6`) that hold a
+    /// frontend (an entry per frontend of its family but those whose slot another holds).
+    pub fn index_held(&self, map: MapId) -> Result<u64, MapReadError> {
+        Ok(if map == V6::MAP {
+            held::<V6>(&self.index_entries::<V6>()?)
+        } else {
+            held::<V4>(&self.index_entries::<V4>()?)
+        })
     }
 
-    /// The frontend index as the programs read it: its entries and the secret `CONFIG` gives
-    /// them.
+    /// The frontend indexes as the programs read them: their entries and the secret `CONFIG`
+    /// gives them. A generation from before the IPv6 index reads as one with it empty.
     pub fn index_view(&self) -> Result<IndexView, MapReadError> {
         let map = MapId::Config;
         let config: Array<MapData, DatapathConfig> = typed(map, open_map(&self.dir, map, true)?)?;
@@ -526,16 +610,16 @@ impl ReadOnlyMaps {
             .index_secret;
         Ok(IndexView {
             secret,
-            entries: self.index_entries()?,
+            entries: self.index_entries::<V4>()?,
+            entries6: self.index_entries::<V6>().unwrap_or_default(),
         })
     }
 
-    fn index_entries(&self) -> Result<Vec<IndexEntry>, MapReadError> {
-        let map = MapId::FrontendIndex;
-        let data = open_map(&self.dir, map, true)?;
-        let slots = max_entries(map, &data)?;
-        sys::array_lookup_range::<IndexEntry>(data.fd().as_fd(), 0, slots)
-            .map_err(|e| MapReadError::new(map, e))
+    fn index_entries<F: IndexFamily>(&self) -> Result<Vec<F::Entry>, MapReadError> {
+        let data = open_map(&self.dir, F::MAP, true)?;
+        let slots = max_entries(F::MAP, &data)?;
+        sys::array_lookup_range::<F::Entry>(data.fd().as_fd(), 0, slots)
+            .map_err(|e| MapReadError::new(F::MAP, e))
     }
 
     /// A map's capacity and the bytes the kernel charges for it (`memlock` in fdinfo).

@@ -1261,6 +1261,7 @@ mod tests {
                     d.id,
                     lb_common::MapId::Connections
                         | lb_common::MapId::FrontendIndex
+                        | lb_common::MapId::FrontendIndex6
                         | lb_common::MapId::SlotsHeld
                 ),
                 "{}: mmapable (0x{:x})",

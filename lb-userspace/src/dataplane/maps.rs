@@ -10,7 +10,8 @@
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use lb_common::{
-    Backend, FAMILY_IPV4, Frontend, FrontendKey, IndexEntry, MapId, ServiceMeta, index, ports,
+    Backend, FAMILY_IPV4, Frontend, FrontendKey, IndexEntry, IndexEntry6, MapId, ServiceMeta,
+    index, ports,
 };
 
 use super::abi::{backend_addr, frontend_key, service_addr, service_port_key};
@@ -183,34 +184,58 @@ pub struct Reach {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexRead {
     /// The slot holds this frontend and its check holds: the programs use this copy and do not
-    /// read `FRONTENDS4`.
+    /// read the family's hash map (`FRONTENDS4`, `FRONTENDS6`).
     Held { slot: u32, frontend: Frontend },
-    /// The slot is empty: they read `FRONTENDS4`.
+    /// The slot is empty: they read the hash map.
     Empty { slot: u32 },
-    /// Another frontend holds the slot: they read `FRONTENDS4`.
+    /// Another frontend holds the slot: they read the hash map.
     Taken { slot: u32, holder: FrontendKey },
     /// The slot has this frontend's key but fails its check (torn, or written under another
-    /// secret): they read `FRONTENDS4`.
+    /// secret): they read the hash map.
     Failed { slot: u32 },
 }
 
-/// `FRONTEND_INDEX` as read from its map, with the secret the programs check its entries with.
+/// `FRONTEND_INDEX` and `FRONTEND_INDEX6` as read from their maps, with the secret the programs
+/// check their entries with.
 #[derive(Clone, Debug, Default)]
 pub struct IndexView {
     pub secret: u64,
     pub entries: Vec<IndexEntry>,
+    pub entries6: Vec<IndexEntry6>,
 }
 
 impl IndexView {
-    /// What a connect to `key` finds in the index (`None`: IPv6, which has none).
-    pub fn read(&self, key: &FrontendKey) -> Option<IndexRead> {
+    /// What a connect to `key` finds in its family's index.
+    pub fn read(&self, key: &FrontendKey) -> IndexRead {
         if key.family != FAMILY_IPV4 {
-            return None;
+            let slot = index::slot6(key, self.secret);
+            let entry = self
+                .entries6
+                .get(slot as usize)
+                .copied()
+                .unwrap_or_default();
+            return if entry.holds(key, self.secret) {
+                IndexRead::Held {
+                    slot,
+                    frontend: entry.frontend,
+                }
+            } else if entry.key != *key {
+                if entry == IndexEntry6::default() {
+                    IndexRead::Empty { slot }
+                } else {
+                    IndexRead::Taken {
+                        slot,
+                        holder: entry.key,
+                    }
+                }
+            } else {
+                IndexRead::Failed { slot }
+            };
         }
         let key = key.v4();
         let slot = index::slot(&key, self.secret);
         let entry = self.entries.get(slot as usize).copied().unwrap_or_default();
-        Some(if entry.holds(&key, self.secret) {
+        if entry.holds(&key, self.secret) {
             IndexRead::Held {
                 slot,
                 frontend: entry.frontend,
@@ -231,7 +256,22 @@ impl IndexView {
             }
         } else {
             IndexRead::Failed { slot }
-        })
+        }
+    }
+
+    /// The frontends the indexes hold.
+    pub fn frontends(&self) -> impl Iterator<Item = Frontend> + '_ {
+        let v4 = self
+            .entries
+            .iter()
+            .filter(|e| **e != IndexEntry::default())
+            .map(|e| e.frontend);
+        let v6 = self
+            .entries6
+            .iter()
+            .filter(|e| **e != IndexEntry6::default())
+            .map(|e| e.frontend);
+        v4.chain(v6)
     }
 }
 
@@ -502,7 +542,7 @@ impl MapSnapshot {
         addr: &ServiceAddr,
         index: Option<&IndexView>,
     ) -> (Option<Reach>, Option<IndexRead>) {
-        let read = index.and_then(|i| i.read(&frontend_key(*addr)));
+        let read = index.map(|i| i.read(&frontend_key(*addr)));
         let reach = match read {
             Some(IndexRead::Held { frontend, .. }) => Some(Reach {
                 service_id: frontend.service_id,
@@ -608,9 +648,9 @@ pub trait ServiceMaps {
     fn barrier(&mut self) -> bool {
         true
     }
-    /// The frontend index's slots held and its slots, where the maps have one.
-    fn frontend_index(&self) -> Option<(usize, u32)> {
-        None
+    /// Each frontend index's map, slots held and slots, where the maps have them.
+    fn frontend_indexes(&self) -> Vec<(MapId, usize, u32)> {
+        Vec::new()
     }
 }
 

@@ -51,24 +51,24 @@ pub enum Link {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReadFrom {
-    /// The `FRONTEND_INDEX` entry at `slot` (IPv4): the programs do not read `FRONTENDS4`;
-    /// `frontends4_agrees` says whether `FRONTENDS4` holds the same frontend (it may not while
-    /// the agent is down mid-change; its next start rewrites the index from `FRONTENDS4`).
+    /// The index entry at `slot` (`FRONTEND_INDEX`, or `FRONTEND_INDEX6` for IPv6): the programs
+    /// do not read the family's hash map; `frontends4_agrees` (a name from before the IPv6
+    /// index) says whether that hash map (`FRONTENDS4`, `FRONTENDS6`) holds the same frontend
+    /// (it may not while the agent is down mid-change; its next start rewrites the index).
     Index { slot: u32, frontends4_agrees: bool },
-    /// `FRONTENDS4`: the frontend's index slot is empty.
+    /// The hash map: the frontend's index slot is empty.
     SlotEmpty { slot: u32 },
-    /// `FRONTENDS4`: another frontend holds the slot.
+    /// The hash map: another frontend holds the slot.
     SlotHeld { slot: u32, by: Option<ServiceAddr> },
-    /// `FRONTENDS4`: the slot's entry has this frontend's key but fails its check (torn, or
+    /// The hash map: the slot's entry has this frontend's key but fails its check (torn, or
     /// written under another secret).
     EntryFailsCheck { slot: u32 },
-    /// `FRONTENDS6` (IPv6 frontends have no index), or `FRONTENDS4` when the index could not
-    /// be read.
+    /// The hash map, when the index could not be read.
     HashMap,
 }
 
 impl ReadFrom {
-    /// From what the index held for `addr` (`None`: IPv6, or no index read).
+    /// From what the index held for `addr` (`None`: no index read).
     pub fn of(read: Option<IndexRead>, snapshot: &MapSnapshot, addr: &ServiceAddr) -> Self {
         match read {
             None => Self::HashMap,
@@ -580,7 +580,7 @@ impl Explanation {
         for port in &translation.ports {
             for claim in &port.desired.frontends {
                 let owned_by = conflicts.iter().find(|c| c.addr == claim.addr).cloned();
-                // As the programs read the maps: the index first for an IPv4 frontend.
+                // As the programs read the maps: the family's index first.
                 let (reach, read_from) = maps.map_or((None, None), |(snapshot, index)| {
                     let (reach, read) = snapshot.reach_as_read(&claim.addr, index);
                     (reach, Some(ReadFrom::of(read, snapshot, &claim.addr)))

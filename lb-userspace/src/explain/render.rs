@@ -168,10 +168,9 @@ fn maps(out: &mut String, e: &Explanation) {
 impl ReadFrom {
     /// Where the programs find a frontend of `family`, as a person reads it.
     pub fn describe(&self, family: Family) -> String {
-        let index = MapId::FrontendIndex.name();
-        let hash = match family {
-            Family::IPv4 => MapId::Frontends4.name(),
-            Family::IPv6 => MapId::Frontends6.name(),
+        let (index, hash) = match family {
+            Family::IPv4 => (MapId::FrontendIndex.name(), MapId::Frontends4.name()),
+            Family::IPv6 => (MapId::FrontendIndex6.name(), MapId::Frontends6.name()),
         };
         match self {
             ReadFrom::Index {

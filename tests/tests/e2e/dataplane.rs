@@ -9,7 +9,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use lb_common::{Counter, DatapathConfig, Frontend, Frontend4Key, IndexEntry, MapId, index};
+use lb_common::{
+    Counter, DatapathConfig, Frontend, Frontend4Key, FrontendKey, IndexEntry, IndexEntry6, MapId,
+    index,
+};
 use socklb::{
     cli::{AffinityRow, SocketRow, Stats},
     dataplane::loader::ProgramView,
@@ -1339,6 +1342,108 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
     assert_eq!(maps.entries()?, want, "rewritten at start");
     assert_eq!(answered(&w, V4.vip, TCP_PORT)?, BTreeSet::from([0]));
     assert_eq!(answered(&w, VIP2, TCP_PORT)?, BTreeSet::from([1]));
+    Ok(())
+}
+
+/// The IPv6 index (`FRONTEND_INDEX6`) holds the IPv6 frontend at its slot, under the secret;
+/// the programs read it before `FRONTENDS6`, with the agent killed too (a `FRONTENDS6` entry
+/// planted with no backend, which would refuse, does not reach the connects); an entry whose
+/// check fails is passed over for `FRONTENDS6` (the planted entry then refuses with
+/// ECONNREFUSED); explain and inspect lookup name the slot; a restart rewrites both.
+#[test]
+fn ipv6_frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()> {
+    socklb_tests::require_privileges!();
+    let mut w = World::new(&V6, false, &[0], &[])?;
+    let dir = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current()
+        .context("no map generation")?;
+    let open = |map: MapId| -> anyhow::Result<aya::maps::Map> {
+        let data = socklb::dataplane::bpf::open_map(&dir, map, false)?;
+        Ok(aya::maps::Map::from_map_data(data)?)
+    };
+    let mut frontends: aya::maps::HashMap<_, FrontendKey, Frontend> =
+        open(MapId::Frontends6)?.try_into()?;
+    let mut index6: aya::maps::Array<_, IndexEntry6> = open(MapId::FrontendIndex6)?.try_into()?;
+    let config: aya::maps::Array<_, DatapathConfig> = open(MapId::Config)?.try_into()?;
+    let secret = config.get(&0, 0)?.index_secret;
+    let ip: std::net::Ipv6Addr = V6.vip.parse()?;
+    let octets = ip.octets();
+    let word =
+        |i: usize| u32::from_ne_bytes([octets[i], octets[i + 1], octets[i + 2], octets[i + 3]]);
+    let key = FrontendKey {
+        addr: [word(0), word(4), word(8), word(12)],
+        port_be: TCP_PORT.to_be(),
+        protocol: lb_common::PROTOCOL_TCP,
+        family: lb_common::FAMILY_IPV6,
+    };
+    let frontend = frontends.get(&key, 0)?;
+    let slot = index::slot6(&key, secret);
+    let entry = IndexEntry6 {
+        key,
+        frontend,
+        check: index::check6(&key, &frontend, secret),
+        ..IndexEntry6::default()
+    };
+    assert_eq!(
+        index6.get(&slot, 0)?,
+        entry,
+        "the index holds the frontend at its slot"
+    );
+    let vip = V6.vip(TCP_PORT);
+    let connects = |w: &World| w.client()?.connect(vip, 20);
+    let r = connects(&w)?;
+    assert_eq!((r.failures(), r.backends.len()), (0, 1), "{r:?}");
+    let read_from = |agrees| ReadFrom::Index {
+        slot,
+        frontends4_agrees: agrees,
+    };
+    let lookup = w.sandbox.lookup(&V6.lookup(TCP_PORT, false))?;
+    assert_eq!(lookup.read_from, read_from(true));
+
+    w.agent.kill9();
+    let refusing = Frontend {
+        count: 0,
+        ..frontend
+    };
+    frontends.insert(key, refusing, 0)?;
+    let r = connects(&w)?;
+    assert_eq!(
+        (r.failures(), r.backends.len()),
+        (0, 1),
+        "the index is read first, also with the agent killed: {r:?}"
+    );
+    let lookup = w.sandbox.lookup(&V6.lookup(TCP_PORT, false))?;
+    assert_eq!(lookup.read_from, read_from(false), "inspect lookup");
+    // Torn: the key and check of the frontend around a frontend with no backend.
+    index6.set(
+        slot,
+        IndexEntry6 {
+            frontend: refusing,
+            ..entry
+        },
+        0,
+    )?;
+    let r = connects(&w)?;
+    assert_eq!(
+        r.errors.get("ECONNREFUSED"),
+        Some(&20),
+        "an entry whose check fails is passed over for FRONTENDS6: {r:?}"
+    );
+    let lookup = w.sandbox.lookup(&V6.lookup(TCP_PORT, false))?;
+    assert_eq!(lookup.read_from, ReadFrom::EntryFailsCheck { slot });
+
+    // A restart rewrites FRONTENDS6 from the Service and the index from FRONTENDS6.
+    w.agent.restart(true)?;
+    w.wait(&[0])?;
+    let r = connects(&w)?;
+    assert_eq!((r.failures(), r.backends.len()), (0, 1), "{r:?}");
+    let secret = config.get(&0, 0)?.index_secret;
+    let frontend = frontends.get(&key, 0)?;
+    assert_eq!(
+        index6.get(&index::slot6(&key, secret), 0)?.frontend,
+        frontend,
+        "rewritten at start"
+    );
     Ok(())
 }
 

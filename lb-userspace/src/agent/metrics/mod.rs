@@ -544,8 +544,8 @@ impl Metrics {
                 .get_or_create(&labels)
                 .set(i64::from(caps.get(map)));
         }
-        if let Some((held, slots)) = r.maps().frontend_index() {
-            let labels = map_labels(MapId::FrontendIndex);
+        for (map, held, slots) in r.maps().frontend_indexes() {
+            let labels = map_labels(map);
             self.map_entries.get_or_create(&labels).set(gauge(held));
             self.map_capacity
                 .get_or_create(&labels)
