@@ -15,8 +15,8 @@ use super::{
     floor::{BpfStats, Floor, Hook, Order},
     stats::{Spread, median},
     world::{
-        BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, VIP6, World, all_vips, backends,
-        backends6,
+        BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, VIP6, World, all_vips, all_vips6,
+        backends, backends6,
     },
 };
 use crate::client::{Command as ClientCommand, Op};
@@ -70,7 +70,7 @@ const CLOSED_PORT: u16 = 9;
 /// programs' nanoseconds are also summed per pass into one row of its own.
 pub const WHOLE_LIFE: &str = "a TCP connection to a pod, no service: its whole life";
 
-fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
+fn workloads(services: usize, services6: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
     let vip_tcp = all_vips(services);
     let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
     let on_service_port: Vec<SocketAddr> = backends(HTTP_PORT);
@@ -162,14 +162,16 @@ fn workloads(services: usize, count: usize, tcp_label: &str) -> Vec<Workload> {
             hooks: vec![Hook::SendMsg4, Hook::RecvMsg4],
         },
     ];
-    loads.splice(2..2, ipv6(count, tcp_label));
+    loads.splice(2..2, ipv6(count, tcp_label, services6));
     loads.extend(untranslated_peers(count));
     loads
 }
 
-/// The IPv6 rows of the IPv4 ones: a hit on the one IPv6 service, and a miss to a live pod.
-fn ipv6(count: usize, tcp_label: &str) -> Vec<Workload> {
-    vec![
+/// The IPv6 rows of the IPv4 ones: a hit on the one IPv6 service, and a miss to a live pod;
+/// with `services6` IPv6 services installed, a hit spread over them beside one spread over as
+/// many IPv4 services.
+fn ipv6(count: usize, tcp_label: &str, services6: usize) -> Vec<Workload> {
+    let mut loads = vec![
         Workload {
             name: format!("connect6, service hit, TCP, {tcp_label}, one service (hot maps)"),
             command: ClientCommand::Bench {
@@ -186,7 +188,32 @@ fn ipv6(count: usize, tcp_label: &str) -> Vec<Workload> {
             },
             hooks: vec![Hook::Connect6],
         },
-    ]
+    ];
+    if services6 > 0 {
+        loads.extend([
+            Workload {
+                name: format!(
+                    "connect6, service hit, TCP, {tcp_label}, spread over {services6} IPv6 services"
+                ),
+                command: ClientCommand::Bench {
+                    targets: all_vips6(services6),
+                    count,
+                },
+                hooks: vec![Hook::Connect6],
+            },
+            Workload {
+                name: format!(
+                    "connect4, service hit, TCP, {tcp_label}, spread over {services6} IPv4 services (beside the IPv6 row)"
+                ),
+                command: ClientCommand::Bench {
+                    targets: all_vips(services6),
+                    count,
+                },
+                hooks: vec![Hook::Connect4],
+            },
+        ]);
+    }
+    loads
 }
 
 /// The reverse programs' other path: a peer on a port backends use, on a socket that was never
@@ -312,7 +339,7 @@ pub fn program_costs(
         Err(e) => return Err(e).context("linking an empty program before socklb's"),
     };
     let _stats = BpfStats::enable()?;
-    let mut loads = workloads(world.services, count, tcp_label);
+    let mut loads = workloads(world.services, world.services6, count, tcp_label);
     loads.retain(|w| release || !w.hooks.contains(&Hook::SockRelease));
     if only_first {
         loads.truncate(2);

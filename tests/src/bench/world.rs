@@ -90,6 +90,36 @@ pub fn all_vips(n: usize) -> Vec<SocketAddr> {
     v
 }
 
+/// IPv6 service `i`'s address: `fd00:96::1:0` onwards (the benchmark's own IPv6 VIP is below).
+pub fn vip6_of(i: usize) -> std::net::Ipv6Addr {
+    let i = u32::try_from(i).unwrap_or(0);
+    let [hi, lo] = [(i >> 16) as u16, (i & 0xffff) as u16];
+    std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 1 + hi, lo)
+}
+
+/// The first `n` IPv6 services' frontends.
+pub fn all_vips6(n: usize) -> Vec<SocketAddr> {
+    (0..n)
+        .map(|i| SocketAddr::new(vip6_of(i).into(), HTTP_PORT))
+        .collect()
+}
+
+/// `n` IPv6 services on the live IPv6 backends.
+fn ipv6_manifests(n: usize) -> String {
+    let mut y = String::with_capacity(n * 600);
+    for i in 0..n {
+        let _ = write!(
+            y,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc6-{i}, namespace: load}}\nspec:\n  clusterIP: \"{}\"\n  ipFamilies: [IPv6]\n  ports: [{{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: svc6-{i}-1, namespace: load, labels: {{kubernetes.io/service-name: svc6-{i}}}}}\naddressType: IPv6\nports: [{{name: http, port: {BACKEND_TCP}}}]\nendpoints:\n",
+            vip6_of(i)
+        );
+        for b in BACKENDS6 {
+            let _ = writeln!(y, "- addresses: [\"{b}\"]");
+        }
+    }
+    y
+}
+
 /// Manifests for the data path: the benchmark's service (http and dns) and `n` others on the
 /// live backends.
 pub fn datapath_manifests(n: usize) -> String {
@@ -158,6 +188,8 @@ pub struct World {
     iptables_ns: String,
     nftables_ns: String,
     pub services: usize,
+    /// IPv6 services installed beside them (`set_ipv6_services`), for the IPv6 spread rows.
+    pub services6: usize,
 }
 
 /// The frontend index's share of the IPv4 frontends, from the agent's `socklb_map_entries`.
@@ -236,6 +268,7 @@ impl World {
             iptables_ns: netns[2].clone(),
             nftables_ns: netns[3].clone(),
             services: 0,
+            services6: 0,
         })
     }
 
@@ -264,6 +297,27 @@ impl World {
 
     pub fn agent(&self) -> anyhow::Result<&AgentProcess> {
         self.agent.as_ref().context("no agent running")
+    }
+
+    /// Installs `n` IPv6 services on the live IPv6 backends (0: removes them), beside the
+    /// others, and waits until the agent holds them.
+    pub fn set_ipv6_services(&mut self, n: usize) -> anyhow::Result<()> {
+        let agent = self.agent()?;
+        let ports =
+            || -> anyhow::Result<f64> { Ok(agent.metric("socklb_service_ports")?.unwrap_or(0.0)) };
+        let want = ports()? + n as f64 - self.services6 as f64;
+        self.sandbox
+            .write_manifest("bench6.yaml", &ipv6_manifests(n))?;
+        let start = Instant::now();
+        while (ports()? - want).abs() > 0.5 {
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_mins(3),
+                "socklb did not converge on {n} IPv6 services"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.services6 = n;
+        Ok(())
     }
 
     fn wait_service_ports(&self, want: usize) -> anyhow::Result<()> {
