@@ -18,7 +18,7 @@
 //!   iterate `MapId::ALL`, and the programs' map statics carry the same names and take their sizes
 //!   from the table. A test in the agent reads the built eBPF object and requires exactly these
 //!   maps with their kinds, key and value sizes, default sizes and allocation (and only
-//!   `CONNECTIONS`, `FRONTEND_INDEX` and `SLOTS_HELD` mmapable), and one requires every
+//!   `CONNECTIONS`, `FRONTEND_INDEX`, `FRONTEND_INDEX6` and `SLOTS_HELD` mmapable), and one requires every
 //!   `capacity_flag` to be a flag that sizes them.
 //! - `Counter`, with the names and help texts the metrics and `inspect stats` show.
 //! - `program::ALL` (the eight cgroup programs), `program::RELEASE` and the iterator programs'
@@ -35,9 +35,10 @@
 //! - The iterators' entries: `SocketEntry`, and `UdpSocketEntry` with `SockAddrs` (the socket's
 //!   IPv4 addresses, and whether it holds storage, a slot or both).
 //! - The affinity table: `AFFINITY_WAYS` entries per client, in buckets of `AFFINITY_BUCKET`.
-//! - The frontend index (`index`, `IndexEntry`): the slot and the check of an IPv4 frontend's
-//!   copy in `FRONTEND_INDEX`, keyed with a secret; `IndexEntry::holds` is the one rule by which
-//!   the programs use an entry and `explain` says so.
+//! - The frontend indexes (`index`, `IndexEntry`, `IndexEntry6`): the slot and the check of an
+//!   IPv4 frontend's copy in `FRONTEND_INDEX` and an IPv6 one's in `FRONTEND_INDEX6`, keyed with
+//!   a secret; `holds` is the one rule by which the programs use an entry and `explain` says so.
+//! - `proof`: the cookie proof's marker instructions, which the agent rewrites.
 //! - `DatapathConfig`, the `CONFIG` value: the per-pod bound, the pods' cgroup level `pod_level`,
 //!   the kubelet's quality-of-service `tiers` skipped to find a pod, the frontend index's secret,
 //!   and `flags` (`CONFIG_CONNECTION_SLOTS`).
@@ -825,6 +826,7 @@ pub mod index {
     /// Slots in the IPv6 index (entries of 64 bytes: 1 MiB).
     pub const SLOTS6: u32 = 1 << 14;
     const SLOT6_BITS: u32 = SLOTS6.trailing_zeros();
+    const _: () = assert!(SLOTS.is_power_of_two() && SLOTS6.is_power_of_two());
 
     /// The slot of an IPv6 frontend (its three words mixed in turn, as `slot` mixes one).
     #[inline(always)]

@@ -183,7 +183,10 @@ pub(super) fn read_current(
         });
         match read {
             Ok((maps, snap)) => return Ok((dir, maps, snap)),
-            Err(_) if !dir.exists() && tries < 5 => tries += 1,
+            // Removed under us (its pins go before its folder): read the one now current.
+            Err(_) if pins.current().as_deref() != Some(dir.as_path()) && tries < 5 => {
+                tries += 1;
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -270,8 +273,8 @@ pub struct Lookup {
     /// The backends a connect chooses among, in slot order.
     pub candidates: Vec<SocketAddr>,
     pub affinity_timeout_s: Option<u32>,
-    /// Where the programs find the frontend (an IPv4 one's `FRONTEND_INDEX` slot, or the hash
-    /// map and why), which is where `candidates` were read.
+    /// Where the programs find the frontend (its slot in its family's index, or the hash map and
+    /// why), which is where `candidates` were read.
     pub read_from: ReadFrom,
 }
 
@@ -369,6 +372,10 @@ fn stats(other: &ReadOnlyMaps, maps: &BpfServiceMaps, snap: &MapSnapshot) -> any
         .sum();
     let mut rows = Vec::new();
     for map in MapId::ALL {
+        // A generation an older agent made may lack a map this one has.
+        if !other.has(map) {
+            continue;
+        }
         let (capacity, memory_bytes) = other.footprint(map)?;
         let entries = match map {
             MapId::Backends => Some(used_backends),

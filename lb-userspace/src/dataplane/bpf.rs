@@ -1,12 +1,13 @@
 //! The real maps: `ServiceMaps` over the pinned BPF maps, and read-only access for `inspect`
 //! and metrics.
 //!
-//! The frontend index (`FRONTEND_INDEX`, a direct-mapped array of IPv4 frontends the programs read
-//! before `FRONTENDS4`) has one writer, here. Each entry is written right before the `FRONTENDS4`
-//! write it copies and emptied right before a delete (a failed `FRONTENDS4` write empties it
-//! again), so the index is never older than the hash map and a removal reaches it first. Each
+//! The frontend indexes (`FRONTEND_INDEX` and `FRONTEND_INDEX6`, direct-mapped arrays of IPv4 and
+//! IPv6 frontends the programs read before `FRONTENDS4` and `FRONTENDS6`) have one writer, here
+//! (`FrontendIndex`, generic over the family). Each entry is written right before the hash map
+//! write it copies and emptied right before a delete (a failed hash map write empties it
+//! again), so an index is never older than its hash map and a removal reaches it first. Each
 //! entry carries a 64-bit keyed hash of the key and the frontend: torn, misplaced and
-//! other-secret entries fail it, and the programs then read `FRONTENDS4`. The slot is keyed with
+//! other-secret entries fail it, and the programs then read the hash map. The slot is keyed with
 //! the same secret, so a tenant choosing its services' addresses cannot aim at another's slot (a
 //! collision costs only the hash lookup), and mixed twice, so that consecutive addresses and one
 //! address's ports scatter as random keys do. The secret is in `CONFIG`, drawn by the agent that
@@ -611,7 +612,7 @@ impl ReadOnlyMaps {
         Ok(IndexView {
             secret,
             entries: self.index_entries::<V4>()?,
-            entries6: self.index_entries::<V6>().unwrap_or_default(),
+            entries6: self.index_entries::<V6>().ok(),
         })
     }
 
@@ -620,6 +621,11 @@ impl ReadOnlyMaps {
         let slots = max_entries(F::MAP, &data)?;
         sys::array_lookup_range::<F::Entry>(data.fd().as_fd(), 0, slots)
             .map_err(|e| MapReadError::new(F::MAP, e))
+    }
+
+    /// Whether `map` is pinned in this generation.
+    pub fn has(&self, map: MapId) -> bool {
+        self.dir.join(map.name()).exists()
     }
 
     /// A map's capacity and the bytes the kernel charges for it (`memlock` in fdinfo).

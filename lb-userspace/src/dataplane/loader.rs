@@ -657,40 +657,50 @@ fn load_into(
         .iter()
         .map(|d| (d.id, dir_of(d).join(d.name)))
         .collect();
-    // The loader holds the kernel's BTF it parsed (9 MiB here): gone before the probes parse
-    // it again, so the agent's start does not hold both.
     let (site, cookie_proof) = proof::decide(config.disabled.contains(&Feature::CookieProof));
-    let object = object_with(site.as_ref())?;
-    let mut ebpf = {
-        let mut loader = EbpfLoader::new();
-        for (map, path) in &paths {
-            loader.map_pin_path(map.name(), path.as_path());
-            if map.descriptor().capacity_flag.is_some() {
-                loader.map_max_entries(map.name(), config.capacities.get(*map));
-            }
-        }
-        let record_tcp = u8::from(config.record_tcp);
-        loader
-            .override_global(aya_log::LEVEL, &config.log_level, true)
-            .override_global("RECORD_TCP", &record_tcp, true);
-        loader.load(object.bytes()).map_err(LoadError::object)?
+    let load = |site: Option<&proof::Site>, cookie_proof: &super::features::Probe| {
+        load_and_probe(
+            config,
+            &paths,
+            sockets_dir,
+            slots_unmarked,
+            site,
+            cookie_proof,
+        )
     };
-    drop(object);
-    for (_, path) in &paths {
-        restrict(path, 0o600);
-    }
-    if slots_unmarked {
-        mark_every_slot_held(&mut ebpf)?;
-    }
-    load_core(&mut ebpf)?;
-    let sockets = map_fd(&ebpf, MapId::Sockets)?;
-    let features = probe::probe_all(
-        &mut ebpf,
-        sockets.as_fd(),
-        &config.disabled,
-        Some(sockets_dir),
-        &cookie_proof,
-    );
+    let first = load(site.as_ref(), &cookie_proof);
+    // The trial programs loaded with the proof; should socklb's own be refused with it (the
+    // core, or the release program where the flag leaves it on), they load without it.
+    let refused_with_proof = match &first {
+        Err(e) => Some(e.to_string()),
+        Ok((_, f))
+            if !f.enabled(Feature::SocketRelease)
+                && !config.disabled.contains(&Feature::SocketRelease) =>
+        {
+            f.probe(Feature::SocketRelease)
+                .and_then(|p| p.reason.clone())
+        }
+        Ok(_) => None,
+    };
+    let (mut ebpf, features) = match (site, refused_with_proof) {
+        (Some(_), Some(reason)) => {
+            drop(first);
+            tracing::warn!(
+                reason = %reason,
+                "socklb's programs were refused with the cookie proof written; loading them without it"
+            );
+            let refused = super::features::Probe {
+                feature: Feature::CookieProof,
+                state: super::features::State::Refused,
+                errno: None,
+                reason: Some(format!(
+                    "socklb's programs were refused with it written: {reason}"
+                )),
+            };
+            load(None, &refused)?
+        }
+        _ => first?,
+    };
     if !adopted {
         // A new generation: no bound and no slots until `attach` writes the settings (an
         // all-zero entry would read as a bound of 0).
@@ -711,6 +721,52 @@ fn load_into(
             }
         }
     }
+    Ok((ebpf, features))
+}
+
+/// Parses socklb's object with the cookie proof written for `site` (or off), its maps on the
+/// pins at `paths`, loads the core and tries every optional part.
+fn load_and_probe(
+    config: &LoadConfig,
+    paths: &[(MapId, PathBuf)],
+    sockets_dir: &Path,
+    slots_unmarked: bool,
+    site: Option<&proof::Site>,
+    cookie_proof: &super::features::Probe,
+) -> Result<(Ebpf, Features), LoadError> {
+    let object = object_with(site)?;
+    // The loader holds the kernel's BTF it parsed (9 MiB here): gone before the probes parse
+    // it again, so the agent's start does not hold both.
+    let mut ebpf = {
+        let mut loader = EbpfLoader::new();
+        for (map, path) in paths {
+            loader.map_pin_path(map.name(), path.as_path());
+            if map.descriptor().capacity_flag.is_some() {
+                loader.map_max_entries(map.name(), config.capacities.get(*map));
+            }
+        }
+        let record_tcp = u8::from(config.record_tcp);
+        loader
+            .override_global(aya_log::LEVEL, &config.log_level, true)
+            .override_global("RECORD_TCP", &record_tcp, true);
+        loader.load(object.bytes()).map_err(LoadError::object)?
+    };
+    drop(object);
+    for (_, path) in paths {
+        restrict(path, 0o600);
+    }
+    if slots_unmarked {
+        mark_every_slot_held(&mut ebpf)?;
+    }
+    load_core(&mut ebpf)?;
+    let sockets = map_fd(&ebpf, MapId::Sockets)?;
+    let features = probe::probe_all(
+        &mut ebpf,
+        sockets.as_fd(),
+        &config.disabled,
+        Some(sockets_dir),
+        cookie_proof,
+    );
     Ok((ebpf, features))
 }
 

@@ -180,7 +180,8 @@ pub struct Reach {
     pub backends: Vec<Option<SocketAddr>>,
 }
 
-/// How the programs find an IPv4 frontend: its `FRONTEND_INDEX` slot as they read it.
+/// How the programs find a frontend: its slot in its family's index (`FRONTEND_INDEX`,
+/// `FRONTEND_INDEX6`) as they read it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexRead {
     /// The slot holds this frontend and its check holds: the programs use this copy and do not
@@ -201,20 +202,22 @@ pub enum IndexRead {
 pub struct IndexView {
     pub secret: u64,
     pub entries: Vec<IndexEntry>,
-    pub entries6: Vec<IndexEntry6>,
+    /// `None`: a generation from before the IPv6 index (its programs read `FRONTENDS6`).
+    pub entries6: Option<Vec<IndexEntry6>>,
 }
 
 impl IndexView {
-    /// What a connect to `key` finds in its family's index.
-    pub fn read(&self, key: &FrontendKey) -> IndexRead {
+    /// What a connect to `key` finds in its family's index (`None`: the family has none).
+    pub fn read(&self, key: &FrontendKey) -> Option<IndexRead> {
         if key.family != FAMILY_IPV4 {
             let slot = index::slot6(key, self.secret);
             let entry = self
                 .entries6
+                .as_ref()?
                 .get(slot as usize)
                 .copied()
                 .unwrap_or_default();
-            return if entry.holds(key, self.secret) {
+            return Some(if entry.holds(key, self.secret) {
                 IndexRead::Held {
                     slot,
                     frontend: entry.frontend,
@@ -230,12 +233,12 @@ impl IndexView {
                 }
             } else {
                 IndexRead::Failed { slot }
-            };
+            });
         }
         let key = key.v4();
         let slot = index::slot(&key, self.secret);
         let entry = self.entries.get(slot as usize).copied().unwrap_or_default();
-        if entry.holds(&key, self.secret) {
+        Some(if entry.holds(&key, self.secret) {
             IndexRead::Held {
                 slot,
                 frontend: entry.frontend,
@@ -256,7 +259,7 @@ impl IndexView {
             }
         } else {
             IndexRead::Failed { slot }
-        }
+        })
     }
 
     /// The frontends the indexes hold.
@@ -269,6 +272,7 @@ impl IndexView {
         let v6 = self
             .entries6
             .iter()
+            .flatten()
             .filter(|e| **e != IndexEntry6::default())
             .map(|e| e.frontend);
         v4.chain(v6)
@@ -542,7 +546,7 @@ impl MapSnapshot {
         addr: &ServiceAddr,
         index: Option<&IndexView>,
     ) -> (Option<Reach>, Option<IndexRead>) {
-        let read = index.map(|i| i.read(&frontend_key(*addr)));
+        let read = index.and_then(|i| i.read(&frontend_key(*addr)));
         let reach = match read {
             Some(IndexRead::Held { frontend, .. }) => Some(Reach {
                 service_id: frontend.service_id,

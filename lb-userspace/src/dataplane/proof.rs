@@ -6,8 +6,10 @@
 //! The kernel's BTF gives the id of the kfunc `bpf_cast_to_kern_ctx` and where `skc_cookie`
 //! and `bpf_sock_addr_kern.sk` sit. The two trial programs (a `cgroup/sock_release` and a
 //! `cgroup/getpeername4` one) make exactly the call and loads socklb's programs make, so a
-//! kernel that refuses them refuses nothing else of socklb's: the object then carries `r0 = 0`
-//! where the call would be, and the programs make the cookie with the helper as before.
+//! kernel that refuses them refuses nothing else of socklb's: the object then carries `r0 = 1`
+//! and no-ops where the call and loads would be, and the programs make the cookie with the
+//! helper as before. Should socklb's programs still be refused with the proof written, the
+//! loader loads them again without it (`loader::load_into`).
 use std::{io, path::Path};
 
 use btf_rs::{Backend, Btf, Type};
