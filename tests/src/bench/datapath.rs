@@ -144,6 +144,10 @@ pub struct CaseResult {
     pub case: Case,
     pub operations: usize,
     pub failures: usize,
+    /// The failed operations by error (errno name, or what the client saw), so that a run
+    /// that lost connects says how.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub errors: std::collections::BTreeMap<String, usize>,
     pub p50_us: f64,
     pub p99_us: f64,
     /// Per round: this case's median ÷ the direct case's median, in the same round.
@@ -184,6 +188,7 @@ pub fn measure(
     let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); n];
     let mut round_medians: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut failures = vec![0usize; n];
+    let mut errors = vec![std::collections::BTreeMap::<String, usize>::new(); n];
     for round in 0..plan.rounds {
         // Each round starts with another case, so no case always follows the same one (a
         // heavy case's leftover work, like iptables at 10,000 services, spills into the next).
@@ -199,6 +204,9 @@ pub fn measure(
                 reply.error
             );
             failures[i] += reply.failures();
+            for (e, k) in &reply.errors {
+                *errors[i].entry(e.clone()).or_default() += k;
+            }
             let mut sorted = reply.latencies_ns.clone();
             sorted.sort_unstable();
             round_medians[i].push(median(&sorted));
@@ -222,6 +230,7 @@ pub fn measure(
             case,
             operations: all.len(),
             failures: failures[i],
+            errors: std::mem::take(&mut errors[i]),
             p50_us: median(&all) / 1e3,
             p99_us: percentile(&all, 0.99) / 1e3,
             p50_ratio: Spread::of(&ratios),

@@ -389,12 +389,17 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
         let r = datapath::measure(&mut world, scenario, &s.plan)?;
         for c in &r.cases {
             eprintln!(
-                "  {:<17} p50 {:>7.1} us  p99 {:>7.1} us  ratio {}  failed {}",
+                "  {:<17} p50 {:>7.1} us  p99 {:>7.1} us  ratio {}  failed {}{}",
                 c.case.to_string(),
                 c.p50_us,
                 c.p99_us,
                 c.p50_ratio.show(3),
-                c.failures
+                c.failures,
+                if c.errors.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {:?}", c.errors)
+                }
             );
         }
         report.scenarios.push(r);

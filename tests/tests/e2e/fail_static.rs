@@ -94,8 +94,12 @@ fn terminated_within(client: &mut Client, id: u32, within: Duration) -> anyhow::
     }
 }
 
-/// A new connected UDP socket to the Service is translated and answered.
-fn served(client: &mut Client, id: u32) -> anyhow::Result<()> {
+/// A new connected UDP socket to the Service is translated and answered, once the maps hold
+/// the Service's endpoint (a repair can come as soon as the frontend appears, which under load
+/// may be a pass before its EndpointSlice's: a connect then is refused, as kube-proxy's rules
+/// refuse a Service with no endpoint).
+fn served(sandbox: &Sandbox, client: &mut Client, id: u32) -> anyhow::Result<()> {
+    sandbox.wait_candidates(&format!("{VIP}/udp"), &[&format!("{A}:5353")])?;
     let r = client.run(&Command::Open {
         id,
         target: VIP.parse()?,
@@ -159,7 +163,7 @@ fn a_udp_socket_connected_before_its_frontend_existed_is_repaired() -> anyhow::R
         "FIGURE repaired before the first attach: {} ms after ready",
         took.as_millis()
     );
-    served(&mut client, 11)?;
+    served(&sandbox, &mut client, 11)?;
 
     // 2. Before the Service exists.
     sandbox.remove_manifest("dns.yaml")?;
@@ -171,7 +175,7 @@ fn a_udp_socket_connected_before_its_frontend_existed_is_repaired() -> anyhow::R
         "FIGURE repaired after the Service appeared: {} ms",
         took.as_millis()
     );
-    served(&mut client, 12)?;
+    served(&sandbox, &mut client, 12)?;
 
     // 3. After `socklb reset` (nothing attached), then an agent again.
     agent.stop()?;
@@ -183,7 +187,7 @@ fn a_udp_socket_connected_before_its_frontend_existed_is_repaired() -> anyhow::R
         "FIGURE repaired after socklb reset: {} ms after ready",
         took.as_millis()
     );
-    served(&mut client, 13)?;
+    served(&sandbox, &mut client, 13)?;
 
     // The socket outside the cgroup was never socklb's to translate, nor to terminate.
     let r = outside.run(&Command::Exchange {
