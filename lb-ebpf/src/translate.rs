@@ -405,6 +405,12 @@ fn socket_state(
     // SAFETY: this socket's own storage, or null.
     let state = unsafe { SOCKETS.get_ptr_mut(ctx) };
     if !state.is_null() {
+        // A record programs before the cookie proof made has no cookie: made now, its
+        // replies are looked for (the proof's check costs no helper when the cookie exists).
+        if proof::never_met_addr(ctx) {
+            // SAFETY: the hook's own socket.
+            unsafe { bpf_get_socket_cookie(ctx.sock_addr.cast()) };
+        }
         return Ok(state);
     }
     let (pod, max) = pod_bound(config);

@@ -899,6 +899,105 @@ fn an_allocated_address_outranks_a_typed_one() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A socket record made by programs before the cookie proof (sendmsg of an unconnected UDP
+/// socket to a Service made it without making the socket's cookie; planted here through the
+/// socket's own descriptor, which also makes no cookie): the socket's next datagram through the
+/// Service makes the cookie, so its replies come from the Service's address, as they did.
+#[test]
+fn a_record_made_without_its_cookie_keeps_its_replies_from_the_service() -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    socklb_tests::require_privileges!();
+    let sandbox = Sandbox::new()?;
+    sandbox.add_backend(format!("{A}:5353").parse()?, true)?;
+    let vip = "10.96.0.51:53";
+    sandbox.write_manifest(
+        "s1.yaml",
+        &svc(
+            "default",
+            "s1",
+            "10.96.0.51",
+            "2020-01-01T00:00:00Z",
+            &[("dns", "UDP", 53)],
+            &[],
+            &[A],
+        ),
+    )?;
+    let _agent = sandbox.start_agent(&AgentOptions::default())?;
+    sandbox.wait_candidates(&format!("{vip}/udp"), &[&format!("{A}:5353")])?;
+    let mut client = sandbox.client()?;
+    let direct = format!("{A}:5353");
+    let send = |client: &mut socklb_tests::Client, target: &str| {
+        client.run(&Command::SendTo {
+            target: target.parse().expect("target"),
+            count: 3,
+            id: Some(10),
+        })
+    };
+    // The socket, made by a datagram straight to the pod: no record, no cookie.
+    let r = send(&mut client, &direct)?;
+    assert_eq!(r.peer_names.get(&direct), Some(&3), "{r:?}");
+    let socket = udp_socket_of(client.pid())?;
+    let sockets = socklb::dataplane::pins::PinFolder::new(sandbox.pin_folder())
+        .current_sockets()
+        .ok_or_else(|| anyhow::anyhow!("no socket pins"))?;
+    let map = aya::maps::MapData::from_pin(sockets.dir.join("SOCKETS"))?;
+    let mut map: aya::maps::SkStorage<_, lb_common::SockState> =
+        aya::maps::Map::SkStorage(map).try_into()?;
+    map.insert(&socket.as_raw_fd(), lb_common::SockState::default(), 0)?;
+    drop(socket);
+    let r = send(&mut client, vip)?;
+    assert_eq!(
+        r.peer_names.keys().collect::<Vec<_>>(),
+        [vip],
+        "replies through the Service come from its address: {r:?}"
+    );
+    Ok(())
+}
+
+/// A duplicate of the one UDP socket process `pid` holds (`pidfd_getfd`, 5.6+).
+fn udp_socket_of(pid: u32) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+    // SAFETY: plain system calls; each descriptor they return is owned at once.
+    let own = |fd: libc::c_long| -> anyhow::Result<OwnedFd> {
+        anyhow::ensure!(fd >= 0, "{}", std::io::Error::last_os_error());
+        Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd)?) })
+    };
+    let pidfd = own(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let entry = entry?;
+        if !std::fs::read_link(entry.path())?
+            .to_string_lossy()
+            .starts_with("socket:")
+        {
+            continue;
+        }
+        let n: i32 = entry.file_name().to_string_lossy().parse()?;
+        let fd = own(unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), n, 0) })?;
+        let mut kind: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: SO_TYPE into an int of the size given.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_TYPE,
+                std::ptr::from_mut(&mut kind).cast(),
+                &raw mut len,
+            )
+        };
+        if rc == 0 && kind == libc::SOCK_DGRAM {
+            found.push(fd);
+        }
+    }
+    anyhow::ensure!(
+        found.len() == 1,
+        "{} UDP sockets in the client",
+        found.len()
+    );
+    found.pop().ok_or_else(|| anyhow::anyhow!("no UDP socket"))
+}
+
 /// One socket, several services: an unconnected UDP socket that talks to S1 and S2, and a
 /// socket connected to S1 that also sends to S2, get each service's replies from that
 /// service's address (resolvers drop the others).
