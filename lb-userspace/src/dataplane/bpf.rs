@@ -158,6 +158,36 @@ struct FrontendIndex<F: IndexFamily> {
     held: usize,
 }
 
+/// Writes a frontend (`insert`, its hash map write) with its copy in `index` first; should the
+/// hash map refuse it, the copy is emptied again (if that fails too, the slot keeps a frontend
+/// the hash map does not have until that frontend's next write or the next start).
+fn indexed_put<F: IndexFamily>(
+    index: &mut Option<FrontendIndex<F>>,
+    key: F::Key,
+    frontend: Frontend,
+    insert: impl FnOnce() -> Result<(), MapWriteError>,
+) -> Result<(), MapWriteError> {
+    if let Some(index) = index.as_mut() {
+        index.put(key, frontend)?;
+    }
+    let r = insert();
+    if r.is_err()
+        && let Some(index) = index.as_mut()
+        && let Err(e) = index.clear(key)
+    {
+        tracing::warn!(error = %e, "could not empty a frontend index slot");
+    }
+    r
+}
+
+/// Empties a frontend's slot in `index`, before its hash map delete.
+fn indexed_clear<F: IndexFamily>(
+    index: &mut Option<FrontendIndex<F>>,
+    key: F::Key,
+) -> Result<(), MapWriteError> {
+    index.as_mut().map_or(Ok(()), |index| index.clear(key))
+}
+
 /// Bytes written per batch when a whole index is rewritten.
 const INDEX_BATCH_BYTES: usize = 64 * 1024;
 
@@ -443,43 +473,19 @@ impl ServiceMaps for BpfServiceMaps {
         let put = |r: Result<(), MapError>| r.map_err(|e| write_error(map, cap, e));
         match write {
             MapWrite::PutFrontend(k, f) if map == MapId::Frontends4 => {
-                if let Some(index) = &mut self.index {
-                    index.put(k.v4(), *f)?;
-                }
-                let r = put(self.frontends4.insert(k.v4(), f, 0));
-                if r.is_err()
-                    && let Some(index) = &mut self.index
-                    && let Err(e) = index.clear(k.v4())
-                {
-                    // The slot keeps a frontend FRONTENDS4 does not have; the next write of
-                    // that frontend, or the next start, replaces it.
-                    tracing::warn!(error = %e, "could not empty a frontend index slot");
-                }
-                r
+                let insert = || put(self.frontends4.insert(k.v4(), f, 0));
+                indexed_put(&mut self.index, k.v4(), *f, insert)
             }
             MapWrite::PutFrontend(k, f) => {
-                if let Some(index) = &mut self.index6 {
-                    index.put(*k, *f)?;
-                }
-                let r = put(self.frontends6.insert(k, f, 0));
-                if r.is_err()
-                    && let Some(index) = &mut self.index6
-                    && let Err(e) = index.clear(*k)
-                {
-                    tracing::warn!(error = %e, "could not empty a frontend index slot");
-                }
-                r
+                let insert = || put(self.frontends6.insert(k, f, 0));
+                indexed_put(&mut self.index6, *k, *f, insert)
             }
             MapWrite::DeleteFrontend(k) if map == MapId::Frontends4 => {
-                if let Some(index) = &mut self.index {
-                    index.clear(k.v4())?;
-                }
+                indexed_clear(&mut self.index, k.v4())?;
                 removed(map, cap, self.frontends4.remove(&k.v4()))
             }
             MapWrite::DeleteFrontend(k) => {
-                if let Some(index) = &mut self.index6 {
-                    index.clear(*k)?;
-                }
+                indexed_clear(&mut self.index6, *k)?;
                 removed(map, cap, self.frontends6.remove(k))
             }
             MapWrite::PutBackends { base, backends } => {

@@ -196,6 +196,29 @@ pub enum IndexRead {
     Failed { slot: u32 },
 }
 
+impl IndexRead {
+    /// The verdict on the entry at `slot`, of either family: whether it `holds` the key whole,
+    /// whether it has the key (`same_key`), whether it is `empty`, its frontend and its key.
+    fn of(
+        slot: u32,
+        holds: bool,
+        same_key: bool,
+        empty: bool,
+        frontend: Frontend,
+        holder: FrontendKey,
+    ) -> Self {
+        if holds {
+            Self::Held { slot, frontend }
+        } else if same_key {
+            Self::Failed { slot }
+        } else if empty {
+            Self::Empty { slot }
+        } else {
+            Self::Taken { slot, holder }
+        }
+    }
+}
+
 /// `FRONTEND_INDEX` and `FRONTEND_INDEX6` as read from their maps, with the secret the programs
 /// check their entries with.
 #[derive(Clone, Debug, Default)]
@@ -211,55 +234,40 @@ impl IndexView {
     pub fn read(&self, key: &FrontendKey) -> Option<IndexRead> {
         if key.family != FAMILY_IPV4 {
             let slot = index::slot6(key, self.secret);
-            let entry = self
+            let e = self
                 .entries6
                 .as_ref()?
                 .get(slot as usize)
                 .copied()
                 .unwrap_or_default();
-            return Some(if entry.holds(key, self.secret) {
-                IndexRead::Held {
-                    slot,
-                    frontend: entry.frontend,
-                }
-            } else if entry.key != *key {
-                if entry == IndexEntry6::default() {
-                    IndexRead::Empty { slot }
-                } else {
-                    IndexRead::Taken {
-                        slot,
-                        holder: entry.key,
-                    }
-                }
-            } else {
-                IndexRead::Failed { slot }
-            });
-        }
-        let key = key.v4();
-        let slot = index::slot(&key, self.secret);
-        let entry = self.entries.get(slot as usize).copied().unwrap_or_default();
-        Some(if entry.holds(&key, self.secret) {
-            IndexRead::Held {
+            let empty = e == IndexEntry6::default();
+            return Some(IndexRead::of(
                 slot,
-                frontend: entry.frontend,
-            }
-        } else if entry.key != key {
-            if entry == IndexEntry::default() {
-                IndexRead::Empty { slot }
-            } else {
-                IndexRead::Taken {
-                    slot,
-                    holder: FrontendKey {
-                        addr: [entry.key.addr, 0, 0, 0],
-                        port_be: entry.key.port_be,
-                        protocol: entry.key.protocol,
-                        family: FAMILY_IPV4,
-                    },
-                }
-            }
-        } else {
-            IndexRead::Failed { slot }
-        })
+                e.holds(key, self.secret),
+                e.key == *key,
+                empty,
+                e.frontend,
+                e.key,
+            ));
+        }
+        let key4 = key.v4();
+        let slot = index::slot(&key4, self.secret);
+        let e = self.entries.get(slot as usize).copied().unwrap_or_default();
+        let holder = FrontendKey {
+            addr: [e.key.addr, 0, 0, 0],
+            port_be: e.key.port_be,
+            protocol: e.key.protocol,
+            family: FAMILY_IPV4,
+        };
+        let empty = e == IndexEntry::default();
+        Some(IndexRead::of(
+            slot,
+            e.holds(&key4, self.secret),
+            e.key == key4,
+            empty,
+            e.frontend,
+            holder,
+        ))
     }
 
     /// The frontends the indexes hold.

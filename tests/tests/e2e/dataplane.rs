@@ -1097,17 +1097,10 @@ struct IndexMaps {
 
 impl IndexMaps {
     fn open(w: &World) -> anyhow::Result<Self> {
-        let dir = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
-            .current()
-            .context("no map generation")?;
-        let open = |map: MapId| -> anyhow::Result<aya::maps::Map> {
-            let data = socklb::dataplane::bpf::open_map(&dir, map, false)?;
-            Ok(aya::maps::Map::from_map_data(data)?)
-        };
         Ok(Self {
-            frontends: open(MapId::Frontends4)?.try_into()?,
-            index: open(MapId::FrontendIndex)?.try_into()?,
-            config: open(MapId::Config)?.try_into()?,
+            frontends: pinned_map(w, MapId::Frontends4)?.try_into()?,
+            index: pinned_map(w, MapId::FrontendIndex)?.try_into()?,
+            config: pinned_map(w, MapId::Config)?.try_into()?,
         })
     }
 
@@ -1153,6 +1146,15 @@ impl IndexMaps {
             },
         ))
     }
+}
+
+/// `map` of the agent's current generation, writable.
+fn pinned_map(w: &World, map: MapId) -> anyhow::Result<aya::maps::Map> {
+    let dir = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current()
+        .context("no map generation")?;
+    let data = socklb::dataplane::bpf::open_map(&dir, map, false)?;
+    Ok(aya::maps::Map::from_map_data(data)?)
 }
 
 fn tcp_key(vip: &str, port: u16) -> Frontend4Key {
@@ -1354,17 +1356,11 @@ fn frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()
 fn ipv6_frontend_index_read_first_and_a_torn_entry_passed_over() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let mut w = World::new(&V6, false, &[0], &[])?;
-    let dir = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
-        .current()
-        .context("no map generation")?;
-    let open = |map: MapId| -> anyhow::Result<aya::maps::Map> {
-        let data = socklb::dataplane::bpf::open_map(&dir, map, false)?;
-        Ok(aya::maps::Map::from_map_data(data)?)
-    };
     let mut frontends: aya::maps::HashMap<_, FrontendKey, Frontend> =
-        open(MapId::Frontends6)?.try_into()?;
-    let mut index6: aya::maps::Array<_, IndexEntry6> = open(MapId::FrontendIndex6)?.try_into()?;
-    let config: aya::maps::Array<_, DatapathConfig> = open(MapId::Config)?.try_into()?;
+        pinned_map(&w, MapId::Frontends6)?.try_into()?;
+    let mut index6: aya::maps::Array<_, IndexEntry6> =
+        pinned_map(&w, MapId::FrontendIndex6)?.try_into()?;
+    let config: aya::maps::Array<_, DatapathConfig> = pinned_map(&w, MapId::Config)?.try_into()?;
     let secret = config.get(&0, 0)?.index_secret;
     let ip: std::net::Ipv6Addr = V6.vip.parse()?;
     let octets = ip.octets();
