@@ -50,7 +50,7 @@ use super::{
     pins::{PinFolder, SocketPins, layout_digest, restrict, socket_layout_digest},
     pods::{self, PodCgroups},
     probe::{self, kernel_refusal},
-    proof, sysfs,
+    proof, sys, sysfs,
 };
 
 /// The eBPF object built by build.rs.
@@ -1005,6 +1005,11 @@ fn throwaway_object_with(proof_off: bool) -> Result<(Ebpf, super::features::Prob
 /// socklb's object with the cookie proof's instructions written for `site` (`lb_common::proof`).
 fn object_with(site: Option<&proof::Site>) -> Result<proof::AlignedObject, LoadError> {
     let (object, written) = proof::write_into(EBPF_OBJECT, site).map_err(LoadError::ObjectCopy)?;
+    // The copy is what aya parses: the binary's own pages of the object (0.9 MiB) would stay in
+    // the agent's RSS for its whole life otherwise.
+    if let Err(e) = sys::forget_resident(EBPF_OBJECT) {
+        tracing::debug!(error = %e, "the embedded eBPF object's pages stay resident");
+    }
     if written.contains(&0) {
         return Err(LoadError::NoProofMarker);
     }
@@ -1257,6 +1262,38 @@ mod tests {
     use lb_common::{MAPS, MapKind};
 
     use super::EBPF_OBJECT;
+
+    /// Whether the page holding `addr` is mapped in this process (`/proc/self/pagemap`'s
+    /// present bit, which needs no privilege).
+    fn resident(addr: usize) -> bool {
+        use std::os::unix::fs::FileExt;
+        let page = rustix::param::page_size();
+        let mut entry = [0u8; 8];
+        std::fs::File::open("/proc/self/pagemap")
+            .and_then(|f| f.read_exact_at(&mut entry, (addr / page * 8) as u64))
+            .expect("/proc/self/pagemap");
+        u64::from_le_bytes(entry) >> 63 == 1
+    }
+
+    /// Once copied, the embedded object's pages leave the resident set and read back unchanged.
+    #[test]
+    fn the_embedded_objects_pages_leave_the_resident_set_and_read_back_the_same() {
+        use sha2::Digest;
+        let digest = || sha2::Sha256::digest(EBPF_OBJECT);
+        let before = digest();
+        let middle = EBPF_OBJECT.as_ptr() as usize + EBPF_OBJECT.len() / 2;
+        assert!(resident(middle), "the object was just read");
+        let given = super::sys::forget_resident(EBPF_OBJECT).expect("madvise");
+        let page = rustix::param::page_size();
+        assert!(
+            given + 2 * page >= EBPF_OBJECT.len(),
+            "{given} of {} bytes given back",
+            EBPF_OBJECT.len()
+        );
+        assert!(!resident(middle), "the object's pages are still mapped");
+        assert_eq!(digest(), before, "the object reads back the same");
+        assert!(resident(middle));
+    }
 
     /// `bpf_map_type` numbers (include/uapi/linux/bpf.h).
     fn map_type(kind: MapKind) -> u32 {
