@@ -169,7 +169,11 @@ fn attached_map_ids(pins: &PinFolder) -> Vec<u32> {
 /// A digest of the map layout and sizes of the generation's maps (the per-socket maps have a
 /// digest of their own): two agents with the same digest read each other's maps correctly.
 pub fn layout_digest(capacities: &Capacities) -> String {
-    digest(lb_common::MAPS.iter().filter(|d| !d.per_socket), capacities)
+    digest(
+        lb_common::MAPS.iter().filter(|d| !d.per_socket),
+        capacities,
+        lb_common::GENERATION_REVISION,
+    )
 }
 
 /// Where `map` is pinned for the generation whose map directory is `generation`: there, or for
@@ -192,11 +196,22 @@ pub fn socket_layout_digest() -> String {
     digest(
         lb_common::MAPS.iter().filter(|d| d.id == MapId::Sockets),
         &Capacities::default(),
+        0,
     )
 }
 
-fn digest<'a>(maps: impl Iterator<Item = &'a MapDescriptor>, capacities: &Capacities) -> String {
+/// `revision` (what the maps' bytes mean, where their sizes say nothing) is taken in when not 0,
+/// so a layout at revision 0 keeps the digest it had before there were revisions.
+fn digest<'a>(
+    maps: impl Iterator<Item = &'a MapDescriptor>,
+    capacities: &Capacities,
+    revision: u32,
+) -> String {
     let mut h = Sha256::new();
+    if revision != 0 {
+        h.update(b"revision");
+        h.update(revision.to_le_bytes());
+    }
     for d in maps {
         h.update(d.name.as_bytes());
         h.update([d.kind as u8, u8::from(d.preallocated)]);
@@ -244,5 +259,29 @@ impl SocketPins {
             tcp_per_namespace: self.dir.join(lb_common::MapId::Sockets.name()).exists(),
             udp_per_namespace: self.dir.join(UDP_ITER_PIN).exists(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A revision of what the maps hold (`lb_common::GENERATION_REVISION`) names a new
+    /// generation, which an upgrade migrates to make-before-break as for other sizes
+    /// (`deploy::a_new_map_layout_takes_over_make_before_break_under_load`), while the socket
+    /// records' folder keeps the name agents before revisions gave it, so records survive the
+    /// upgrade.
+    #[test]
+    fn a_revision_names_a_new_generation_and_keeps_the_records_folder() {
+        let caps = Capacities::default();
+        let generation_maps = || lb_common::MAPS.iter().filter(|d| !d.per_socket);
+        assert_ne!(lb_common::GENERATION_REVISION, 0);
+        assert_ne!(layout_digest(&caps), digest(generation_maps(), &caps, 0));
+        let records = || lb_common::MAPS.iter().filter(|d| d.id == MapId::Sockets);
+        assert_eq!(socket_layout_digest(), digest(records(), &caps, 0));
+        assert_ne!(
+            digest(records(), &caps, 0),
+            digest(records(), &caps, lb_common::GENERATION_REVISION)
+        );
     }
 }
