@@ -25,8 +25,17 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(10_000);
     let base = in_use_mib();
     let (mut svcs, mut slices) = (Vec::new(), Vec::new());
+    // As the API server serves them: each with its resourceVersion, a decimal integer.
+    let mut rv = 4_000_000u64;
+    let mut versioned = |mut o: serde_json::Value| {
+        rv += 1;
+        o["metadata"]["resourceVersion"] = rv.to_string().into();
+        o
+    };
     for i in 0..services {
-        let mut objects = socklb_tests::bench::controlplane::realistic_objects(i, 5).into_iter();
+        let mut objects = socklb_tests::bench::controlplane::realistic_objects(i, 5)
+            .into_iter()
+            .map(&mut versioned);
         let svc: core::Service = serde_json::from_value(objects.next().expect("service"))?;
         svcs.push(Object::Service(Box::new(service_from_api(&svc)?)));
         for mut o in objects {

@@ -76,7 +76,7 @@ pub type Selector = Box<[(Box<str>, Box<str>)]>;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub key: ObjectKey,
-    pub resource_version: Box<str>,
+    pub resource_version: super::ResourceVersion,
     /// `metadata.uid`: with `created`, decides which of two Services claiming one address owns it.
     pub uid: Arc<str>,
     /// `metadata.creationTimestamp`, seconds since the epoch.

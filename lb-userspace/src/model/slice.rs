@@ -175,7 +175,7 @@ impl EndpointPort {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointSlice {
     pub key: ObjectKey,
-    pub resource_version: Box<str>,
+    pub resource_version: super::ResourceVersion,
     /// The Service it belongs to (`kubernetes.io/service-name`), in the slice's namespace.
     pub service: Option<ObjectKey>,
     pub address_type: AddressType,

@@ -319,11 +319,14 @@ mod tests {
         // The Service's list holds the slice as it is now, not as it was.
         let listed = store.slices_of(&key("e"));
         assert_eq!(listed.len(), 1);
-        assert_eq!(&*listed[0].resource_version, "3");
+        assert_eq!(listed[0].resource_version.to_string(), "3");
         let mut moved = slice("s5", Some("e"));
         moved.resource_version = "4".into();
         store.upsert_slice(moved);
-        assert_eq!(&*store.slices_of(&key("e"))[0].resource_version, "4");
+        assert_eq!(
+            store.slices_of(&key("e"))[0].resource_version.to_string(),
+            "4"
+        );
     }
 
     #[test]
