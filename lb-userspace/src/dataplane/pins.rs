@@ -5,7 +5,8 @@
 //! Under the pin folder (`--bpffs`, default `/sys/fs/bpf/socklb`, mode 0700, pins 0600 through
 //! `restrict`):
 //! - `maps-<layout>/<MAP>`: every map of one layout generation (`map_path`). `<layout>` is a
-//!   digest of the map table and the configured sizes of the maps that are not per socket
+//!   digest of the map table, the configured sizes of the maps that are not per socket and
+//!   `lb_common::GENERATION_REVISION` (what their bytes mean, where sizes say nothing)
 //!   (`layout_digest`), so an agent whose layout differs creates a new generation instead of
 //!   misreading the old one; pinned maps whose sizes disagree with the table are refused.
 //! - `sockets-<record layout>/`: the per-socket maps (`SOCKETS`, `CONNECTIONS`, `SLOTS_HELD`,

@@ -391,15 +391,21 @@ impl<T> Drop for MappedArray<T> {
 /// this binary read once (the embedded eBPF object, once copied for its proof to be written).
 /// Their file's pages stay in the page cache, where the kernel may reclaim them; a later read
 /// maps them again with the same contents. Returns how many bytes were given back.
-pub fn forget_resident(bytes: &'static [u8]) -> io::Result<usize> {
+///
+/// # Safety
+///
+/// `bytes` must lie in a read-only private mapping of a file (an immutable static of this
+/// binary's `.rodata`, without relocations): anywhere else `MADV_DONTNEED` would replace the
+/// pages with zeros behind a shared reference.
+pub unsafe fn forget_resident(bytes: &'static [u8]) -> io::Result<usize> {
     let page = rustix::param::page_size();
     let first = (bytes.as_ptr() as usize).next_multiple_of(page);
     let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
     if end <= first {
         return Ok(0);
     }
-    // SAFETY: whole pages inside an immutable static, never written (no copy-on-write page
-    // of ours among them): `MADV_DONTNEED` unmaps them and a read maps the file's again.
+    // SAFETY: whole pages inside `bytes`, file-backed and never written (the caller's
+    // promise): `MADV_DONTNEED` unmaps them and a read maps the file's again.
     let rc = unsafe { libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_DONTNEED) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
