@@ -136,7 +136,7 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "sock_release, a translated TCP connection closed",
-        "cause: the slot's record is read and cleared on a cache that the connection's teardown has just left cold, and the first program on the hook pays for the socket's lines (compare the two orders: with the empty programs run first it is about half)",
+        "cause: the slot's record is read and cleared on a cache that the connection's teardown has just left cold, and the first program on the hook pays for the socket's lines (compare the two orders: with the empty programs run first it is about half); tried: the cookie the proof has loaded instead of asking the helper again (no change beyond the noise in three alternating pairs: the helper returns a made cookie in a nanosecond or two)",
     ),
     (
         "listing",
