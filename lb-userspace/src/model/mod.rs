@@ -33,14 +33,18 @@ pub use crate::vocab::ObjectKey;
 /// `metadata.resourceVersion`. Opaque to clients, but the API server writes a decimal integer:
 /// kept as one, without an allocation (the agent holds one per Service and per EndpointSlice of
 /// the cluster); anything else (none, a leading zero, a manifest's text) is kept as written, an
-/// empty one without an allocation either. As large as the boxed text it replaces.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ResourceVersion {
+/// empty one without an allocation either. As large as the boxed text it replaces. Made only from
+/// its text, so two are equal exactly when their texts are; shown as its text, `Debug` included.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct ResourceVersion(Repr);
+
+#[derive(Clone, PartialEq, Eq)]
+enum Repr {
     Number(u64),
     Text(Box<str>),
 }
 
-impl Default for ResourceVersion {
+impl Default for Repr {
     fn default() -> Self {
         Self::Text(Box::default())
     }
@@ -48,20 +52,26 @@ impl Default for ResourceVersion {
 
 impl From<&str> for ResourceVersion {
     fn from(s: &str) -> Self {
-        match s.parse::<u64>() {
+        Self(match s.parse::<u64>() {
             // Only where the number reads back as the same text.
-            Ok(n) if !s.starts_with(['0', '+']) || s == "0" => Self::Number(n),
-            _ => Self::Text(s.into()),
-        }
+            Ok(n) if !s.starts_with(['0', '+']) || s == "0" => Repr::Number(n),
+            _ => Repr::Text(s.into()),
+        })
     }
 }
 
 impl std::fmt::Display for ResourceVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Number(n) => n.fmt(f),
-            Self::Text(t) => f.write_str(t),
+        match &self.0 {
+            Repr::Number(n) => n.fmt(f),
+            Repr::Text(t) => f.write_str(t),
         }
+    }
+}
+
+impl std::fmt::Debug for ResourceVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.to_string(), f)
     }
 }
 
@@ -76,7 +86,7 @@ pub const LABEL_TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 
 #[cfg(test)]
 mod tests {
-    use super::ResourceVersion;
+    use super::{Repr, ResourceVersion};
 
     /// Every resourceVersion reads back as written; the API server's decimal ones take no
     /// allocation, and the field is no larger than the boxed text it replaces.
@@ -95,15 +105,19 @@ mod tests {
         ] {
             assert_eq!(ResourceVersion::from(text).to_string(), text);
         }
-        assert_eq!(ResourceVersion::from("4711"), ResourceVersion::Number(4711));
-        assert_eq!(
-            ResourceVersion::from("18446744073709551616"),
-            ResourceVersion::Text("18446744073709551616".into())
-        );
-        assert_eq!(
-            ResourceVersion::from("007"),
-            ResourceVersion::Text("007".into())
-        );
+        assert!(matches!(
+            ResourceVersion::from("4711").0,
+            Repr::Number(4711)
+        ));
+        assert!(matches!(ResourceVersion::from("").0, Repr::Text(t) if t.is_empty()));
+        for text in ["18446744073709551616", "007", "+5"] {
+            assert!(matches!(&ResourceVersion::from(text).0, Repr::Text(t) if &**t == text));
+        }
+        // Equal exactly when the texts are, whichever way each is kept.
+        assert_eq!(ResourceVersion::from("5"), ResourceVersion::from("5"));
+        assert_ne!(ResourceVersion::from("5"), ResourceVersion::from("05"));
+        assert_eq!(ResourceVersion::default(), ResourceVersion::from(""));
+        assert_eq!(format!("{:?}", ResourceVersion::from("3")), "\"3\"");
         assert_eq!(size_of::<ResourceVersion>(), size_of::<Box<str>>());
     }
 }
