@@ -98,10 +98,10 @@ pub const REFUSE_FIRST_ENV: &str = "SOCKLB_BENCH_REFUSE_FLOOR_FIRST";
 
 /// Where a floor runs on its hook: after socklb's program (as attached) or before it.
 ///
-/// Neither is how socklb runs alone: the first program a hook runs after a connection's
-/// kernel work pays for what that work left cold. A floor after socklb's runs warm (socklb's
-/// ratio reads high), one before pays for it (the ratio reads low); the cost of each alone lies
-/// between, so the bench measures both, pass by pass.
+/// The first program a hook runs after a connection's kernel work pays for what that work left
+/// cold, as a program alone on its hook does: a floor after socklb's runs warm, one before pays
+/// for both. So the bench takes socklb's cost from a pass with the floors last and the floor's
+/// from one with them first (`kernel`'s doc), each where it pays what it would pay alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Order {
     FloorLast,
@@ -113,7 +113,8 @@ pub struct Floor {
     pub hook: Hook,
     prog: std::os::fd::OwnedFd,
     cgroup: std::fs::File,
-    link: std::os::fd::OwnedFd,
+    /// `None` while unlinked ([`Floor::unlink`]).
+    link: Option<std::os::fd::OwnedFd>,
 }
 
 impl Floor {
@@ -157,7 +158,7 @@ impl Floor {
             hook,
             prog,
             cgroup: cg,
-            link,
+            link: Some(link),
         })
     }
 
@@ -175,8 +176,14 @@ impl Floor {
             order == Order::FloorFirst,
         )?;
         // The old link goes once the new one runs: the hook never lacks the floor.
-        self.link = link;
+        self.link = Some(link);
         Ok(())
+    }
+
+    /// Takes the program off its hook (socklb's then runs alone); [`Floor::relink`] puts it
+    /// back.
+    pub fn unlink(&mut self) {
+        self.link = None;
     }
 
     /// (runs, nanoseconds) so far, from the kernel's counters.

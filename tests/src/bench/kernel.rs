@@ -1,9 +1,14 @@
 //! The kernel cost of socklb's programs, per run, against an empty program on the same hook,
-//! attached to the same cgroup and run by the same system calls in the same pass (see
-//! [`super::floor`]). Each figure is the median over passes of socklb's ns per run ÷ the empty
-//! program's, with the range. The floors run after socklb's program in even passes and before
-//! it in odd ones, where the kernel can put them first ([`Order`]): the figure is the median
-//! over both orders, and each order's median is reported beside it.
+//! attached to the same cgroup and run by the same system calls (see [`super::floor`]).
+//!
+//! The first program a hook runs after a connection's kernel work pays for what that work left
+//! cold. So passes come in pairs: in the first the floors are unlinked and socklb's programs
+//! run alone on their hooks; in the second the floors are linked before them ([`Order`]), where
+//! they pay what a program alone pays. Each figure is socklb's ns per run in the first ÷ the
+//! empty program's in the second, its median over the pairs; the ratio within the second pass
+//! (socklb's program after the floors, reading low) is reported beside it. A kernel that cannot
+//! put a program first has the floors after socklb's (reading warm: the figure reads high), and
+//! the report says so.
 use std::{net::SocketAddr, path::Path};
 
 use anyhow::Context as _;
@@ -26,19 +31,24 @@ use crate::client::{Command as ClientCommand, Op};
 pub struct KernelCost {
     pub name: String,
     pub hook: Hook,
+    /// socklb's ns per run in the passes with the floors unlinked: alone on its hook.
     pub socklb_ns: Spread,
+    /// The empty program's in the passes with the floors linked: first on the hook (last where
+    /// the kernel cannot put it first, see `floors_first`).
     pub floor_ns: Spread,
-    /// Over every pass, in both orders.
+    /// Pair by pair, socklb's ns alone ÷ the empty program's in the next pass.
     pub ratio: Spread,
-    /// The passes with the floors after socklb's program (socklb's ratio reads high).
-    pub ratio_floor_last: Spread,
-    /// The passes with the floors before it (reads low); `None` when the kernel cannot put a
-    /// program first on a cgroup hook (every pass then has the floors last).
-    pub ratio_floor_first: Option<Spread>,
+    /// Whether the floors ran first on their hooks (the kernel could link them there).
+    pub floors_first: bool,
+    /// socklb ÷ the empty program within the passes with the floors linked: socklb's program
+    /// after them reads low (they paid for its cold lines), before them high.
+    pub ratio_linked: Spread,
     /// connect4 only: a program that reads one word of socklb's `PORTS` array (a line of its
     /// own, as cold as socklb's), run by the same calls: what any prefilter costs at the least.
+    /// Its ns in the passes with the floors linked, right after the empty program (which pays
+    /// for the lines every program finds cold) and before socklb's.
     pub word_floor_ns: Option<Spread>,
-    /// socklb ÷ that program, per pass.
+    /// socklb's ns alone ÷ that program's, pair by pair.
     pub word_ratio: Option<Spread>,
     /// socklb program runs per pass (checks the workload reached the program).
     pub runs: u64,
@@ -288,12 +298,12 @@ fn per_run(before: (u64, u64), after: (u64, u64)) -> (u64, f64) {
     (runs, ns as f64 / runs.max(1) as f64)
 }
 
-/// Every workload, `passes` times, `count` calls each; socklb's programs beside empty ones.
-/// `tcp_label` says how the agent treats TCP sockets (recorded or not).
+/// Every workload, `count` calls each, in `pairs` pairs of passes: socklb's programs alone,
+/// then beside empty ones. `tcp_label` says how the agent treats TCP sockets (recorded or not).
 pub fn program_costs(
     world: &mut World,
     pins: &Path,
-    passes: usize,
+    pairs: usize,
     count: usize,
     tcp_label: &str,
     only_first: bool,
@@ -330,12 +340,9 @@ pub fn program_costs(
         ports::frontend_port_word(false, BACKEND_TCP ^ 0x8000),
     )?;
     // Whether the kernel can run the floors first (see `Order`); they start last, as attached.
-    let alternate = match floors[0].relink(Order::FloorFirst) {
-        Ok(()) => {
-            floors[0].relink(Order::FloorLast)?;
-            true
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => false,
+    let place = match floors[0].relink(Order::FloorFirst) {
+        Ok(()) => Order::FloorFirst,
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Order::FloorLast,
         Err(e) => return Err(e).context("linking an empty program before socklb's"),
     };
     let _stats = BpfStats::enable()?;
@@ -348,16 +355,20 @@ pub fn program_costs(
     let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); loads.iter().map(|w| w.hooks.len()).sum()];
     let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
     client.run(&loads[0].command)?;
-    for pass in 0..passes {
-        let order = if alternate && pass % 2 == 1 {
-            Order::FloorFirst
-        } else {
-            Order::FloorLast
-        };
-        if alternate {
+    for pass in 0..2 * pairs {
+        let alone = pass % 2 == 0;
+        if alone {
             for f in floors.iter_mut().chain([&mut word_floor]) {
-                f.relink(order)
-                    .with_context(|| format!("linking the {:?} floor {order:?}", f.hook))?;
+                f.unlink();
+            }
+        } else {
+            // Each link goes to the front or the back of the hook's list as it is made: the
+            // one-word program is linked before the empty ones, so on connect4 the empty
+            // program runs first (the figure's floor), then the one-word program, then
+            // socklb's (at the back: socklb's, the one-word, the empty).
+            for f in [&mut word_floor].into_iter().chain(floors.iter_mut()) {
+                f.relink(place)
+                    .with_context(|| format!("linking the {:?} floor {place:?}", f.hook))?;
             }
         }
         let floor = |hook: Hook| floors.iter().find(|f| f.hook == hook).context("floor");
@@ -383,17 +394,17 @@ pub fn program_costs(
                     floor_ns: f_ns,
                     runs,
                     word_ns: w_ns,
-                    order,
+                    alone,
                 });
                 slot += 1;
             }
         }
     }
-    Ok(costs_of(&loads, &samples, alternate))
+    Ok(costs_of(&loads, &samples, place == Order::FloorFirst))
 }
 
 /// Each workload's program on each hook, and the whole life's sum.
-fn costs_of(loads: &[Workload], samples: &[Vec<Sample>], alternate: bool) -> Vec<KernelCost> {
+fn costs_of(loads: &[Workload], samples: &[Vec<Sample>], floors_first: bool) -> Vec<KernelCost> {
     let mut out = Vec::new();
     let mut slot = 0;
     for w in loads {
@@ -403,20 +414,19 @@ fn costs_of(loads: &[Workload], samples: &[Vec<Sample>], alternate: bool) -> Vec
             } else {
                 w.name.clone()
             };
-            out.push(cost_of(name, h, &samples[slot], alternate));
+            out.push(cost_of(name, h, &samples[slot], floors_first));
             slot += 1;
         }
         if w.name == WHOLE_LIFE {
             let parts = &samples[slot - w.hooks.len()..slot];
-            out.push(whole_life(parts, alternate));
+            out.push(whole_life(parts, floors_first));
         }
     }
     out
 }
 
-/// The programs of one workload summed per pass (each pass's socklb nanoseconds ÷ its empty
-/// programs' nanoseconds), as one row: `WHOLE_LIFE (sum)`.
-fn whole_life(parts: &[Vec<Sample>], alternate: bool) -> KernelCost {
+/// The programs of one workload summed per pass, as one row: `WHOLE_LIFE (sum)`.
+fn whole_life(parts: &[Vec<Sample>], floors_first: bool) -> KernelCost {
     let passes = parts.iter().map(Vec::len).min().unwrap_or(0);
     let summed: Vec<Sample> = (0..passes)
         .map(|i| Sample {
@@ -424,14 +434,14 @@ fn whole_life(parts: &[Vec<Sample>], alternate: bool) -> KernelCost {
             floor_ns: parts.iter().map(|p| p[i].floor_ns).sum(),
             runs: parts.iter().map(|p| p[i].runs).min().unwrap_or(0),
             word_ns: 0.0,
-            order: parts[0][i].order,
+            alone: parts[0][i].alone,
         })
         .collect();
     cost_of(
         format!("{WHOLE_LIFE} (sum)"),
         Hook::SockRelease,
         &summed,
-        alternate,
+        floors_first,
     )
 }
 
@@ -440,7 +450,7 @@ fn whole_life(parts: &[Vec<Sample>], alternate: bool) -> KernelCost {
 pub fn monitor_costs(
     world: &mut World,
     pins: &Path,
-    passes: usize,
+    pairs: usize,
     count: usize,
 ) -> anyhow::Result<(Vec<KernelCost>, u64)> {
     use std::sync::{
@@ -469,7 +479,7 @@ pub fn monitor_costs(
             Ok(())
         })
     };
-    let costs = program_costs(world, pins, passes, count, "socklb monitor reading", true);
+    let costs = program_costs(world, pins, pairs, count, "socklb monitor reading", true);
     stop.store(true, Ordering::Relaxed);
     reading
         .join()
@@ -486,30 +496,31 @@ struct Sample {
     runs: u64,
     /// The one-word program's ns per run.
     word_ns: f64,
-    order: Order,
+    /// The floors unlinked: socklb's program alone on its hook.
+    alone: bool,
 }
 
-/// One program's figures over its passes (`alternate`: some had the floors first).
-fn cost_of(name: String, hook: Hook, s: &[Sample], alternate: bool) -> KernelCost {
-    let spread = |f: &dyn Fn(&Sample) -> f64| Spread::of(&s.iter().map(f).collect::<Vec<_>>());
-    let ratios_in = |order: Order| {
-        Spread::of(
-            &s.iter()
-                .filter(|x| x.order == order)
-                .map(|x| x.socklb_ns / x.floor_ns)
-                .collect::<Vec<_>>(),
-        )
+/// One program's figures over its pairs of passes (socklb's alone, then the floors linked:
+/// first on the hook when `floors_first`).
+fn cost_of(name: String, hook: Hook, s: &[Sample], floors_first: bool) -> KernelCost {
+    let pairs: Vec<(&Sample, &Sample)> = s
+        .chunks_exact(2)
+        .filter(|p| p[0].alone && !p[1].alone)
+        .map(|p| (&p[0], &p[1]))
+        .collect();
+    let spread = |f: &dyn Fn(&Sample, &Sample) -> f64| {
+        Spread::of(&pairs.iter().map(|(a, l)| f(a, l)).collect::<Vec<_>>())
     };
     KernelCost {
         name,
         hook,
-        socklb_ns: spread(&|x| x.socklb_ns),
-        floor_ns: spread(&|x| x.floor_ns),
-        ratio: spread(&|x| x.socklb_ns / x.floor_ns),
-        ratio_floor_last: ratios_in(Order::FloorLast),
-        ratio_floor_first: alternate.then(|| ratios_in(Order::FloorFirst)),
-        word_floor_ns: (hook == Hook::Connect4).then(|| spread(&|x| x.word_ns)),
-        word_ratio: (hook == Hook::Connect4).then(|| spread(&|x| x.socklb_ns / x.word_ns)),
+        socklb_ns: spread(&|a, _| a.socklb_ns),
+        floor_ns: spread(&|_, l| l.floor_ns),
+        ratio: spread(&|a, l| a.socklb_ns / l.floor_ns),
+        floors_first,
+        ratio_linked: spread(&|_, l| l.socklb_ns / l.floor_ns),
+        word_floor_ns: (hook == Hook::Connect4).then(|| spread(&|_, l| l.word_ns)),
+        word_ratio: (hook == Hook::Connect4).then(|| spread(&|a, l| a.socklb_ns / l.word_ns)),
         runs: s.first().map_or(0, |x| x.runs),
     }
 }
@@ -562,4 +573,56 @@ pub fn close_cost(
         untranslated_us: Spread::of(&direct_us),
         ratio: Spread::of(&ratios),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(alone: bool, socklb_ns: f64, floor_ns: f64) -> Sample {
+        Sample {
+            socklb_ns,
+            floor_ns,
+            runs: 10,
+            word_ns: 50.0,
+            alone,
+        }
+    }
+
+    #[test]
+    fn socklb_alone_is_divided_by_the_floor_of_the_next_pass() {
+        let passes = [
+            sample(true, 100.0, 0.0),
+            sample(false, 60.0, 40.0),
+            sample(true, 120.0, 0.0),
+            sample(false, 70.0, 48.0),
+        ];
+        let k = cost_of("row".into(), Hook::Connect4, &passes, true);
+        // socklb's ns from the passes alone, the empty program's from the linked ones:
+        // 100 / 40 and 120 / 48.
+        assert_eq!((k.ratio.min, k.ratio.max, k.ratio.passes), (2.5, 2.5, 2));
+        assert_eq!((k.socklb_ns.min, k.socklb_ns.max), (100.0, 120.0));
+        assert_eq!((k.floor_ns.min, k.floor_ns.max), (40.0, 48.0));
+        // Within the linked passes: 60 / 40 and 70 / 48.
+        assert_eq!((k.ratio_linked.min, k.ratio_linked.max), (70.0 / 48.0, 1.5));
+        // The one-word program of the linked passes: 100 / 50 and 120 / 50.
+        let w = k.word_ratio.expect("connect4");
+        assert_eq!((w.min, w.max), (2.0, 2.4));
+        assert!(k.floors_first);
+    }
+
+    #[test]
+    fn a_pass_out_of_its_pair_is_left_out() {
+        // Two linked passes in a row (a pair out of step) and a last pass alone.
+        let passes = [
+            sample(false, 60.0, 40.0),
+            sample(false, 60.0, 20.0),
+            sample(true, 90.0, 0.0),
+            sample(false, 50.0, 30.0),
+            sample(true, 1000.0, 0.0),
+        ];
+        let k = cost_of("row".into(), Hook::SockRelease, &passes, false);
+        assert_eq!((k.ratio.min, k.ratio.max, k.ratio.passes), (3.0, 3.0, 1));
+        assert!(k.word_ratio.is_none());
+    }
 }

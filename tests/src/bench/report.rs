@@ -223,16 +223,20 @@ impl Report {
                 k.floor_ns.median
             )
         };
-        // The order's effect, beside each ratio over both orders (see `floor::Order`).
+        // How the floor ran (see `kernel`'s doc), and the ratio within the passes with the
+        // floors linked.
         let orders = |k: &KernelCost| {
-            match &k.ratio_floor_first {
-            Some(first) => format!(
-                "floors after socklb's program {}×, before it {}× (alone it lies between)",
-                k.ratio_floor_last.show(2),
-                first.show(2)
-            ),
-            None => "floors after socklb's program in every pass (this kernel cannot link a program before it)".into(),
-        }
+            if k.floors_first {
+                format!(
+                    "socklb's program alone ÷ the empty program first on the hook; in one pass, the empty program first and socklb's after it: {}×",
+                    k.ratio_linked.show(2)
+                )
+            } else {
+                format!(
+                    "floors after socklb's program in every pass (this kernel cannot link a program before it): socklb's program alone ÷ the empty program after socklb's, which runs warm (the ratio reads high); in one pass {}×",
+                    k.ratio_linked.show(2)
+                )
+            }
         };
         let hot = |costs: &[KernelCost]| {
             costs
@@ -719,8 +723,8 @@ impl Report {
             );
             let _ = writeln!(
                 m,
-                "Every figure is a ratio to a floor measured beside it in this run: median of {} passes, (min–max).\n",
-                e.passes
+                "Every figure is a ratio to a floor measured beside it in this run: median of {} passes (for the programs' kernel cost, {} pairs of passes), (min–max).\n",
+                e.passes, e.passes
             );
         }
         let _ = writeln!(m, "## Targets\n");
@@ -751,7 +755,7 @@ impl Report {
     fn kernel_section(&self, m: &mut String) {
         let _ = writeln!(
             m,
-            "\n## Kernel cost per call\n\nsocklb's program and an empty program (`r0 = 1; exit`) on the same hook and cgroup, run by the same calls (kernel run counters). The empty programs run after socklb's in even passes and before it in odd ones: the first program a hook runs after a connection's kernel work pays for what that work left cold, so an empty program after socklb's runs warm (the ratio reads high) and one before pays for it (the ratio reads low); socklb's cost alone lies between. The ratio is over both orders; each order's is beside it.\n"
+            "\n## Kernel cost per call\n\nsocklb's program and an empty program (`r0 = 1; exit`) on the same hook and cgroup, run by the same calls (kernel run counters). The first program a hook runs after a connection's kernel work pays for what that work left cold. So passes come in pairs: in the first the empty programs are unlinked and socklb's run alone on their hooks; in the second the empty programs are linked before socklb's, where they pay what a program alone pays. The ratio is socklb's ns in the first ÷ the empty program's in the second, its median over the pairs; beside it, the ratio within the second pass, where socklb's program runs after the empty one and reads low.\n"
         );
         let rows = self
             .kernel
@@ -764,10 +768,7 @@ impl Report {
                     k.socklb_ns.show(0),
                     k.floor_ns.show(0),
                     k.ratio.show(2),
-                    k.ratio_floor_last.show(2),
-                    k.ratio_floor_first
-                        .as_ref()
-                        .map_or_else(|| "(refused)".into(), |r| r.show(2)),
+                    k.ratio_linked.show(2),
                     k.runs.to_string(),
                 ]
             });
@@ -775,11 +776,10 @@ impl Report {
             m,
             &[
                 "call",
-                "socklb ns",
-                "empty ns",
+                "socklb ns, alone",
+                "empty ns, first",
                 "ratio",
-                "empty after",
-                "empty before",
+                "in one pass (empty first)",
                 "runs per pass",
             ],
             rows,

@@ -352,7 +352,7 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
     eprintln!("kernel cost: installing {services6} IPv6 services for the IPv6 spread rows");
     world.set_ipv6_services(services6)?;
     eprintln!(
-        "kernel cost: {} passes x {} calls per workload, beside empty programs",
+        "kernel cost: {} pairs of passes x {} calls per workload, beside empty programs",
         s.passes, s.kernel_calls
     );
     report.kernel = kernel::program_costs(
