@@ -918,7 +918,8 @@ pub struct SockState {
     /// the process's own cgroup outside pods): the count the record is charged to, and the
     /// client it is listed under.
     pub cgroup_id: u64,
-    /// `bpf_ktime_get_ns()` (`CLOCK_MONOTONIC`) when the record was created: the socket's age.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC_COARSE`, the kernel's last tick) when the
+    /// record was created: the socket's age.
     pub created_ns: u64,
     /// Which record the next new destination replaces once all are used (taken modulo
     /// `SOCK_DESTINATIONS`).
@@ -1027,7 +1028,7 @@ pub struct ConnRecord {
     pub cookie: u64,
     /// The cgroup v2 id of the process that connected (UDP: of its pod, the one charged).
     pub cgroup_id: u64,
-    /// `bpf_ktime_get_ns()` at connect.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC_COARSE`) at connect.
     pub created_ns: u64,
     pub frontend: FrontendKey,
     pub backend: Backend,

@@ -413,10 +413,21 @@ pub unsafe fn forget_resident(bytes: &'static [u8]) -> io::Result<usize> {
     Ok(end - first)
 }
 
-/// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads: a record's age is now minus its
-/// `created_ns`.
+/// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads (the decision stream's times
+/// and its claim).
 pub fn monotonic_now() -> std::time::Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    clock_now(rustix::time::ClockId::MonotonicCoarse)
+}
+
+/// `CLOCK_MONOTONIC_COARSE` now (the kernel's last tick), the clock the programs stamp a
+/// socket's record with (`created_ns`, `bpf_ktime_get_coarse_ns()`): a record's age is now
+/// minus its stamp, and a record stamped before this value was made before it was read.
+pub fn record_clock_now() -> std::time::Duration {
+    clock_now(rustix::time::ClockId::MonotonicCoarse)
+}
+
+fn clock_now(clock: rustix::time::ClockId) -> std::time::Duration {
+    let t = rustix::time::clock_gettime(clock);
     std::time::Duration::new(
         u64::try_from(t.tv_sec).unwrap_or(0),
         u32::try_from(t.tv_nsec).unwrap_or(0),

@@ -39,7 +39,7 @@ use std::{
 
 use lb_common::{ConnRecord, MapId, SockAddrs, SockRecord, SockState, SocketEntry, UdpSocketEntry};
 
-pub use crate::dataplane::sys::monotonic_now;
+pub use crate::dataplane::sys::record_clock_now;
 use crate::{
     dataplane::{
         features::Listing,
@@ -355,9 +355,9 @@ pub fn held_slots(pins: &SocketPins) -> Result<usize, ListError> {
     Ok(held)
 }
 
-/// The TCP connections' slots held by a socket made before `since` (`CLOCK_MONOTONIC` ns):
-/// the slots a census should find a socket for. Its size is bounded by the slots, not by the
-/// sockets.
+/// The TCP connections' slots held by a socket made before `since` (`CLOCK_MONOTONIC_COARSE`
+/// ns, the records' clock): the slots a census should find a socket for. Its size is bounded by
+/// the slots, not by the sockets.
 pub fn tcp_slots_before(pins: &SocketPins, since: u64) -> Result<HashSet<u64>, ListError> {
     let mut held = HashSet::new();
     if let Some(slots) = Slots::open(pins)? {

@@ -21,7 +21,7 @@ pub mod view;
 
 pub use listing::{
     CensusStats, ListError, LiveSocket, Namespace, NamespaceError, census, census_each, held_slots,
-    in_each_namespace, monotonic_now, namespaces, protocol_of, records,
+    in_each_namespace, namespaces, protocol_of, record_clock_now, records,
 };
 pub use terminate::{
     Serving, TerminateError, Terminated, repair_untranslated, terminate_judged, terminate_stale,

@@ -73,9 +73,10 @@ fn tally(live: &mut HashMap<u64, u64>, state: &SockState, held: u64, since: u64)
     }
 }
 
-/// The live records in socket storage made before `since` (`CLOCK_MONOTONIC` ns), by pod,
-/// streamed: in one walk where the kernel allows it, else one namespace of `cgroup`'s tree at a
-/// time (TCP through `sock_diag`'s storage attribute, UDP through the UDP iterator).
+/// The live records in socket storage made before `since` (`CLOCK_MONOTONIC_COARSE` ns, the
+/// records' clock), by pod, streamed: in one walk where the kernel allows it, else one
+/// namespace of `cgroup`'s tree at a time (TCP through `sock_diag`'s storage attribute, UDP
+/// through the UDP iterator).
 fn live_records(
     pins: &SocketPins,
     listing: Listing,
@@ -181,7 +182,7 @@ pub fn recount(
 ) -> Result<Recount, ListError> {
     let mut map = open(pins)?;
     let since =
-        u64::try_from(crate::dataplane::sys::monotonic_now().as_nanos()).unwrap_or(u64::MAX);
+        u64::try_from(crate::dataplane::sys::record_clock_now().as_nanos()).unwrap_or(u64::MAX);
     let before: HashMap<u64, i64> = map
         .iter()
         .flatten()

@@ -298,7 +298,7 @@ struct Client {
 }
 
 impl Tally {
-    /// `now` is `CLOCK_MONOTONIC` (see `monotonic_now`).
+    /// `now` is `CLOCK_MONOTONIC_COARSE`, the records' clock (see `record_clock_now`).
     pub fn new(now: Duration) -> Self {
         Self {
             connections: BTreeMap::new(),
@@ -452,7 +452,7 @@ pub fn connections<S: std::hash::BuildHasher>(
     cgroups: &HashMap<u64, PathBuf, S>,
     filter: &Filter,
 ) -> Result<ConnectionsView, super::listing::ListError> {
-    let mut tally = Tally::new(crate::dataplane::sys::monotonic_now());
+    let mut tally = Tally::new(crate::dataplane::sys::record_clock_now());
     let stats = super::listing::census_each(pins, cgroup, listing, true, |s| tally.add(&s))?;
     Ok(summarize(tally, &stats, snapshot, cluster, cgroups, filter))
 }

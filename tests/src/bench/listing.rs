@@ -77,7 +77,7 @@ pub fn listing_cost(world: &World, count: usize, passes: usize) -> anyhow::Resul
     for _ in 0..passes {
         // What the agent does every 15 s: the census, counted into its tally as it streams.
         let start = Instant::now();
-        let mut tally = sockets::view::Tally::new(sockets::monotonic_now());
+        let mut tally = sockets::view::Tally::new(sockets::record_clock_now());
         let mut found = 0;
         sockets::census_each(&pins, cgroup, listing, true, |s| {
             found += 1;

@@ -653,6 +653,51 @@ fn connected_udp_slot_freed(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A connection's record is stamped on the clock the agent's census and recount read
+/// (`record_clock_now`): a record stamped before a count read that clock was made before it.
+/// So a census never expects to find (and frees the slot of) a connection made while it runs,
+/// and a recount never counts such a record twice. Each connection here is made between two
+/// reads of that clock: the census's own question (which TCP slots were taken before a moment)
+/// must leave it out at the first and count it at the second. On another clock (the precise
+/// one against the kernel's last tick, or the other way round) most of them fall on the wrong
+/// side of one read or the other.
+fn a_record_is_stamped_on_the_census_clock(net: &Net) -> anyhow::Result<()> {
+    const CONNECTIONS: u32 = 20;
+    let w = World::new(net, false, &[0], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    if !claims.socket_release {
+        socklb_tests::features::fallback(
+            "a_record_is_stamped_on_the_census_clock",
+            "no release program, no slots: the records are in socket storage",
+        );
+        return Ok(());
+    }
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .context("socket pins")?;
+    let now = || u64::try_from(socklb::sockets::record_clock_now().as_nanos()).expect("ns");
+    let slots_before =
+        |at: u64| socklb::sockets::listing::tcp_slots_before(&pins, at).map(|s| s.len());
+    let mut client = w.client()?;
+    for id in 0..CONNECTIONS {
+        let before = now();
+        open(&mut client, net, id, false)?;
+        let after = now();
+        let made = id as usize;
+        assert_eq!(
+            slots_before(before)?,
+            made,
+            "connection {id}: made after {before} ns, yet its slot reads as older"
+        );
+        assert_eq!(
+            slots_before(after + 1)?,
+            made + 1,
+            "connection {id}: made by {after} ns, yet its slot reads as younger"
+        );
+    }
+    Ok(())
+}
+
 /// A TCP connect that fails after the hook took its connection slot gives the slot back when
 /// the socket closes. Here the only backend has no route from the client's namespace, so the
 /// kernel's connect fails before it sets the peer (a blocking connect refused or timed out, or
@@ -910,6 +955,7 @@ both_families!(
     connected_udp_socket_terminated_across_a_restart,
     connected_udp_sockets_listed,
     connected_udp_slot_freed,
+    a_record_is_stamped_on_the_census_clock,
     tcp_slot_freed_after_a_failed_connect,
     tcp_slot_freed_after_reconnecting_elsewhere,
     mptcp_translated_and_its_slot_reclaimed,

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::agent::engine::Engine;
 use crate::{
-    dataplane::{features::Listing, maps::ServiceMaps, pins::SocketPins, sys::monotonic_now},
+    dataplane::{features::Listing, maps::ServiceMaps, pins::SocketPins, sys::record_clock_now},
     sockets::{
         CensusStats, ListError, census_each,
         cluster::FromObjects,
@@ -163,7 +163,7 @@ impl Refresher {
         let suspects = std::mem::take(&mut self.suspects);
         tokio::task::spawn_blocking(move || {
             let start = Instant::now();
-            let now = monotonic_now();
+            let now = record_clock_now();
             let since = u64::try_from(now.as_nanos()).unwrap_or(u64::MAX);
             let mut unseen = tcp_slots_before(&pins, since).unwrap_or_default();
             let mut tally = Tally::new(now);
