@@ -45,8 +45,8 @@ pub struct KernelCost {
     pub ratio_linked: Spread,
     /// connect4 only: a program that reads one word of socklb's `PORTS` array (a line of its
     /// own, as cold as socklb's), run by the same calls: what any prefilter costs at the least.
-    /// Its ns in the passes with the floors linked, right after the empty program (which pays
-    /// for the lines every program finds cold) and before socklb's.
+    /// Its ns in the passes with the floors linked: where they go first, right after the empty
+    /// program (which pays for the lines every program finds cold) and before socklb's.
     pub word_floor_ns: Option<Spread>,
     /// socklb's ns alone ÷ that program's, pair by pair.
     pub word_ratio: Option<Spread>,
