@@ -83,11 +83,13 @@ impl Net {
 }
 
 /// A sandbox with `backends` (indexes into the net's three), an agent, and one Service named
-/// `svc` on the VIP: TCP port 80 or UDP port 53, both to target port 8080.
+/// `svc` on the VIP: TCP port 80 or UDP port 53, both to target port 8080. The agent is dropped
+/// before the sandbox: a failing test prints its log from the sandbox's folder, and the
+/// sandbox's teardown finds its pins free.
 struct World<'n> {
     net: &'n Net,
-    sandbox: Sandbox,
     agent: AgentProcess,
+    sandbox: Sandbox,
     udp: bool,
 }
 
@@ -135,8 +137,8 @@ impl<'n> World<'n> {
         let agent = sandbox.start_agent(&AgentOptions::with_args(agent_args))?;
         let w = Self {
             net,
-            sandbox,
             agent,
+            sandbox,
             udp,
         };
         w.wait(backends)?;
