@@ -755,7 +755,7 @@ impl Report {
     fn kernel_section(&self, m: &mut String) {
         let _ = writeln!(
             m,
-            "\n## Kernel cost per call\n\nsocklb's program and an empty program (`r0 = 1; exit`) on the same hook and cgroup, run by the same calls (kernel run counters). The first program a hook runs after a connection's kernel work pays for what that work left cold. So passes come in pairs: in the first the empty programs are unlinked and socklb's run alone on their hooks; in the second the empty programs are linked before socklb's, where they pay what a program alone pays. The ratio is socklb's ns in the first ÷ the empty program's in the second, its median over the pairs; beside it, the ratio within the second pass, where socklb's program runs after the empty one and reads low.\n"
+            "\n## Kernel cost per call\n\nsocklb's program and an empty program (`r0 = 1; exit`) on the same hook and cgroup, run by the same calls (kernel run counters). The first program a hook runs after a connection's kernel work pays for what that work left cold. So passes come in pairs: in one the empty programs are unlinked and socklb's run alone on their hooks; in the other the empty programs are linked before socklb's, where they pay what a program alone pays (which comes first alternates from pair to pair). The ratio is socklb's ns alone ÷ the empty program's linked, its median over the pairs; beside it, the ratio within the linked pass, where socklb's program runs after the empty one and reads low.\n"
         );
         let rows = self
             .kernel
