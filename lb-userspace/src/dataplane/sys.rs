@@ -416,7 +416,7 @@ pub unsafe fn forget_resident(bytes: &'static [u8]) -> io::Result<usize> {
 /// `CLOCK_MONOTONIC` now, the clock `bpf_ktime_get_ns()` reads (the decision stream's times
 /// and its claim).
 pub fn monotonic_now() -> std::time::Duration {
-    clock_now(rustix::time::ClockId::MonotonicCoarse)
+    clock_now(rustix::time::ClockId::Monotonic)
 }
 
 /// `CLOCK_MONOTONIC_COARSE` now (the kernel's last tick), the clock the programs stamp a
@@ -432,4 +432,25 @@ fn clock_now(clock: rustix::time::ClockId) -> std::time::Duration {
         u64::try_from(t.tv_sec).unwrap_or(0),
         u32::try_from(t.tv_nsec).unwrap_or(0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    /// The decision stream's clock is the precise one: it moves within microseconds, where the
+    /// records' clock moves only at the kernel's tick (milliseconds).
+    #[test]
+    fn the_streams_clock_is_precise_and_the_records_clock_never_ahead_of_it() {
+        let first = super::monotonic_now();
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_micros(20) {}
+        assert!(
+            super::monotonic_now() > first,
+            "CLOCK_MONOTONIC moves in 20 µs"
+        );
+        let coarse = super::record_clock_now();
+        assert!(
+            coarse <= super::monotonic_now(),
+            "the tick is never ahead of the precise clock"
+        );
+    }
 }
