@@ -814,6 +814,100 @@ fn tcp_slot_freed_after_reconnecting_elsewhere(net: &Net) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// A TCP socket whose record went to its socket storage (its connection slot was held by
+/// another socket), disconnected (`connect(AF_UNSPEC)`) and connected to the service again once
+/// that slot is free, holds both a record in storage and its slot: its close, with the agent
+/// killed, gives back both, the slot and its pod's count. A close that skipped the storage of
+/// a TCP socket holding its slot (an optimization measured for the close's kernel cost) would
+/// keep one count of the pod for ever (until a recount). Every free slot is held here by a
+/// cookie no socket has, written with the agent killed (no census frees them), then freed
+/// again.
+fn tcp_socket_with_its_record_in_storage_and_a_slot_gives_both_back(
+    net: &Net,
+) -> anyhow::Result<()> {
+    use aya::maps::{Array, Map, MapData};
+    use lb_common::{ConnRecord, MapId};
+    let mut w = World::new(net, false, &[0], &[])?;
+    let claims = socklb_tests::features::Claims::of(&w.agent.status()?);
+    if !claims.socket_release {
+        socklb_tests::features::fallback(
+            "tcp_socket_with_its_record_in_storage_and_a_slot_gives_both_back",
+            "no release program, no slots: every record is in socket storage",
+        );
+        return Ok(());
+    }
+    let pins = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current_sockets()
+        .context("socket pins")?;
+    let held = held_slots(&w);
+    let pods_count =
+        || -> anyhow::Result<i64> { Ok(socklb::sockets::quota::counts(&pins)?.values().sum()) };
+    w.agent.kill9();
+    let (count_before, held_before) = (pods_count()?, held()?);
+    let mut slots: Array<MapData, ConnRecord> = Array::try_from(Map::from_map_data(
+        MapData::from_pin(pins.dir.join(MapId::Connections.name()))?,
+    )?)?;
+    let mut taken = Vec::new();
+    for slot in 0..slots.len() {
+        if slots.get(&slot, 0)?.cookie == 0 {
+            let other = ConnRecord {
+                cookie: u64::MAX - u64::from(slot),
+                ..ConnRecord::default()
+            };
+            slots.set(slot, other, 0)?;
+            taken.push(slot);
+        }
+    }
+    let mut client = w.client()?;
+    let free = |slots: &mut Array<MapData, ConnRecord>| -> anyhow::Result<()> {
+        for &slot in &taken {
+            slots.set(slot, ConnRecord::default(), 0)?;
+        }
+        Ok(())
+    };
+    let opened = open(&mut client, net, 1, false);
+    free(&mut slots)?;
+    opened?;
+    assert_eq!(
+        (pods_count()?, held()?),
+        (count_before + 1, held_before),
+        "the record in storage is counted against its pod, and no slot is held"
+    );
+    let r = client.run(&Command::Reconnect {
+        id: 1,
+        target: None,
+    })?;
+    assert!(r.ok, "disconnect: {r:?}");
+    let vip = net.vip(TCP_PORT);
+    let r = client.run(&Command::Reconnect {
+        id: 1,
+        target: Some(vip),
+    })?;
+    assert!(r.ok, "connect again: {r:?}");
+    assert_eq!(
+        r.peer_names.keys().collect::<Vec<_>>(),
+        [&vip.to_string()],
+        "translated again, its peer named from its record"
+    );
+    let r = client.run(&Command::Exchange {
+        id: 1,
+        msg: "again".into(),
+    })?;
+    assert_eq!(only_backend(&r), net.backend_str(0), "{r:?}");
+    assert_eq!(
+        (pods_count()?, held()?),
+        (count_before + 1, held_before + 1),
+        "the socket holds its slot now, and its pod is still counted once (a TCP slot is not)"
+    );
+    client.run(&Command::Close { id: 1 })?;
+    assert_eq!(
+        (pods_count()?, held()?),
+        (count_before, held_before),
+        "its close gave back its pod's count and its slot"
+    );
+    Ok(())
+}
+
 /// A process outside the cgroup, in the same namespace, is never translated.
 fn outside_cgroup_untouched(net: &Net) -> anyhow::Result<()> {
     let w = World::new(net, false, &[0, 1, 2], &[])?;
@@ -960,6 +1054,7 @@ both_families!(
     a_record_is_stamped_on_the_census_clock,
     tcp_slot_freed_after_a_failed_connect,
     tcp_slot_freed_after_reconnecting_elsewhere,
+    tcp_socket_with_its_record_in_storage_and_a_slot_gives_both_back,
     mptcp_translated_and_its_slot_reclaimed,
     outside_cgroup_untouched,
 );
