@@ -21,8 +21,8 @@ use super::{
     floor::{BpfStats, Floor, Hook, Order},
     stats::{Spread, median},
     world::{
-        BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, VIP6, World, all_vips, all_vips6,
-        backends, backends6,
+        BACKEND_TCP, BACKEND_UDP, DNS_PORT, HTTP_PORT, VIP, VIP_AFFINITY, VIP6, World, all_vips,
+        all_vips6, backends, backends6,
     },
 };
 use crate::client::{Command as ClientCommand, Op};
@@ -73,6 +73,23 @@ struct Workload {
     hooks: Vec<Hook>,
 }
 
+impl Workload {
+    /// `count` TCP connections (connect, a line each way, close), each to one of `targets`,
+    /// timing the programs on `hook`.
+    fn connections(
+        name: impl Into<String>,
+        targets: Vec<SocketAddr>,
+        count: usize,
+        hook: Hook,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            command: ClientCommand::Bench { targets, count },
+            hooks: vec![hook],
+        }
+    }
+}
+
 /// A port nothing listens on in the backend pods and no service uses.
 const CLOSED_PORT: u16 = 9;
 
@@ -86,22 +103,27 @@ fn workloads(services: usize, services6: usize, count: usize, tcp_label: &str) -
     let vip_udp = vec![SocketAddr::new(VIP.parse().expect("VIP"), DNS_PORT)];
     let on_service_port: Vec<SocketAddr> = backends(HTTP_PORT);
     let mut loads = vec![
-        Workload {
-            name: format!("connect4, service hit, TCP, {tcp_label}, spread over all services"),
-            command: ClientCommand::Bench {
-                targets: vip_tcp.clone(),
-                count,
-            },
-            hooks: vec![Hook::Connect4],
-        },
-        Workload {
-            name: format!("connect4, service hit, TCP, {tcp_label}, one service (hot maps)"),
-            command: ClientCommand::Bench {
-                targets: vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
-                count,
-            },
-            hooks: vec![Hook::Connect4],
-        },
+        Workload::connections(
+            format!("connect4, service hit, TCP, {tcp_label}, spread over all services"),
+            vip_tcp.clone(),
+            count,
+            Hook::Connect4,
+        ),
+        Workload::connections(
+            format!("connect4, service hit, TCP, {tcp_label}, one service (hot maps)"),
+            vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
+            count,
+            Hook::Connect4,
+        ),
+        Workload::connections(
+            format!("connect4, service hit, TCP, {tcp_label}, sessionAffinity ClientIP (hot maps)"),
+            vec![SocketAddr::new(
+                VIP_AFFINITY.parse().expect("VIP"),
+                HTTP_PORT,
+            )],
+            count,
+            Hook::Connect4,
+        ),
         Workload {
             name: "connect4, service hit, UDP (socket recorded)".into(),
             command: ClientCommand::Ops {
@@ -111,49 +133,39 @@ fn workloads(services: usize, services6: usize, count: usize, tcp_label: &str) -
             },
             hooks: vec![Hook::Connect4],
         },
-        Workload {
-            name: "connect4, not a service, a port no service uses".into(),
-            // Nothing listens there either: refused at once, so the connection's own traffic
-            // does not interrupt the programs (the live-server workload below shows that).
-            command: ClientCommand::Bench {
-                targets: backends(CLOSED_PORT),
-                count,
-            },
-            hooks: vec![Hook::Connect4],
-        },
-        Workload {
-            name: "connect4, not a service, a live server (a full TCP connection each)".into(),
-            command: ClientCommand::Bench {
-                targets: backends(BACKEND_TCP),
-                count,
-            },
-            hooks: vec![Hook::Connect4],
-        },
-        Workload {
-            name: "connect4, not a service, a port services use".into(),
-            // Nothing listens on the pods' port 80: refused at once, after the programs ran.
-            command: ClientCommand::Bench {
-                targets: on_service_port,
-                count,
-            },
-            hooks: vec![Hook::Connect4],
-        },
-        Workload {
-            name: "sock_release, a translated TCP connection closed".into(),
-            command: ClientCommand::Bench {
-                targets: vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
-                count,
-            },
-            hooks: vec![Hook::SockRelease],
-        },
-        Workload {
-            name: "sock_release, a socket never translated closed".into(),
-            command: ClientCommand::Bench {
-                targets: backends(CLOSED_PORT),
-                count,
-            },
-            hooks: vec![Hook::SockRelease],
-        },
+        // Nothing listens there either: refused at once, so the connection's own traffic
+        // does not interrupt the programs (the live-server workload below shows that).
+        Workload::connections(
+            "connect4, not a service, a port no service uses",
+            backends(CLOSED_PORT),
+            count,
+            Hook::Connect4,
+        ),
+        Workload::connections(
+            "connect4, not a service, a live server (a full TCP connection each)",
+            backends(BACKEND_TCP),
+            count,
+            Hook::Connect4,
+        ),
+        // Nothing listens on the pods' port 80: refused at once, after the programs ran.
+        Workload::connections(
+            "connect4, not a service, a port services use",
+            on_service_port,
+            count,
+            Hook::Connect4,
+        ),
+        Workload::connections(
+            "sock_release, a translated TCP connection closed",
+            vec![SocketAddr::new(VIP.parse().expect("VIP"), HTTP_PORT)],
+            count,
+            Hook::SockRelease,
+        ),
+        Workload::connections(
+            "sock_release, a socket never translated closed",
+            backends(CLOSED_PORT),
+            count,
+            Hook::SockRelease,
+        ),
         Workload {
             name: "getpeername4, translated TCP socket".into(),
             command: ClientCommand::Ops {

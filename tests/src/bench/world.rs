@@ -20,6 +20,9 @@ use super::{
 use crate::{Client, Sandbox, agent::AgentOptions, agent::AgentProcess, system::ip};
 
 pub const VIP: &str = "10.96.0.10";
+/// A service on the same backends with `sessionAffinity: ClientIP` (its own row of the kernel
+/// cost).
+pub const VIP_AFFINITY: &str = "10.96.0.11";
 pub const HTTP_PORT: u16 = 80;
 pub const DNS_PORT: u16 = 53;
 pub const BACKEND_TCP: u16 = 8080;
@@ -136,6 +139,13 @@ pub fn datapath_manifests(n: usize) -> String {
         "---\napiVersion: v1\nkind: Service\nmetadata: {{name: bench6, namespace: default}}\nspec:\n  clusterIP: \"{VIP6}\"\n  ipFamilies: [IPv6]\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench6-1, namespace: default, labels: {{kubernetes.io/service-name: bench6}}}}\naddressType: IPv6\nports: [{{name: http, port: {BACKEND_TCP}}}]\nendpoints:\n"
     );
     for b in BACKENDS6 {
+        let _ = writeln!(y, "- addresses: [\"{b}\"]");
+    }
+    let _ = write!(
+        y,
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: bench-affinity, namespace: default}}\nspec:\n  clusterIP: {VIP_AFFINITY}\n  sessionAffinity: ClientIP\n  ports:\n  - {{name: http, port: {HTTP_PORT}, targetPort: {BACKEND_TCP}}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: bench-affinity-1, namespace: default, labels: {{kubernetes.io/service-name: bench-affinity}}}}\naddressType: IPv4\nports: [{{name: http, port: {BACKEND_TCP}}}]\nendpoints:\n"
+    );
+    for b in BACKENDS {
         let _ = writeln!(y, "- addresses: [\"{b}\"]");
     }
     for i in 0..n {
@@ -277,7 +287,7 @@ impl World {
         let start = Instant::now();
         self.sandbox
             .write_manifest("bench.yaml", &datapath_manifests(n))?;
-        self.wait_service_ports(n + 2)?;
+        self.wait_service_ports(n + 3)?;
         let socklb_s = start.elapsed().as_secs_f64();
         let all = kube_proxy_services(n);
         let iptables_s = load_iptables(&self.iptables_ns, &all)
