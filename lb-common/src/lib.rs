@@ -1071,7 +1071,9 @@ pub const AFFINITY_BUCKET: usize = 4;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AffinityEntry {
     pub netns_cookie: u64,
-    /// `bpf_ktime_get_ns()` of the last connect that used this entry.
+    /// `bpf_ktime_get_coarse_ns()` (`CLOCK_MONOTONIC_COARSE`) of the last connect that used
+    /// this entry (entries an older agent's programs wrote: `CLOCK_MONOTONIC`, at most a tick
+    /// ahead).
     pub last_used_ns: u64,
     pub backend: Backend,
     /// 0: the entry is free.

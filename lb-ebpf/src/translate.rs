@@ -433,7 +433,7 @@ fn socket_state(
     // SAFETY: non-null; a new value is all zero and only this socket's hooks write it.
     unsafe {
         (*state).cgroup_id = pod;
-        (*state).created_ns = record_time();
+        (*state).created_ns = coarse_now();
     }
     Ok(state)
 }
@@ -584,13 +584,15 @@ fn set_held(cookie: u64, value: u8) {
     }
 }
 
-/// When a record is made, for its age and for the agent's counts: `CLOCK_MONOTONIC_COARSE`,
-/// the kernel's last tick, which the agent reads for the same purposes
-/// (`sys::record_clock_now`), so that a record stamped before a count began was made before
-/// it. The precise clock's read waits for the connect's loads still in flight: it cost a hot
-/// TCP hit about a tenth and a connected UDP socket's connect about a fifth.
+/// The clock of what the agent compares with now: when a record is made (its age, the agent's
+/// counts) and when an affinity choice was last used (its timeout, `inspect affinity`'s idle
+/// time). `CLOCK_MONOTONIC_COARSE`, the kernel's last tick, which the agent reads for the same
+/// purposes (`sys::record_clock_now`), so that a record stamped before a count began was made
+/// before it. The precise clock's read waits for the connect's loads still in flight: it cost a
+/// hot TCP hit about a tenth, a connected UDP socket's connect about a fifth, and a hit of a
+/// service with sessionAffinity about a sixth.
 #[inline(always)]
-fn record_time() -> u64 {
+fn coarse_now() -> u64 {
     // SAFETY: plain helper call.
     unsafe { aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns() }
 }
@@ -610,7 +612,7 @@ fn take_slot(
     // this one's getpeername report its backend.
     unsafe {
         (*slot).cgroup_id = cgroup_id;
-        (*slot).created_ns = record_time();
+        (*slot).created_ns = coarse_now();
         (*slot).frontend = *key;
         (*slot).backend = choice.backend;
         (*slot).service_id = service_id;
@@ -880,7 +882,7 @@ fn choose_with_affinity(ctx: &SockAddrContext, frontend: &Frontend) -> Result<Ch
         (
             bpf_get_current_cgroup_id(),
             bpf_get_netns_cookie(ctx.sock_addr.cast()),
-            bpf_ktime_get_ns(),
+            coarse_now(),
         )
     };
     let table = if let Some(t) = AFFINITY.get_ptr_mut(cgroup) {

@@ -622,7 +622,9 @@ pub struct AffinityRow {
 const AFFINITY_LIMIT: usize = 4096;
 
 fn affinity(other: &ReadOnlyMaps, snap: &MapSnapshot) -> anyhow::Result<Vec<AffinityRow>> {
-    let now = monotonic_ns();
+    // The clock the programs stamp an entry's last use with.
+    let now =
+        u64::try_from(crate::dataplane::sys::record_clock_now().as_nanos()).unwrap_or(u64::MAX);
     let mut rows = Vec::new();
     for (cgroup, table) in other.affinity(AFFINITY_LIMIT)? {
         for e in table.entries.iter().filter(|e| e.service_id != 0) {
@@ -652,12 +654,6 @@ fn affinity_text(rows: &[AffinityRow]) -> String {
         ]);
     }
     t.render()
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock `bpf_ktime_get_ns()` reads.
-fn monotonic_ns() -> u64 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 #[cfg(test)]

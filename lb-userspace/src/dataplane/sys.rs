@@ -420,8 +420,9 @@ pub fn monotonic_now() -> std::time::Duration {
 }
 
 /// `CLOCK_MONOTONIC_COARSE` now (the kernel's last tick), the clock the programs stamp a
-/// socket's record with (`created_ns`, `bpf_ktime_get_coarse_ns()`): a record's age is now
-/// minus its stamp, and a record stamped before this value was made before it was read.
+/// socket's record (`created_ns`) and an affinity choice's last use (`last_used_ns`) with
+/// (`bpf_ktime_get_coarse_ns()`): an age is now minus its stamp, and a record stamped before
+/// this value was made before it was read.
 pub fn record_clock_now() -> std::time::Duration {
     clock_now(rustix::time::ClockId::MonotonicCoarse)
 }

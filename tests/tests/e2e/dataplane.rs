@@ -427,6 +427,48 @@ fn session_affinity(net: &Net) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An affinity choice's last use is stamped on the clock the agent and `inspect affinity` read
+/// (`record_clock_now`, the kernel's last tick): each connect here is made between two reads of
+/// that clock, and its entry's stamp falls between them. On the precise clock, which runs up to
+/// a tick ahead of the coarse one, most stamps would fall after the second read, and an idle
+/// time computed from them would read too short.
+fn an_affinity_choice_is_stamped_on_the_records_clock(net: &Net) -> anyhow::Result<()> {
+    use aya::maps::{HashMap, Map, MapData};
+    use lb_common::{AffinityTable, MapId};
+    const CONNECTS: usize = 20;
+    let w = World::new(net, false, &[0, 1, 2], &["sessionAffinity: ClientIP"])?;
+    let maps = socklb::dataplane::pins::PinFolder::new(w.sandbox.pin_folder())
+        .current()
+        .context("a map generation pinned")?;
+    let tables: HashMap<MapData, u64, AffinityTable> = HashMap::try_from(Map::from_map_data(
+        MapData::from_pin(maps.join(MapId::Affinity.name()))?,
+    )?)?;
+    let last_use = || -> anyhow::Result<u64> {
+        let mut latest = 0;
+        for table in &tables {
+            let (_, table) = table?;
+            for e in table.entries.iter().filter(|e| e.service_id != 0) {
+                latest = latest.max(e.last_used_ns);
+            }
+        }
+        Ok(latest)
+    };
+    let now = || u64::try_from(socklb::sockets::record_clock_now().as_nanos()).expect("ns");
+    let mut client = w.client()?;
+    let vip = net.vip(TCP_PORT);
+    for i in 0..CONNECTS {
+        let before = now();
+        assert_eq!(client.connect(vip, 1)?.answers(), 1);
+        let after = now();
+        let stamp = last_use()?;
+        assert!(
+            (before..=after).contains(&stamp),
+            "connect {i}: made between {before} and {after} ns, its affinity entry says {stamp}"
+        );
+    }
+    Ok(())
+}
+
 /// A connected UDP socket whose backend leaves is terminated, so the application sees an
 /// error instead of sending into the void. Where the agent runs without a way to find such
 /// sockets (an optional part refused or turned off), it says so, and the socket keeps its old
@@ -1046,6 +1088,7 @@ both_families!(
     udp_reverse_translation_and_stickiness,
     refused_without_backends,
     session_affinity,
+    an_affinity_choice_is_stamped_on_the_records_clock,
     connected_udp_socket_terminated,
     connected_udp_socket_terminated_without_the_sockets_iterator,
     connected_udp_socket_terminated_across_a_restart,
