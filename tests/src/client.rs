@@ -116,6 +116,9 @@ pub enum Op {
     UdpConnected,
     /// A new UDP socket connected to the target; times only its `close()`.
     UdpClose,
+    /// A TCP connection to the target that sends a line and reads the answer; times only its
+    /// `close()`.
+    TcpClose,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -653,10 +656,20 @@ fn ops(op: Op, targets: &[SocketAddr], count: usize) -> Reply {
                 reply.latencies_ns.push(nanos(t1.elapsed()));
                 None
             }),
+            Op::TcpClose => TcpStream::connect_timeout(&target, IO_TIMEOUT).and_then(|mut s| {
+                s.set_read_timeout(Some(IO_TIMEOUT))?;
+                s.write_all(b"ping\n")?;
+                let mut r = BufReader::new(s);
+                let answer = read_line(&mut r)?;
+                let t1 = std::time::Instant::now();
+                drop(r);
+                reply.latencies_ns.push(nanos(t1.elapsed()));
+                Ok(Some(answer))
+            }),
         };
         match result {
             Ok(answer) => {
-                if op != Op::UdpClose {
+                if !matches!(op, Op::UdpClose | Op::TcpClose) {
                     reply.latencies_ns.push(nanos(t0.elapsed()));
                 }
                 if let Some(a) = answer {

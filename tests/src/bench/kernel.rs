@@ -62,6 +62,18 @@ pub struct KernelCost {
 pub struct CloseCost {
     /// socklb programs attached to a socket-release hook.
     pub release_programs: usize,
+    /// A connected UDP socket.
+    pub translated_us: Spread,
+    pub untranslated_us: Spread,
+    pub ratio: Spread,
+    /// A TCP connection (a line each way before it closes), through the service against one
+    /// made to a backend directly.
+    pub tcp: CloseWall,
+}
+
+/// `close()`'s wall time, of a socket translated and of one never translated.
+#[derive(Clone, Debug, Serialize)]
+pub struct CloseWall {
     pub translated_us: Spread,
     pub untranslated_us: Spread,
     pub ratio: Spread,
@@ -544,7 +556,8 @@ fn cost_of(name: String, hook: Hook, s: &[Sample], floors_first: bool) -> Kernel
     }
 }
 
-/// `close()` of translated and untranslated UDP sockets, `passes` times, `count` each.
+/// `close()` of translated and untranslated sockets (connected UDP, and TCP connections),
+/// `passes` times, `count` each.
 pub fn close_cost(
     world: &mut World,
     pins: &Path,
@@ -555,13 +568,10 @@ pub fn close_cost(
         .iter()
         .filter(|p| p.name.contains("release"))
         .count();
-    let vip = vec![SocketAddr::new(VIP.parse()?, DNS_PORT)];
-    let direct = backends(BACKEND_UDP);
     let client = &mut world.runner(super::datapath::Case::Socklb)?.client;
-    let (mut through_vip, mut direct_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let mut p50 = |targets: &Vec<SocketAddr>| -> anyhow::Result<f64> {
+    let mut p50 = |kind: Op, targets: &Vec<SocketAddr>| -> anyhow::Result<f64> {
         let reply = client.run(&ClientCommand::Ops {
-            kind: Op::UdpClose,
+            kind,
             targets: targets.clone(),
             count,
         })?;
@@ -574,23 +584,42 @@ pub fn close_cost(
         l.sort_unstable();
         Ok(median(&l) / 1e3)
     };
-    for pass in 0..passes {
-        let (translated, untranslated) = if pass % 2 == 0 {
-            let translated = p50(&vip)?;
-            (translated, p50(&direct)?)
-        } else {
-            let untranslated = p50(&direct)?;
-            (p50(&vip)?, untranslated)
-        };
-        through_vip.push(translated);
-        direct_us.push(untranslated);
-        ratios.push(translated / untranslated);
-    }
+    let mut wall = |kind: Op, vip: Vec<SocketAddr>, direct: Vec<SocketAddr>| {
+        let (mut through_vip, mut direct_us, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for pass in 0..passes {
+            let (translated, untranslated) = if pass % 2 == 0 {
+                let translated = p50(kind, &vip)?;
+                (translated, p50(kind, &direct)?)
+            } else {
+                let untranslated = p50(kind, &direct)?;
+                (p50(kind, &vip)?, untranslated)
+            };
+            through_vip.push(translated);
+            direct_us.push(untranslated);
+            ratios.push(translated / untranslated);
+        }
+        anyhow::Ok(CloseWall {
+            translated_us: Spread::of(&through_vip),
+            untranslated_us: Spread::of(&direct_us),
+            ratio: Spread::of(&ratios),
+        })
+    };
+    let udp = wall(
+        Op::UdpClose,
+        vec![SocketAddr::new(VIP.parse()?, DNS_PORT)],
+        backends(BACKEND_UDP),
+    )?;
+    let tcp = wall(
+        Op::TcpClose,
+        vec![SocketAddr::new(VIP.parse()?, HTTP_PORT)],
+        backends(BACKEND_TCP),
+    )?;
     Ok(CloseCost {
         release_programs,
-        translated_us: Spread::of(&through_vip),
-        untranslated_us: Spread::of(&direct_us),
-        ratio: Spread::of(&ratios),
+        translated_us: udp.translated_us,
+        untranslated_us: udp.untranslated_us,
+        ratio: udp.ratio,
+        tcp,
     })
 }
 
