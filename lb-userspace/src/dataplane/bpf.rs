@@ -467,6 +467,11 @@ fn removed(map: MapId, capacity: u32, r: Result<(), MapError>) -> Result<(), Map
 }
 
 impl ServiceMaps for BpfServiceMaps {
+    /// Each write is a system call: a full sync plans the next sets while they run.
+    fn queue_writes(&self) -> bool {
+        true
+    }
+
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let map = write.map();
         let cap = self.capacities.get(map);

@@ -120,6 +120,10 @@ pub enum MapWriteError {
     },
     #[error("injected failure writing map {}", .map.name())]
     Injected { map: MapId },
+    /// A full sync's queued write failed and the maps could not be read back: nothing is
+    /// written until they can be.
+    #[error("what the maps hold is not known since a write failed")]
+    Unread(#[source] MapReadError),
     /// No free range for a changed set (the backend array is at its size: at the memory
     /// ceiling, or until it grows): the set keeps the room it has, with `serving` of its
     /// `wanted` endpoints swapped into it; no other set gives up room for it.
@@ -148,7 +152,7 @@ impl MapWriteError {
             | Self::NoRange { .. }
             | Self::AtCeiling { .. }
             | Self::FrontendsLeftOut { .. } => ErrorKind::MapFull,
-            Self::Io { .. } => ErrorKind::MapWrite,
+            Self::Io { .. } | Self::Unread(_) => ErrorKind::MapWrite,
             Self::Injected { .. } => ErrorKind::Injected,
         }
     }
@@ -649,8 +653,13 @@ impl Capacities {
 }
 
 /// Where the reconciler's writes go.
-pub trait ServiceMaps {
+pub trait ServiceMaps: Send {
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError>;
+    /// Whether a full sync hands these maps' writes to a thread of their own while it plans
+    /// the next sets (`Reconciler::sync_all_owned`): worth it where a write is a system call.
+    fn queue_writes(&self) -> bool {
+        false
+    }
     /// Everything the maps hold (the backend array: the ranges frontends use).
     fn read_all(&self) -> Result<MapSnapshot, MapReadError>;
     fn capacities(&self) -> Capacities;
@@ -685,6 +694,8 @@ pub struct InMemoryMaps {
     guard: Option<WriteGuard>,
     /// Like a kernel without the array-of-maps wait: released ranges wait out their grace.
     no_barrier: bool,
+    /// A full sync queues the writes for a thread of their own (`ServiceMaps::queue_writes`).
+    queued: bool,
 }
 
 impl InMemoryMaps {
@@ -703,6 +714,13 @@ impl InMemoryMaps {
     #[must_use]
     pub fn without_barrier(mut self) -> Self {
         self.no_barrier = true;
+        self
+    }
+
+    /// As maps whose full-sync writes run on a thread of their own, like the BPF maps'.
+    #[must_use]
+    pub fn queued(mut self) -> Self {
+        self.queued = true;
         self
     }
 
@@ -776,6 +794,10 @@ impl ServiceMaps for InMemoryMaps {
 
     fn barrier(&mut self) -> bool {
         !self.no_barrier
+    }
+
+    fn queue_writes(&self) -> bool {
+        self.queued
     }
 }
 

@@ -44,6 +44,12 @@
 //! of whose frontends fits is not written at all (`MapWriteError::Full`). Every refusal for room
 //! is `ErrorKind::MapFull`.
 //!
+//! A full sync over maps where a write is a system call (`ServiceMaps::queue_writes`) hands its
+//! writes to a thread of their own (`queue`) and plans the next sets meanwhile: the maps take
+//! the same writes and barriers in the same order. When one fails, the writer undoes that set's
+//! writes and stops, and the reconciler adopts what the maps hold and writes the rest itself
+//! (`write_queued`, `recover`): the maps end as without the thread.
+//!
 //! Ids and ranges are recovered from the maps when a `Reconciler` is made over maps a previous
 //! agent wrote: service ids from the metadata, ranges and backends from the frontends, including
 //! every range a frontend points into (an agent killed mid-change leaves a set's frontends on
@@ -52,10 +58,11 @@ pub mod invariants;
 mod layout;
 mod live;
 mod mirror;
+mod queue;
 mod ranges;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     net::SocketAddr,
     sync::Arc,
     time::{Duration, Instant},
@@ -72,7 +79,10 @@ use smallvec::SmallVec;
 use crate::{
     dataplane::{
         abi::{backend, frontend_key, service_meta, service_port_key},
-        maps::{MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps, frontends_map},
+        maps::{
+            Capacities, MapReadError, MapSnapshot, MapWrite, MapWriteError, ServiceMaps,
+            frontends_map,
+        },
     },
     hashing::{FastMap, FastSet},
     translate::{DesiredService, DesiredState},
@@ -122,6 +132,9 @@ impl SyncReport {
     }
 }
 
+/// Why `Reconciler::maps` is never `None` outside a full sync.
+const MAPS_HERE: &str = "the maps are the reconciler's again when a full sync returns";
+
 /// Counters over the reconciler's life, for metrics.
 #[derive(Debug, Default, Clone)]
 pub struct ReconcileStats {
@@ -151,7 +164,13 @@ struct SetState {
 }
 
 pub struct Reconciler<M: ServiceMaps> {
-    maps: M,
+    /// `None` only while a full sync's writer thread holds them (`write_queued`).
+    maps: Option<M>,
+    /// Where writes go while a full sync's writer thread holds the maps.
+    queue: Option<queue::Queue>,
+    /// The maps could not be read back after a queued write failed: what they hold is not
+    /// known, so nothing is written until they are (every sync tries again first).
+    unread: Option<Arc<MapWriteError>>,
     mirror: Mirror,
     /// By key, unordered: a full sync looks each set up several times, and a hash of its names
     /// costs less than the string comparisons of an ordered map's search.
@@ -181,6 +200,11 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// The same, with the time a released range waits before reuse.
     pub fn with_grace(maps: M, grace: Duration) -> Result<Self, MapReadError> {
         let snap = maps.read_all()?;
+        Ok(Self::from_snapshot(maps, snap, grace))
+    }
+
+    /// Adopts `snap`, which `maps` hold.
+    fn from_snapshot(maps: M, snap: MapSnapshot, grace: Duration) -> Self {
         let capacity = maps.capacities().get(MapId::Backends);
         let mut ranges = Ranges::new(capacity, grace);
         let mut sets = FastMap::default();
@@ -241,8 +265,10 @@ impl<M: ServiceMaps> Reconciler<M> {
             .copied()
             .max()
             .unwrap_or(0);
-        Ok(Self {
-            maps,
+        Self {
+            maps: Some(maps),
+            queue: None,
+            unread: None,
             mirror: Mirror::from_snapshot(snap),
             sets,
             ids: keys.into_keys().collect(),
@@ -253,15 +279,31 @@ impl<M: ServiceMaps> Reconciler<M> {
             stats: ReconcileStats::default(),
             clock: Instant::now,
             live,
-        })
+        }
     }
 
     pub fn maps(&self) -> &M {
-        &self.maps
+        self.maps.as_ref().expect(MAPS_HERE)
     }
 
     pub fn maps_mut(&mut self) -> &mut M {
-        &mut self.maps
+        self.maps.as_mut().expect(MAPS_HERE)
+    }
+
+    /// The maps' capacities, wherever the maps are.
+    fn capacities(&self) -> Capacities {
+        match &self.queue {
+            Some(q) => q.capacities(),
+            None => self.maps().capacities(),
+        }
+    }
+
+    /// The maps' barrier (`ServiceMaps::barrier`), after every write queued before it.
+    fn barrier(&mut self) -> bool {
+        match &mut self.queue {
+            Some(q) => q.barrier(),
+            None => self.maps_mut().barrier(),
+        }
     }
 
     /// What the maps hold, as far as this reconciler wrote or adopted it.
@@ -367,6 +409,12 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// at its first full sync).
     pub fn sync_all_owned(&mut self, desired: DesiredState) -> SyncReport {
         let mut report = SyncReport::default();
+        if let Err(unread) = self.known() {
+            for key in desired.services.keys() {
+                self.record_failed(key, WriteFailed(Arc::clone(&unread)), &mut report);
+            }
+            return report;
+        }
         self.failed.retain(|k, _| desired.services.contains_key(k));
         let mut stale: Vec<ServicePortKey> = self
             .sets
@@ -395,6 +443,9 @@ impl<M: ServiceMaps> Reconciler<M> {
         // so the two are not both whole at the sync's end (1.5 MiB at 10,000 sets). In place,
         // without a second buffer.
         sets.sort_unstable_by(|a, b| (b.1.seniority.age(), &b.0).cmp(&(a.1.seniority.age(), &a.0)));
+        if self.maps().queue_writes() {
+            self.write_queued(&mut sets, &mut report);
+        }
         while let Some((key, service)) = sets.pop() {
             self.sync_one_into(&key, Some(&service), &mut report);
             if sets.len() < sets.capacity() / 2 {
@@ -430,8 +481,165 @@ impl<M: ServiceMaps> Reconciler<M> {
         desired: Option<&DesiredService>,
     ) -> SyncReport {
         let mut report = SyncReport::default();
-        self.sync_one_into(key, desired, &mut report);
+        match self.known() {
+            Ok(()) => self.sync_one_into(key, desired, &mut report),
+            Err(unread) => self.record_failed(key, WriteFailed(unread), &mut report),
+        }
         report
+    }
+
+    /// Writes sets from the end of `sets` (the oldest first), each set's writes handed to a
+    /// thread of their own while the next sets are planned (a UDP set whose live table loses
+    /// something waits for its own: `sync_one_into`). When a write fails, the writer undoes
+    /// that set's writes and stops; the reconciler adopts what the maps hold, records that set
+    /// as failed, and gives the sets queued after it back to `sets`, so the caller writes them
+    /// in the same order. The maps end as the same sync without a queue leaves them.
+    fn write_queued(
+        &mut self,
+        sets: &mut Vec<(ServicePortKey, DesiredService)>,
+        report: &mut SyncReport,
+    ) {
+        let Some(mut maps) = self.maps.take() else {
+            return;
+        };
+        let (queue, writer) = queue::channel(maps.capacities());
+        let before = (report.writes, self.stats.writes);
+        let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+        let ended = std::thread::scope(|scope| {
+            let held = &mut maps;
+            let spawned = std::thread::Builder::new()
+                .name("socklb-writes".into())
+                .spawn_scoped(scope, move || writer.run(held));
+            let handle = match spawned {
+                Ok(handle) => handle,
+                Err(e) => {
+                    tracing::warn!(error = %e, "no thread for the full sync's writes: written in turn");
+                    return None;
+                }
+            };
+            let open = CloseQueue(&mut *self);
+            open.0.queue = Some(queue);
+            while let Some(q) = open.0.queue.as_ref().filter(|q| !q.failed()) {
+                let (done, first) = (q.jobs_done(), q.next_job());
+                while in_flight.front().is_some_and(|f| f.end <= done) {
+                    in_flight.pop_front();
+                }
+                let Some((key, service)) = sets.pop() else {
+                    break;
+                };
+                let changed = report.services_changed;
+                open.0.sync_one_into(&key, Some(&service), report);
+                in_flight.push_back(InFlight {
+                    first,
+                    end: open.0.queue.as_ref().map_or(first, queue::Queue::next_job),
+                    changed: report.services_changed - changed,
+                    key,
+                    service,
+                });
+                if sets.len() < sets.capacity() / 2 {
+                    sets.shrink_to_fit();
+                }
+            }
+            let closed = open.0.queue.take().map(queue::Queue::close);
+            drop(open);
+            let stopped = handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            Some((closed, stopped))
+        });
+        self.maps = Some(maps);
+        let Some((closed, stopped)) = ended else {
+            return;
+        };
+        if let Some(closed) = closed {
+            let (forward, undone) = closed.writes();
+            report.writes = before.0 + forward;
+            self.stats.writes = before.1 + (forward + undone) as u64;
+        }
+        if let Some(stopped) = stopped {
+            self.recover(stopped, in_flight, sets, report);
+        }
+    }
+
+    /// After the writer stopped at a failed write: the maps hold every set before the one that
+    /// failed, and that one's writes are undone (or as far as its undo got). Adopts them, records
+    /// the failure as a failed write without a queue would, and gives the sets queued after it
+    /// back to `sets`.
+    fn recover(
+        &mut self,
+        stopped: queue::Stopped,
+        in_flight: VecDeque<InFlight>,
+        sets: &mut Vec<(ServicePortKey, DesiredService)>,
+        report: &mut SyncReport,
+    ) {
+        self.stats.rollbacks += 1;
+        if !stopped.undone {
+            *self.stats.errors.entry(ErrorKind::Rollback).or_default() += 1;
+        }
+        let mut failed = None;
+        let mut later = Vec::new();
+        for f in in_flight {
+            if f.end <= stopped.job {
+                continue;
+            }
+            report.services_changed -= f.changed;
+            if f.first <= stopped.job {
+                failed = Some(f.key);
+            } else {
+                report.failed.remove(&f.key);
+                later.push((f.key, f.service));
+            }
+        }
+        tracing::debug!(
+            written = stopped.written,
+            undone = stopped.undone,
+            again = later.len(),
+            "a queued write failed: adopting what the maps hold"
+        );
+        if let Err(e) = self.readopt() {
+            tracing::error!(error = %e, "the maps could not be read back after a failed write: nothing more is written until they are");
+            let unread = Arc::new(MapWriteError::Unread(e));
+            self.unread = Some(Arc::clone(&unread));
+            for (key, _) in later.drain(..).chain(sets.drain(..)) {
+                self.record_failed(&key, WriteFailed(Arc::clone(&unread)), report);
+            }
+        }
+        if let Some(key) = failed {
+            self.record_failed(&key, WriteFailed(Arc::new(stopped.error)), report);
+        }
+        sets.extend(later.into_iter().rev());
+    }
+
+    /// Adopts what the maps hold (as a reconciler made over them would), keeping this one's
+    /// failures, counters, clock and live table. Of the ranges no frontend uses, those this one
+    /// did not have free wait out the grace period (or a barrier) before reuse: a frontend may
+    /// have pointed into one a moment ago.
+    fn readopt(&mut self) -> Result<(), MapReadError> {
+        let snap = self.maps().read_all()?;
+        let maps = self.maps.take().expect(MAPS_HERE);
+        let grace = self.ranges.grace();
+        let old = std::mem::replace(self, Self::from_snapshot(maps, snap, grace));
+        self.failed = old.failed;
+        self.stats = old.stats;
+        self.clock = old.clock;
+        self.live = old.live;
+        self.ranges.hold_unless_free_in(&old.ranges, (self.clock)());
+        Ok(())
+    }
+
+    /// `Ok` when the maps' content is known: always, unless a queued write failed and they
+    /// could not be read back, which is tried again here (`Err`: the error to refuse sets with).
+    fn known(&mut self) -> Result<(), Arc<MapWriteError>> {
+        let Some(unread) = self.unread.clone() else {
+            return Ok(());
+        };
+        match self.readopt() {
+            Ok(()) => {
+                self.unread = None;
+                Ok(())
+            }
+            Err(_) => Err(unread),
+        }
     }
 
     fn sync_one_into(
@@ -450,7 +658,7 @@ impl<M: ServiceMaps> Reconciler<M> {
             ..SetState::default()
         });
         let plan = self.plan(key, &old, desired, now);
-        let plan = match plan {
+        let mut plan = match plan {
             Ok(plan) => plan,
             Err(e) => {
                 self.record_failure(key, e, report);
@@ -461,10 +669,15 @@ impl<M: ServiceMaps> Reconciler<M> {
             (key.protocol == Protocol::Udp).then(|| self.live_before(id, &old, desired, &plan));
         let mut undo = Vec::new();
         let mut writes = 0;
-        let result = self.execute(&plan.writes, &mut undo, &mut writes);
+        let result = self.write_plan(&mut plan, &mut undo, &mut writes);
         report.writes += writes;
         if let Some(edit) = edit {
-            self.live_after(id, &edit, result.is_ok(), desired.is_none(), &plan, report);
+            // Queued, a table that loses something waits for the writes to be done, not queued
+            // (one that only gains is as safe before).
+            let done = result.is_ok()
+                && (!edit.narrows(desired.is_none(), &plan)
+                    || self.queue.as_mut().is_none_or(queue::Queue::settle));
+            self.live_after(id, &edit, done, desired.is_none(), &plan, report);
         }
         match result {
             Ok(()) => {
@@ -622,7 +835,7 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// After a set narrowed inside its own range: whether the swap can finish now, because a
     /// barrier says no program reads the slots outside the narrowed run any more.
     fn swap_now(&mut self, key: &ServicePortKey, plan: &Plan) -> bool {
-        if !plan.narrowed_in_place || !self.maps.barrier() {
+        if !plan.narrowed_in_place || !self.barrier() {
             return false;
         }
         if let Some(set) = self.sets.get_mut(key) {
@@ -632,10 +845,18 @@ impl<M: ServiceMaps> Reconciler<M> {
     }
 
     fn record_failure(&mut self, key: &ServicePortKey, e: MapWriteError, report: &mut SyncReport) {
-        *self.stats.errors.entry(e.kind()).or_default() += 1;
+        self.record_failed(key, WriteFailed(Arc::new(e)), report);
+    }
+
+    fn record_failed(
+        &mut self,
+        key: &ServicePortKey,
+        failed: WriteFailed,
+        report: &mut SyncReport,
+    ) {
+        *self.stats.errors.entry(failed.kind()).or_default() += 1;
         // The engine logs when a set starts and stops failing, not every retry.
-        tracing::debug!(service = %key, error = %e, "service port not written as desired");
-        let failed = WriteFailed(Arc::new(e));
+        tracing::debug!(service = %key, error = %failed.0, "service port not written as desired");
         report.failed.insert(key.clone(), failed.clone());
         self.failed.insert(key.clone(), failed);
     }
@@ -686,7 +907,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         {
             return Err(MapWriteError::Full {
                 map: *map,
-                capacity: self.maps.capacities().get(*map),
+                capacity: self.capacities().get(*map),
             });
         }
 
@@ -931,7 +1152,7 @@ impl<M: ServiceMaps> Reconciler<M> {
         let fenced = old
             .narrowed_at
             .is_none_or(|t| now.duration_since(t) >= self.ranges.grace())
-            || self.maps.barrier();
+            || self.barrier();
         if !fenced {
             return Err(at_ceiling(old.len));
         }
@@ -963,7 +1184,7 @@ impl<M: ServiceMaps> Reconciler<M> {
     /// period are free once no program can still read them (a barrier). `None`: there is no
     /// room even so (the caller keeps the set's own room or waits).
     fn make_room(&mut self, len: u32, now: Instant) -> Option<u32> {
-        if self.ranges.waiting_len() > 0 && self.maps.barrier() {
+        if self.ranges.waiting_len() > 0 && self.barrier() {
             self.ranges.reclaim_waiting();
             if let Ok(base) = self.ranges.alloc(len, now) {
                 return Some(base);
@@ -995,7 +1216,7 @@ impl<M: ServiceMaps> Reconciler<M> {
                         && !self.mirror.snap.frontends.contains_key(&k)
                 })
                 .collect();
-            let capacity = self.maps.capacities().get(map) as usize;
+            let capacity = self.capacities().get(map) as usize;
             let fits = capacity.saturating_sub(self.mirror.frontend_count(map));
             for (i, c) in new.iter().enumerate() {
                 if i >= fits {
@@ -1111,6 +1332,36 @@ impl<M: ServiceMaps> Reconciler<M> {
         report.writes += done;
     }
 
+    /// A plan's writes: queued while a full sync's writer thread holds the maps (the plan's
+    /// list handed over), else done in turn.
+    fn write_plan(
+        &mut self,
+        plan: &mut Plan,
+        undo: &mut Vec<MapWrite>,
+        done: &mut usize,
+    ) -> Result<(), MapWriteError> {
+        if self.queue.is_some() {
+            self.enqueue(std::mem::take(&mut plan.writes), done);
+            return Ok(());
+        }
+        self.execute(&plan.writes, undo, done)
+    }
+
+    /// Queues writes for the full sync's writer thread (`write_queued`): the mirror takes them
+    /// now, as if done, and the writer stops at the first that fails.
+    fn enqueue(&mut self, writes: Vec<MapWrite>, done: &mut usize) {
+        if writes.is_empty() {
+            return;
+        }
+        *done += writes.len();
+        self.stats.writes += writes.len() as u64;
+        let Some(q) = self.queue.as_mut() else {
+            return;
+        };
+        let mirror = &mut self.mirror;
+        q.push(writes, |w| mirror.apply(w));
+    }
+
     /// Runs writes in order, recording for each the write that undoes it; `done` counts them.
     fn execute(
         &mut self,
@@ -1118,8 +1369,12 @@ impl<M: ServiceMaps> Reconciler<M> {
         undo: &mut Vec<MapWrite>,
         done: &mut usize,
     ) -> Result<(), MapWriteError> {
+        if self.queue.is_some() {
+            self.enqueue(writes.to_vec(), done);
+            return Ok(());
+        }
         for write in writes {
-            self.maps.write(write)?;
+            self.maps_mut().write(write)?;
             // What the mirror replaces is what the maps held: the write that undoes this one.
             let inverse = self.mirror.apply(write);
             self.stats.writes += 1;
@@ -1138,7 +1393,7 @@ impl<M: ServiceMaps> Reconciler<M> {
     fn rollback(&mut self, undo: Vec<MapWrite>) -> bool {
         self.stats.rollbacks += 1;
         for write in undo.into_iter().rev() {
-            if let Err(e) = self.maps.write(&write) {
+            if let Err(e) = self.maps_mut().write(&write) {
                 *self.stats.errors.entry(ErrorKind::Rollback).or_default() += 1;
                 tracing::error!(error = %e, %write, "rollback write failed; stopped at a valid state");
                 return false;
@@ -1175,6 +1430,27 @@ impl<M: ServiceMaps> Reconciler<M> {
             report.writes += done;
             report.services_removed += 1;
         }
+    }
+}
+
+/// A set whose writes are queued and maybe not yet done (`Reconciler::write_queued`): its jobs,
+/// and what to write again if the writer stops before them.
+struct InFlight {
+    first: usize,
+    end: usize,
+    /// What it added to `SyncReport::services_changed`.
+    changed: usize,
+    key: ServicePortKey,
+    service: DesiredService,
+}
+
+/// Closes a full sync's queue when dropped, also on a panic, so its writer thread ends and
+/// the scope holding it can join it.
+struct CloseQueue<'a, M: ServiceMaps>(&'a mut Reconciler<M>);
+
+impl<M: ServiceMaps> Drop for CloseQueue<'_, M> {
+    fn drop(&mut self) {
+        self.0.queue = None;
     }
 }
 
@@ -1217,6 +1493,14 @@ struct LiveEdit {
     claimed: Vec<FrontendKey>,
     was: Vec<SocketAddr>,
     will: Vec<SocketAddr>,
+}
+
+impl LiveEdit {
+    /// Whether the table loses something once the writes are done: a backend the set served
+    /// and will not, or a frontend. Until then it must hold what the maps still serve.
+    fn narrows(&self, removed: bool, plan: &Plan) -> bool {
+        removed || !plan.released.is_empty() || self.was.iter().any(|b| !self.will.contains(b))
+    }
 }
 
 /// Where a set's backends go (`Reconciler::place`).

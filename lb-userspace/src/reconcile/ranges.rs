@@ -148,6 +148,34 @@ impl Ranges {
         }
     }
 
+    /// Keeps free only what `before` had free too: the rest of what is free here waits out the
+    /// grace period from `now`, since `before` may have had a frontend point into it a moment
+    /// ago (a range in use or waiting there).
+    pub fn hold_unless_free_in(&mut self, before: &Ranges, now: Instant) {
+        let due = now + self.grace;
+        for (start, len) in std::mem::take(&mut self.free) {
+            let end = u64::from(start) + u64::from(len);
+            let mut at = u64::from(start);
+            for (&bs, &bl) in before.free.range(..=(end - 1) as u32) {
+                let (s, e) = (
+                    u64::from(bs).max(at),
+                    (u64::from(bs) + u64::from(bl)).min(end),
+                );
+                if s >= e {
+                    continue;
+                }
+                if s > at {
+                    self.waiting.push_back((due, at as u32, (s - at) as u32));
+                }
+                self.free_now(s as u32, (e - s) as u32);
+                at = e;
+            }
+            if at < end {
+                self.waiting.push_back((due, at as u32, (end - at) as u32));
+            }
+        }
+    }
+
     pub fn free_len(&self) -> u32 {
         self.free.values().sum()
     }

@@ -789,6 +789,17 @@ fn no_set_is_taken_out_for_another_even_where_removals_fail() {
 /// it says exactly what the set serves; a set that goes leaves it.
 #[test]
 fn the_live_serving_table_holds_a_backend_before_any_program_can_choose_it() {
+    live_serving_case(InMemoryMaps::new());
+}
+
+/// The same with the full syncs' writes on a thread of their own: the table follows them as
+/// they are done.
+#[test]
+fn the_live_serving_table_follows_writes_done_on_the_writer_thread() {
+    live_serving_case(InMemoryMaps::new().queued());
+}
+
+fn live_serving_case(mut maps: InMemoryMaps) {
     use std::collections::BTreeMap;
     let udp_key = ServicePortKey::from(ServicePortKeyFields {
         service: ObjectKey::new("default", "dns"),
@@ -814,7 +825,6 @@ fn the_live_serving_table_holds_a_backend_before_any_program_can_choose_it() {
             ..DesiredService::default()
         }
     };
-    let mut maps = InMemoryMaps::new();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let live_cell: Arc<Mutex<Option<socklb::reconcile::LiveServing>>> = Arc::default();
     let (sink, cell) = (seen.clone(), live_cell.clone());
@@ -822,7 +832,13 @@ fn the_live_serving_table_holds_a_backend_before_any_program_can_choose_it() {
         let Some(live) = cell.lock().unwrap().clone() else {
             return;
         };
+        // What each frontend reaches now, until this write, and what it will reach after.
+        let mut reach: Vec<(lb_common::FrontendKey, Frontend)> =
+            snap.frontends.iter().map(|(k, f)| (*k, *f)).collect();
         if let MapWrite::PutFrontend(k, f) = write {
+            reach.push((*k, *f));
+        }
+        for (k, f) in &reach {
             let reachable: Vec<std::net::SocketAddr> =
                 snap.range(f).into_iter().flatten().collect();
             let serving = live.get(k).map(|l| l.to_vec()).unwrap_or_default();
@@ -863,4 +879,514 @@ fn the_live_serving_table_holds_a_backend_before_any_program_can_choose_it() {
     assert!(live.get(&fe).is_none(), "a set that goes leaves the table");
     let seen = seen.lock().unwrap();
     assert!(seen.is_empty(), "{}", seen.join("\n"));
+}
+
+/// `n` sets of one to eight backends, every seventh one UDP (its live table follows each of
+/// its writes), aged so that the oldest is written first.
+fn big_world(n: usize, shift: usize) -> DesiredState {
+    let mut services = std::collections::BTreeMap::new();
+    for i in 0..n {
+        let name = format!("s{i}");
+        let udp = i % 7 == 3;
+        let k = ServicePortKey::from(ServicePortKeyFields {
+            service: ObjectKey::new("default", name.as_str()),
+            port_name: "p".into(),
+            protocol: if udp { Protocol::Udp } else { Protocol::Tcp },
+            family: Family::IPv4,
+            scope: Scope::Cluster,
+        });
+        let addr = ServiceAddr::new(
+            std::net::Ipv4Addr::from(0x0a60_0000 + i as u32).into(),
+            if udp { 53 } else { 80 },
+            if udp { Protocol::Udp } else { Protocol::Tcp },
+        );
+        let backends: Vec<std::net::SocketAddr> = (0..=(i + shift) % 8)
+            .map(|j| {
+                format!("10.244.{}.{}:8080", i % 200, j + shift)
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        let set = DesiredService {
+            port: if udp { 53 } else { 80 },
+            frontends: [FrontendClaim {
+                addr,
+                kind: ClaimKind::ClusterIp,
+            }]
+            .into_iter()
+            .collect(),
+            serving: if udp { backends.clone() } else { Vec::new() },
+            backends,
+            ..DesiredService::default()
+        };
+        services.insert(k, aged(set, 2000 + i64::try_from(i % 20).unwrap(), &name));
+    }
+    DesiredState { services }
+}
+
+/// Every address of `world` and the backends a connect to it reaches, in `snap`.
+fn reaches(snap: &MapSnapshot, world: &DesiredState) -> Vec<(String, Option<Vec<String>>)> {
+    world
+        .services
+        .values()
+        .flat_map(|d| d.frontends.iter())
+        .map(|c| {
+            let reach = snap.reach(&c.addr).map(|r| {
+                r.backends
+                    .into_iter()
+                    .map(|b| b.map_or_else(|| "<empty>".into(), |a| a.to_string()))
+                    .collect()
+            });
+            (c.addr.to_string(), reach)
+        })
+        .collect()
+}
+
+/// Maps that log every write they take and every barrier, in order, on the thread that
+/// writes.
+struct Logged {
+    inner: InMemoryMaps,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl socklb::dataplane::maps::ServiceMaps for Logged {
+    fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
+        self.inner.write(write)?;
+        self.log.lock().unwrap().push(write.to_string());
+        Ok(())
+    }
+
+    fn read_all(&self) -> Result<MapSnapshot, socklb::dataplane::maps::MapReadError> {
+        self.inner.read_all()
+    }
+
+    fn capacities(&self) -> Capacities {
+        self.inner.capacities()
+    }
+
+    fn barrier(&mut self) -> bool {
+        self.log.lock().unwrap().push("barrier".into());
+        self.inner.barrier()
+    }
+
+    fn queue_writes(&self) -> bool {
+        self.inner.queue_writes()
+    }
+}
+
+/// A full sync with its writes on their own thread does exactly what one without does: the
+/// same writes and barriers in the same order (a first sync, then one where every set
+/// changes, some go and some come, and the backend array runs short of free ranges so the
+/// released ones are reclaimed after a barrier), never a range a frontend uses, and every
+/// address reaches its backends.
+#[test]
+fn a_full_sync_with_its_writes_on_a_thread_writes_the_same_in_the_same_order() {
+    let first = big_world(600, 0);
+    let mut second = big_world(700, 1);
+    second
+        .services
+        .retain(|k, _| !k.service.name.ends_with('5'));
+    let run = |queued: bool| {
+        let caps = Capacities::default().with(MapId::Backends, 4_096);
+        let mut maps = InMemoryMaps::with_capacities(caps);
+        if queued {
+            maps = maps.queued();
+        }
+        let problems = guarded(&mut maps);
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let maps = Logged {
+            inner: maps,
+            log: log.clone(),
+        };
+        // Released ranges come back only through a barrier, never by the clock: the two runs
+        // take different times.
+        let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
+        let a = r.sync_all(&first);
+        assert!(a.failed.is_empty(), "{:?}", a.failed);
+        assert_eq!(
+            reaches(r.snapshot(), &first),
+            reaches(&r.maps().inner.content, &first)
+        );
+        let b = r.sync_all(&second);
+        assert!(b.failed.is_empty(), "{:?}", b.failed);
+        assert_no_problems(&problems);
+        let reached = reaches(&r.maps().inner.content, &second);
+        let log = log.lock().unwrap().clone();
+        (
+            log,
+            (a.writes, b.writes, b.services_changed),
+            reached,
+            r.stats().writes,
+        )
+    };
+    let serial = run(false);
+    let queued = run(true);
+    assert!(serial.0.len() > 2_000, "{} writes", serial.0.len());
+    assert!(
+        serial.0.iter().any(|w| w == "barrier"),
+        "the second sync needed a barrier"
+    );
+    assert!(
+        serial.0 == queued.0,
+        "the logs differ first at {:?}: {:?}",
+        serial.0.iter().zip(&queued.0).position(|(a, b)| a != b),
+        serial
+            .0
+            .iter()
+            .zip(&queued.0)
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(serial.1, queued.1, "the reports' counts");
+    assert_eq!(serial.3, queued.3, "the writes counted for metrics");
+    // What a connect reaches, read from the maps themselves.
+    for (addr, reach) in &queued.2 {
+        let mut want: Vec<String> = second
+            .services
+            .values()
+            .find(|d| d.frontends.iter().any(|c| c.addr.to_string() == *addr))
+            .unwrap()
+            .backends
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        want.sort();
+        // In slot order, which keeps the place of a backend that stays.
+        let mut got = reach.clone().unwrap_or_default();
+        got.sort();
+        assert_eq!(got, want, "{addr}");
+    }
+}
+
+/// A write on the writer thread fails: that set is left as it was and reported, and every set
+/// queued after it is still written, as without the thread. Then, the undo of a failed set
+/// failing too (the maps keep a half-written set, as after a kill): the next sync finishes it.
+#[test]
+fn a_failed_write_on_the_writer_thread_costs_only_its_own_set() {
+    // TCP only: no set waits for its own writes, so many are queued past the failed one.
+    let mut world = big_world(400, 0);
+    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let sets = world.services.len();
+    let victim = world
+        .services
+        .iter()
+        .find(|(k, _)| k.service.name.as_ref() == "s151")
+        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
+        .unwrap();
+    let run = |queued: bool| {
+        let caps = Capacities::default().with(MapId::Backends, 8_192);
+        let mut maps = InMemoryMaps::with_capacities(caps);
+        if queued {
+            maps = maps.queued();
+        }
+        let problems = guarded(&mut maps);
+        maps.fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
+        let mut r = Reconciler::new(maps).unwrap();
+        let report = r.sync_all(&world);
+        assert_no_problems(&problems);
+        (r, report, problems)
+    };
+    let (_, serial, _) = run(false);
+    let (mut r, report, problems) = run(true);
+    assert_eq!(
+        report
+            .failed
+            .keys()
+            .map(|k| k.service.name.to_string())
+            .collect::<Vec<_>>(),
+        ["s151"],
+        "only the set whose write failed"
+    );
+    assert!(matches!(
+        *failure_of(&report, "s151"),
+        MapWriteError::Injected { .. }
+    ));
+    let content = &r.maps().content;
+    for (addr, reach) in reaches(content, &world) {
+        if addr.starts_with("10.96.0.151:") {
+            assert_eq!(reach, None, "{addr}: the failed set serves nothing");
+        } else {
+            assert!(
+                reach.is_some_and(|b| !b.is_empty()),
+                "{addr} reaches no backend"
+            );
+        }
+    }
+    assert_eq!(
+        content.meta.len(),
+        sets - 1,
+        "the failed set's metadata was undone"
+    );
+    assert_eq!(
+        reaches(content, &world),
+        reaches(&run(false).0.maps().content, &world)
+    );
+    assert_eq!(report.writes, serial.writes, "writes counted");
+    assert_eq!(report.services_changed, serial.services_changed);
+    assert_eq!(
+        reaches(r.snapshot(), &world),
+        reaches(content, &world),
+        "the mirror is the maps"
+    );
+
+    // The next sync, the write working again, writes it.
+    r.maps_mut().stop_failing();
+    let again = r.sync_all(&world);
+    assert!(again.failed.is_empty(), "{:?}", again.failed);
+    assert!(
+        reaches(&r.maps().content, &world)
+            .iter()
+            .all(|(_, b)| b.is_some())
+    );
+    assert_no_problems(&problems);
+}
+
+/// A failed write whose undo fails too: the new set's metadata stays without a frontend, as
+/// after a kill; the others are written, and the next sync completes it.
+#[test]
+fn a_failed_queued_write_whose_undo_fails_is_finished_by_the_next_sync() {
+    let mut world = big_world(400, 0);
+    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let sets = world.services.len();
+    let caps = Capacities::default().with(MapId::Backends, 8_192);
+    let mut maps = InMemoryMaps::with_capacities(caps).queued();
+    let problems = guarded(&mut maps);
+    let mut r = Reconciler::new(maps).unwrap();
+    assert!(r.sync_all(&world).failed.is_empty());
+    let mut changed = big_world(400, 1);
+    changed.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let newcomer = key("newcomer");
+    changed
+        .services
+        .insert(newcomer.clone(), service("10.97.0.1", &["10.245.0.1:8080"]));
+    let fe = frontend_key(vip("10.97.0.1"));
+    let armed = Arc::new(Mutex::new(true));
+    let gate = armed.clone();
+    r.maps_mut().fail_when(move |_, w, _| {
+        *gate.lock().unwrap()
+            && match w {
+                MapWrite::PutFrontend(k, _) => *k == fe,
+                MapWrite::DeleteMeta(_) => true,
+                _ => false,
+            }
+    });
+    let report = r.sync_all(&changed);
+    assert_eq!(
+        report.failed.keys().cloned().collect::<Vec<_>>(),
+        [newcomer]
+    );
+    assert!(
+        r.stats()
+            .errors
+            .contains_key(&socklb::vocab::ErrorKind::Rollback),
+        "the undo's failure is counted"
+    );
+    assert_eq!(
+        r.maps().content.meta.len(),
+        sets + 1,
+        "the newcomer's metadata stays, as the undo failed"
+    );
+    for (addr, reach) in reaches(&r.maps().content, &changed) {
+        assert_eq!(reach.is_some(), !addr.starts_with("10.97.0.1:"), "{addr}");
+    }
+    *armed.lock().unwrap() = false;
+    let report = r.sync_all(&changed);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    for (addr, reach) in reaches(&r.maps().content, &changed) {
+        assert!(reach.is_some_and(|b| !b.is_empty()), "{addr}");
+    }
+    assert_eq!(
+        reaches(r.snapshot(), &changed),
+        reaches(&r.maps().content, &changed)
+    );
+    assert_no_problems(&problems);
+}
+
+fn failure_of(report: &SyncReport, name: &str) -> Arc<MapWriteError> {
+    report
+        .failed
+        .iter()
+        .find(|(k, _)| k.service.name.as_ref() == name)
+        .map_or_else(|| panic!("{name} did not fail"), |(_, f)| f.0.clone())
+}
+
+/// After a failed write on the writer thread, the reconciler adopts what the maps hold; the
+/// ranges no frontend holds then may have been read a moment ago (a set's frontends just moved
+/// off them), so none is written before a barrier or the grace: on maps without a barrier and
+/// a grace longer than the test, no write ever lands in a range a frontend pointed into, and
+/// every address still reaches a backend.
+#[test]
+fn after_a_failed_queued_write_no_range_a_frontend_just_left_is_written() {
+    let tcp = |shift| {
+        let mut w = big_world(300, shift);
+        w.services.retain(|k, _| k.protocol == Protocol::Tcp);
+        w
+    };
+    let (first, second) = (tcp(0), tcp(1));
+    let caps = Capacities::default().with(MapId::Backends, 8_192);
+    let mut maps = InMemoryMaps::with_capacities(caps)
+        .without_barrier()
+        .queued();
+    let problems = guarded(&mut maps);
+    let pointed: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
+    let (sink, seen) = (problems.clone(), pointed.clone());
+    maps.guard(move |snap, write| {
+        let mut seen = seen.lock().unwrap();
+        seen.extend(
+            snap.frontends
+                .values()
+                .filter(|f| f.count > 0)
+                .map(|f| (f.base, f.base + u32::from(f.count))),
+        );
+        if let MapWrite::PutBackends { base, backends } = write {
+            let end = base + backends.len() as u32;
+            if let Some(r) = seen.iter().find(|(s, e)| *s < end && *base < *e) {
+                sink.lock().unwrap().push(format!(
+                    "`{write}` lands in {}..{}, which a frontend pointed into",
+                    r.0, r.1
+                ));
+            }
+        }
+    });
+    let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
+    assert!(r.sync_all(&first).failed.is_empty());
+    let victim = second
+        .services
+        .iter()
+        .find(|(k, _)| k.service.name.as_ref() == "s151")
+        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
+        .unwrap();
+    r.maps_mut()
+        .fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
+    let report = r.sync_all(&second);
+    assert!(matches!(
+        *failure_of(&report, "s151"),
+        MapWriteError::Injected { .. }
+    ));
+    assert_no_problems(&problems);
+    for (addr, reach) in reaches(&r.maps().content, &second) {
+        assert!(
+            reach.is_some_and(|b| !b.is_empty()),
+            "{addr} reaches no backend"
+        );
+    }
+    assert_eq!(
+        reaches(r.snapshot(), &second),
+        reaches(&r.maps().content, &second)
+    );
+}
+
+/// Maps whose reads fail while `unreadable` is set.
+struct Unreadable {
+    inner: InMemoryMaps,
+    unreadable: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl socklb::dataplane::maps::ServiceMaps for Unreadable {
+    fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
+        self.inner.write(write)
+    }
+
+    fn read_all(&self) -> Result<MapSnapshot, socklb::dataplane::maps::MapReadError> {
+        if self.unreadable.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(socklb::dataplane::maps::MapReadError::new(
+                MapId::Frontends4,
+                std::io::Error::other("injected read failure"),
+            ));
+        }
+        self.inner.read_all()
+    }
+
+    fn capacities(&self) -> Capacities {
+        self.inner.capacities()
+    }
+
+    fn queue_writes(&self) -> bool {
+        true
+    }
+}
+
+/// A queued write fails and the maps then cannot be read back: what they hold is not known, so
+/// nothing more is written (the sets not written are refused, named, and the maps keep serving
+/// what they held) until a read works again; then the next sync writes everything.
+#[test]
+fn maps_not_read_back_after_a_failed_queued_write_are_not_written_until_they_are() {
+    let mut world = big_world(200, 0);
+    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let victim = world
+        .services
+        .iter()
+        .find(|(k, _)| k.service.name.as_ref() == "s151")
+        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
+        .unwrap();
+    let mut inner =
+        InMemoryMaps::with_capacities(Capacities::default().with(MapId::Backends, 8_192));
+    let problems = guarded(&mut inner);
+    inner.fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
+    let unreadable = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut r = Reconciler::new(Unreadable {
+        inner,
+        unreadable: unreadable.clone(),
+    })
+    .unwrap();
+    unreadable.store(true, std::sync::atomic::Ordering::SeqCst);
+    let report = r.sync_all(&world);
+    assert!(matches!(
+        *failure_of(&report, "s151"),
+        MapWriteError::Injected { .. }
+    ));
+    let unread: Vec<String> = report
+        .failed
+        .iter()
+        .filter(|(_, f)| matches!(*f.0, MapWriteError::Unread(_)))
+        .map(|(k, _)| k.service.name.to_string())
+        .collect();
+    let served = reaches(&r.maps().inner.content, &world)
+        .into_iter()
+        .filter(|(_, b)| b.is_some())
+        .count();
+    assert!(served > 0, "the sets written before the failure serve");
+    assert!(
+        !unread.is_empty(),
+        "the sets after the failure are refused as unread"
+    );
+    assert_eq!(
+        served + unread.len() + 1,
+        world.services.len(),
+        "every set is served or named as refused"
+    );
+
+    // Still unreadable: nothing is written, every set is refused.
+    let writes = r.maps().inner.writes();
+    let report = r.sync_all(&world);
+    assert_eq!(
+        r.maps().inner.writes(),
+        writes,
+        "no write while the maps are unknown"
+    );
+    assert_eq!(report.failed.len(), world.services.len());
+    assert_eq!(
+        reaches(&r.maps().inner.content, &world)
+            .iter()
+            .filter(|(_, b)| b.is_some())
+            .count(),
+        served,
+        "what served still serves"
+    );
+
+    // Readable and writable again: the next sync writes everything.
+    unreadable.store(false, std::sync::atomic::Ordering::SeqCst);
+    r.maps_mut().inner.stop_failing();
+    let report = r.sync_all(&world);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    for (addr, reach) in reaches(&r.maps().inner.content, &world) {
+        assert!(reach.is_some_and(|b| !b.is_empty()), "{addr}");
+    }
+    assert_eq!(
+        reaches(r.snapshot(), &world),
+        reaches(&r.maps().inner.content, &world)
+    );
+    assert_no_problems(&problems);
 }

@@ -78,7 +78,9 @@ pub(crate) fn room_in(e: &MapWriteError) -> Option<MapId> {
     match e {
         MapWriteError::Full { map, .. } | MapWriteError::FrontendsLeftOut { map, .. } => Some(*map),
         MapWriteError::NoRange { .. } | MapWriteError::AtCeiling { .. } => Some(MapId::Backends),
-        MapWriteError::Io { .. } | MapWriteError::Injected { .. } => None,
+        MapWriteError::Io { .. } | MapWriteError::Injected { .. } | MapWriteError::Unread(_) => {
+            None
+        }
     }
 }
 
