@@ -133,6 +133,10 @@ struct Recording<M> {
 }
 
 impl<M: ServiceMaps> ServiceMaps for Recording<M> {
+    fn queue_writes(&self) -> bool {
+        self.inner.queue_writes()
+    }
+
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         self.writes
             .lock()
@@ -159,6 +163,10 @@ struct TimedWrites<M> {
 }
 
 impl<M: ServiceMaps> ServiceMaps for TimedWrites<M> {
+    fn queue_writes(&self) -> bool {
+        self.inner.queue_writes()
+    }
+
     fn write(&mut self, write: &MapWrite) -> Result<(), MapWriteError> {
         let start = Instant::now();
         let result = self.inner.write(write);
@@ -210,15 +218,21 @@ pub struct FullSync {
     /// The engine writing nowhere: translation and diff alone.
     pub in_memory_s: Spread,
     pub real_maps_s: Spread,
+    /// CPU time of the process over the same sync (the reconciler's thread and the thread its
+    /// writes run on), and over the bare loop.
+    pub real_maps_cpu_s: Spread,
+    pub write_floor_cpu_s: Spread,
     pub write_floor_s: Spread,
     /// real maps ÷ the write floor, per pass.
     pub ratio: Spread,
     /// Time inside the maps' writes during another full sync on fresh real maps (each write
-    /// timed), and the same for the bare loop: the writes' own cost in each.
+    /// timed, on the thread the writes run on), and the same for the bare loop: the writes'
+    /// own cost in each.
     pub engine_writes_s: Spread,
     pub floor_writes_s: Spread,
-    /// The rest of that full sync's time: the agent's own work among its writes (compare
-    /// `in_memory_s`, the same work with no write leaving the process).
+    /// The rest of that full sync's wall time: what its writes, on a thread of their own, do
+    /// not account for (compare `in_memory_s`, the agent's work with no write leaving the
+    /// process).
     pub engine_outside_s: Spread,
     /// `engine_outside_s` ÷ `in_memory_s`, per pass: how much slower the agent's own work is
     /// among real writes than with none.
@@ -269,6 +283,18 @@ fn drop_maps(sandbox: &Sandbox, name: &str, dataplane: Dataplane) -> anyhow::Res
     Ok(())
 }
 
+/// The CPU time this process has used, every thread, user and system (s).
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage writes only into the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &raw mut usage);
+        usage
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
 pub fn full_sync_floor(
     sandbox: &Sandbox,
     services: usize,
@@ -280,6 +306,7 @@ pub fn full_sync_floor(
     let (mut engine_writes, mut engine_outside, mut floor_writes, mut writes_ratio) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut outside_ratio = Vec::new();
+    let (mut real_cpu, mut floor_cpu) = (Vec::new(), Vec::new());
     let mut writes = 0;
     for _ in 0..passes {
         let (_, in_memory, _) = full_sync(Discard, world_events(services, endpoints)?)?;
@@ -301,17 +328,21 @@ pub fn full_sync_floor(
 
         let (dataplane, maps) = fresh_maps(sandbox, "fullsync")?;
         let events = world_events(services, endpoints)?;
+        let cpu = process_cpu_s();
         let (engine, secs, _) = full_sync(maps, events)?;
+        real_cpu.push(process_cpu_s() - cpu);
         drop(engine);
         drop_maps(sandbox, "fullsync", dataplane)?;
         real.push(secs);
 
         let (dataplane, mut maps) = fresh_maps(sandbox, "fullsync")?;
+        let cpu = process_cpu_s();
         let start = Instant::now();
         for w in &recorded {
             maps.write(w)?;
         }
         let bare = start.elapsed().as_secs_f64();
+        floor_cpu.push(process_cpu_s() - cpu);
         drop(maps);
         drop_maps(sandbox, "fullsync", dataplane)?;
         floor.push(bare);
@@ -349,6 +380,8 @@ pub fn full_sync_floor(
         writes,
         in_memory_s: Spread::of(&mem),
         real_maps_s: Spread::of(&real),
+        real_maps_cpu_s: Spread::of(&real_cpu),
+        write_floor_cpu_s: Spread::of(&floor_cpu),
         write_floor_s: Spread::of(&floor),
         ratio: Spread::of(&ratio),
         engine_writes_s: Spread::of(&engine_writes),
