@@ -5,7 +5,7 @@
 //! the reconciler then adopts what the maps hold and writes the sets after it itself.
 //!
 //! Nothing here decides what is written: the jobs are the reconciler's writes, one job per
-//! call of its `execute`, in its order; a barrier runs after every write queued before it.
+//! call of its `enqueue`, in its order; a barrier runs after every write queued before it.
 use std::sync::{
     Arc,
     atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -20,7 +20,7 @@ const BATCH_WRITES: usize = 256;
 const BATCHES: usize = 4;
 
 /// Jobs handed over together, in one list of writes (read in order by the writer), each write
-/// with the write that undoes it (`None`: nothing to undo). A job is one `execute` call's
+/// with the write that undoes it (`None`: nothing to undo). A job is one `enqueue` call's
 /// writes: `ends` holds where each ends in `writes`.
 #[derive(Default)]
 struct Batch {

@@ -924,6 +924,29 @@ fn big_world(n: usize, shift: usize) -> DesiredState {
     DesiredState { services }
 }
 
+/// `big_world` without its UDP sets: no set waits for its own writes, so many are queued at once.
+fn tcp_world(n: usize, shift: usize) -> DesiredState {
+    let mut world = big_world(n, shift);
+    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    world
+}
+
+/// The frontend of `world`'s set named `name`.
+fn frontend_of(world: &DesiredState, name: &str) -> lb_common::FrontendKey {
+    world
+        .services
+        .iter()
+        .find(|(k, _)| k.service.name.as_ref() == name)
+        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
+        .unwrap()
+}
+
+/// In-memory maps with a backend array of `slots`, whose full syncs queue their writes or not.
+fn backend_array(slots: u32, queued: bool) -> InMemoryMaps {
+    let maps = InMemoryMaps::with_capacities(Capacities::default().with(MapId::Backends, slots));
+    if queued { maps.queued() } else { maps }
+}
+
 /// Every address of `world` and the backends a connect to it reaches, in `snap`.
 fn reaches(snap: &MapSnapshot, world: &DesiredState) -> Vec<(String, Option<Vec<String>>)> {
     world
@@ -987,11 +1010,7 @@ fn a_full_sync_with_its_writes_on_a_thread_writes_the_same_in_the_same_order() {
         .services
         .retain(|k, _| !k.service.name.ends_with('5'));
     let run = |queued: bool| {
-        let caps = Capacities::default().with(MapId::Backends, 4_096);
-        let mut maps = InMemoryMaps::with_capacities(caps);
-        if queued {
-            maps = maps.queued();
-        }
+        let mut maps = backend_array(4_096, queued);
         let problems = guarded(&mut maps);
         let log: Arc<Mutex<Vec<String>>> = Arc::default();
         let maps = Logged {
@@ -1065,22 +1084,12 @@ fn a_full_sync_with_its_writes_on_a_thread_writes_the_same_in_the_same_order() {
 /// failing too (the maps keep a half-written set, as after a kill): the next sync finishes it.
 #[test]
 fn a_failed_write_on_the_writer_thread_costs_only_its_own_set() {
-    // TCP only: no set waits for its own writes, so many are queued past the failed one.
-    let mut world = big_world(400, 0);
-    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    // Many sets queued past the failed one.
+    let world = tcp_world(400, 0);
     let sets = world.services.len();
-    let victim = world
-        .services
-        .iter()
-        .find(|(k, _)| k.service.name.as_ref() == "s151")
-        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
-        .unwrap();
+    let victim = frontend_of(&world, "s151");
     let run = |queued: bool| {
-        let caps = Capacities::default().with(MapId::Backends, 8_192);
-        let mut maps = InMemoryMaps::with_capacities(caps);
-        if queued {
-            maps = maps.queued();
-        }
+        let mut maps = backend_array(8_192, queued);
         let problems = guarded(&mut maps);
         maps.fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
         let mut r = Reconciler::new(maps).unwrap();
@@ -1147,16 +1156,13 @@ fn a_failed_write_on_the_writer_thread_costs_only_its_own_set() {
 /// after a kill; the others are written, and the next sync completes it.
 #[test]
 fn a_failed_queued_write_whose_undo_fails_is_finished_by_the_next_sync() {
-    let mut world = big_world(400, 0);
-    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let world = tcp_world(400, 0);
     let sets = world.services.len();
-    let caps = Capacities::default().with(MapId::Backends, 8_192);
-    let mut maps = InMemoryMaps::with_capacities(caps).queued();
+    let mut maps = backend_array(8_192, true);
     let problems = guarded(&mut maps);
     let mut r = Reconciler::new(maps).unwrap();
     assert!(r.sync_all(&world).failed.is_empty());
-    let mut changed = big_world(400, 1);
-    changed.services.retain(|k, _| k.protocol == Protocol::Tcp);
+    let mut changed = tcp_world(400, 1);
     let newcomer = key("newcomer");
     changed
         .services
@@ -1219,16 +1225,8 @@ fn failure_of(report: &SyncReport, name: &str) -> Arc<MapWriteError> {
 /// every address still reaches a backend.
 #[test]
 fn after_a_failed_queued_write_no_range_a_frontend_just_left_is_written() {
-    let tcp = |shift| {
-        let mut w = big_world(300, shift);
-        w.services.retain(|k, _| k.protocol == Protocol::Tcp);
-        w
-    };
-    let (first, second) = (tcp(0), tcp(1));
-    let caps = Capacities::default().with(MapId::Backends, 8_192);
-    let mut maps = InMemoryMaps::with_capacities(caps)
-        .without_barrier()
-        .queued();
+    let (first, second) = (tcp_world(300, 0), tcp_world(300, 1));
+    let mut maps = backend_array(8_192, true).without_barrier();
     let problems = guarded(&mut maps);
     let pointed: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();
     let (sink, seen) = (problems.clone(), pointed.clone());
@@ -1252,12 +1250,7 @@ fn after_a_failed_queued_write_no_range_a_frontend_just_left_is_written() {
     });
     let mut r = Reconciler::with_grace(maps, Duration::from_hours(1)).unwrap();
     assert!(r.sync_all(&first).failed.is_empty());
-    let victim = second
-        .services
-        .iter()
-        .find(|(k, _)| k.service.name.as_ref() == "s151")
-        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
-        .unwrap();
+    let victim = frontend_of(&second, "s151");
     r.maps_mut()
         .fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
     let report = r.sync_all(&second);
@@ -1313,16 +1306,9 @@ impl socklb::dataplane::maps::ServiceMaps for Unreadable {
 /// what they held) until a read works again; then the next sync writes everything.
 #[test]
 fn maps_not_read_back_after_a_failed_queued_write_are_not_written_until_they_are() {
-    let mut world = big_world(200, 0);
-    world.services.retain(|k, _| k.protocol == Protocol::Tcp);
-    let victim = world
-        .services
-        .iter()
-        .find(|(k, _)| k.service.name.as_ref() == "s151")
-        .map(|(_, d)| frontend_key(d.frontends.iter().next().unwrap().addr))
-        .unwrap();
-    let mut inner =
-        InMemoryMaps::with_capacities(Capacities::default().with(MapId::Backends, 8_192));
+    let world = tcp_world(200, 0);
+    let victim = frontend_of(&world, "s151");
+    let mut inner = backend_array(8_192, false);
     let problems = guarded(&mut inner);
     inner.fail_when(move |_, w, _| matches!(w, MapWrite::PutFrontend(k, _) if *k == victim));
     let unreadable = Arc::new(std::sync::atomic::AtomicBool::new(false));
