@@ -109,6 +109,20 @@ impl Load {
         })
     }
 
+    /// Connects answered so far that started at or after `from_ns` (wall clock), from the
+    /// records the clients write a line at a time.
+    pub fn answered_since(&self, from_ns: u64) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for r in &self.records {
+            let text = std::fs::read_to_string(r).unwrap_or_default();
+            n += parse_connects(&text)?
+                .iter()
+                .filter(|c| !c.failed() && c.start_ns >= from_ns)
+                .count();
+        }
+        Ok(n)
+    }
+
     /// Stops the loops (each makes its `min_count` first) and reads their records.
     pub fn finish(self) -> anyhow::Result<Finished> {
         std::fs::write(&self.stop, "")?;
@@ -122,17 +136,7 @@ impl Load {
         }
         let mut connects = Vec::new();
         for r in &self.records {
-            for line in std::fs::read_to_string(r)?.lines() {
-                let mut f = line.split_whitespace();
-                let (Some(t0), Some(t1), Some(what)) = (f.next(), f.next(), f.next()) else {
-                    continue;
-                };
-                connects.push(Connect {
-                    start_ns: t0.parse()?,
-                    end_ns: t1.parse()?,
-                    outcome: what.to_string(),
-                });
-            }
+            connects.extend(parse_connects(&std::fs::read_to_string(r)?)?);
         }
         Ok(Finished {
             replies,
@@ -140,4 +144,22 @@ impl Load {
             records: self.records,
         })
     }
+}
+
+/// A client's record: a line per connect, `START_NS END_NS BACKEND|!ERRNO`; a line still being
+/// written (no outcome yet) is left out.
+fn parse_connects(text: &str) -> anyhow::Result<Vec<Connect>> {
+    let mut connects = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(t0), Some(t1), Some(what)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        connects.push(Connect {
+            start_ns: t0.parse()?,
+            end_ns: t1.parse()?,
+            outcome: what.to_string(),
+        });
+    }
+    Ok(connects)
 }

@@ -180,8 +180,14 @@ fn kill_9_under_load_loses_no_connect_and_keeps_ids() -> anyhow::Result<()> {
             // another layout, at the old pin (any object will do: only the name counts).
             aya::maps::MapData::from_pin(socket_pins.dir.join("SOCKETS"))?.pin(&legacy_pin)?;
         }
-        // While the agent is down, connects keep being translated by the pinned programs.
+        // While the agent is down, connects keep being translated by the pinned programs: the
+        // outage lasts at least 100 ms and until ten connects made since the kill have been
+        // answered (at most 5 s: a data path that stopped serving fails the count below).
         std::thread::sleep(Duration::from_millis(100));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while load.answered_since(killed)? < 10 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         if round == 2 {
             // A change made while it is down is picked up after the restart.
             sandbox.write_manifest(
