@@ -736,7 +736,8 @@ fn record(
         Ok(f) => f,
         Err(e) => return Reply::error(format!("{}: {e}", out.display())),
     };
-    // A line at a time, so that a test can count the connects made so far (`Load::answered`).
+    // A line at a time, so that a test can count the connects made so far
+    // (`Load::answered_since`).
     let mut w = std::io::LineWriter::new(file);
     let start = std::time::Instant::now();
     let mut n = 0usize;

@@ -808,6 +808,15 @@ impl Report {
                 i.frontends4,
                 100.0 * i.held as f64 / i.frontends4.max(1) as f64
             );
+            if i.frontends6 > 0 {
+                let _ = writeln!(
+                    m,
+                    "\nIPv6 frontends read from `FRONTEND_INDEX6`: {} of {} ({:.1}%); the others are read from `FRONTENDS6`.",
+                    i.held6,
+                    i.frontends6,
+                    100.0 * i.held6 as f64 / i.frontends6 as f64
+                );
+            }
         }
         if let Some(c) = &self.close {
             let _ = writeln!(

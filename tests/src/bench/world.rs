@@ -202,11 +202,14 @@ pub struct World {
     pub services6: usize,
 }
 
-/// The frontend index's share of the IPv4 frontends, from the agent's `socklb_map_entries`.
+/// The frontend indexes' share of the frontends of each family, from the agent's
+/// `socklb_map_entries`.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct IndexShare {
     pub frontends4: u64,
     pub held: u64,
+    pub frontends6: u64,
+    pub held6: u64,
 }
 
 /// How long each way took to install N services.
@@ -343,7 +346,8 @@ impl World {
         Ok(())
     }
 
-    /// How many IPv4 frontends the agent has installed, and how many the frontend index holds.
+    /// How many frontends of each family the agent has installed, and how many its frontend
+    /// index holds.
     pub fn index_share(&self) -> anyhow::Result<IndexShare> {
         let agent = self.agent()?;
         let entries = |map: MapId| -> anyhow::Result<u64> {
@@ -357,6 +361,8 @@ impl World {
         Ok(IndexShare {
             frontends4: entries(MapId::Frontends4)?,
             held: entries(MapId::FrontendIndex)?,
+            frontends6: entries(MapId::Frontends6)?,
+            held6: entries(MapId::FrontendIndex6)?,
         })
     }
 

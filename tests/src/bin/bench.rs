@@ -339,7 +339,6 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
     let mut world = World::new()?;
     eprintln!("data path: installing {} other services", s.services);
     report.load = Some(world.set_services(s.services)?);
-    report.index = Some(world.index_share()?);
     let pins = world.sandbox.pin_folder();
     if s.only == Some(Part::Concurrent) {
         concurrent(s, &world, report)?;
@@ -351,6 +350,7 @@ fn data_path(s: &Settings, report: &mut Report) -> anyhow::Result<Arc<socklb_tes
     let services6 = IPV6_SERVICES.min(s.services);
     eprintln!("kernel cost: installing {services6} IPv6 services for the IPv6 spread rows");
     world.set_ipv6_services(services6)?;
+    report.index = Some(world.index_share()?);
     eprintln!(
         "kernel cost: {} pairs of passes x {} calls per workload, beside empty programs",
         s.passes, s.kernel_calls
