@@ -223,6 +223,14 @@ fn ipv6(count: usize, tcp_label: &str, services6: usize) -> Vec<Workload> {
             },
             hooks: vec![Hook::Connect6],
         },
+        // An IPv6 connect to a pod on a port some service uses: the IPv6 miss that reads the
+        // most (the port's word and the filter's).
+        Workload::connections(
+            "connect6, not a service, a port services use",
+            backends6(HTTP_PORT),
+            count,
+            Hook::Connect6,
+        ),
     ];
     if services6 > 0 {
         loads.extend([
