@@ -1,5 +1,6 @@
 //! Builds the eBPF programs (`lb-ebpf`) with aya-build and leaves the object in `OUT_DIR`, where
-//! `src/dataplane/loader.rs` embeds it.
+//! `src/dataplane/loader.rs` embeds it; without the `agent` feature (the fuzz target's build),
+//! which has no loader, it builds nothing but the commit's name.
 //!
 //! Two things are scoped to this build script so they never leak into the userspace crates:
 //! - `RUSTC_BOOTSTRAP=1`, which lets the stable toolchain build `core` for the bpf target;
@@ -12,45 +13,13 @@ use std::{
     process::Command,
 };
 
-use anyhow::{Context as _, bail};
-use aya_build::{Package, Toolchain};
-use sha2::{Digest as _, Sha256};
+use anyhow::Context as _;
 
 fn main() -> anyhow::Result<()> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
     let workspace = manifest_dir
         .parent()
         .context("lb-userspace has no parent folder")?;
-    let tool_dir = bpf_linker_dir(workspace)?;
-    println!("cargo:rerun-if-changed={}", tool_dir.display());
-    println!(
-        "cargo:rerun-if-changed={}",
-        workspace.join("lb-common/src").display()
-    );
-
-    let linker = tool_dir.join("bpf-linker");
-    if !linker.exists() && which("bpf-linker").is_none() {
-        bail!(
-            "bpf-linker not found (looked in {} and on PATH): run `cargo xtask setup`",
-            tool_dir.display()
-        );
-    }
-    let path = env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![tool_dir];
-    dirs.extend(env::split_paths(&path));
-    // SAFETY: build scripts are single-threaded; the variables are read by aya-build's child
-    // cargo process only.
-    unsafe {
-        env::set_var("PATH", env::join_paths(dirs)?);
-        env::set_var("RUSTC_BOOTSTRAP", "1");
-        // aya-build turns every line the inner cargo prints into a warning; keep it to errors.
-        env::set_var("CARGO_TERM_QUIET", "true");
-        // The workspace's release profile links the agent with fat LTO (a smaller binary, less
-        // of it resident); the eBPF programs keep the default they were verified and measured
-        // with: the same object, byte for byte, as before the agent's LTO.
-        env::set_var("CARGO_PROFILE_RELEASE_LTO", "false");
-    }
-
     println!(
         "cargo:rustc-env=SOCKLB_GIT_COMMIT={}",
         git_commit(workspace)
@@ -67,22 +36,9 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={}", path.display());
     }
 
-    // A fuzz build (cargo fuzz compiles with `--cfg fuzzing`) parses, translates and
-    // reconciles into memory; it never loads the programs, so it skips their build (the eBPF
-    // crate and `core` for the bpf target, again) and embeds an empty object.
-    if env::var_os("CARGO_CFG_FUZZING").is_some() {
-        let out = PathBuf::from(env::var("OUT_DIR")?);
-        std::fs::write(out.join("lb-ebpf"), [])?;
-        return Ok(());
-    }
-
-    let ebpf_dir = workspace.join("lb-ebpf");
-    let ebpf = Package {
-        name: "lb-ebpf",
-        root_dir: ebpf_dir.to_str().context("workspace path is not UTF-8")?,
-        ..Default::default()
-    };
-    aya_build::build_ebpf([ebpf], Toolchain::Custom("stable"))
+    #[cfg(feature = "agent")]
+    ebpf::build(workspace)?;
+    Ok(())
 }
 
 /// The checkout's commit (with `+dirty` when files differ), or `unknown` outside a checkout.
@@ -110,38 +66,91 @@ fn git_commit(workspace: &Path) -> String {
     }
 }
 
-/// `<tools>/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to
-/// (`<tools>`: `$SOCKLB_TOOLS`, else `$CARGO_HOME/socklb-tools`, else `~/.cargo/socklb-tools`).
-fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
-    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let out = Command::new(&rustc)
-        .arg("-vV")
-        .output()
-        .with_context(|| format!("running {rustc} -vV"))?;
-    let key = hex16(&Sha256::digest(&out.stdout));
-    println!("cargo:rerun-if-env-changed=SOCKLB_TOOLS");
-    let tools = env::var_os("SOCKLB_TOOLS")
-        .map(PathBuf::from)
-        .or_else(|| {
-            env::var_os("CARGO_HOME")
-                .map(PathBuf::from)
-                .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
-                .map(|home| home.join("socklb-tools"))
+#[cfg(feature = "agent")]
+mod ebpf {
+    use std::{
+        env,
+        path::{Path, PathBuf},
+        process::Command,
+    };
+
+    use anyhow::{Context as _, bail};
+    use sha2::{Digest as _, Sha256};
+
+    /// Builds `lb-ebpf` for the bpf target with aya-build, with the bpf-linker setup installed.
+    pub(crate) fn build(workspace: &Path) -> anyhow::Result<()> {
+        let tool_dir = bpf_linker_dir(workspace)?;
+        println!("cargo:rerun-if-changed={}", tool_dir.display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            workspace.join("lb-common/src").display()
+        );
+
+        let linker = tool_dir.join("bpf-linker");
+        if !linker.exists() && which("bpf-linker").is_none() {
+            bail!(
+                "bpf-linker not found (looked in {} and on PATH): run `cargo xtask setup`",
+                tool_dir.display()
+            );
+        }
+        let path = env::var_os("PATH").unwrap_or_default();
+        let mut dirs = vec![tool_dir];
+        dirs.extend(env::split_paths(&path));
+        // SAFETY: build scripts are single-threaded; the variables are read by aya-build's child
+        // cargo process only.
+        unsafe {
+            env::set_var("PATH", env::join_paths(dirs)?);
+            env::set_var("RUSTC_BOOTSTRAP", "1");
+            // aya-build turns every line the inner cargo prints into a warning; keep it to errors.
+            env::set_var("CARGO_TERM_QUIET", "true");
+            // The workspace's release profile links the agent with fat LTO (a smaller binary, less
+            // of it resident); the eBPF programs keep the default they were verified and measured
+            // with: the same object, byte for byte, as before the agent's LTO.
+            env::set_var("CARGO_PROFILE_RELEASE_LTO", "false");
+        }
+
+        let ebpf_dir = workspace.join("lb-ebpf");
+        let ebpf = aya_build::Package {
+            name: "lb-ebpf",
+            root_dir: ebpf_dir.to_str().context("workspace path is not UTF-8")?,
+            ..Default::default()
+        };
+        aya_build::build_ebpf([ebpf], aya_build::Toolchain::Custom("stable"))
+    }
+
+    /// `<tools>/bpf-linker-<first 16 hex of sha256(rustc -vV)>/bin`, the folder xtask installs to
+    /// (`<tools>`: `$SOCKLB_TOOLS`, else `$CARGO_HOME/socklb-tools`, else `~/.cargo/socklb-tools`).
+    fn bpf_linker_dir(workspace: &Path) -> anyhow::Result<PathBuf> {
+        let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+        let out = Command::new(&rustc)
+            .arg("-vV")
+            .output()
+            .with_context(|| format!("running {rustc} -vV"))?;
+        let key = hex16(&Sha256::digest(&out.stdout));
+        println!("cargo:rerun-if-env-changed=SOCKLB_TOOLS");
+        let tools = env::var_os("SOCKLB_TOOLS")
+            .map(PathBuf::from)
+            .or_else(|| {
+                env::var_os("CARGO_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+                    .map(|home| home.join("socklb-tools"))
+            })
+            .unwrap_or_else(|| workspace.join("target/tools"));
+        Ok(tools.join(format!("bpf-linker-{key}")).join("bin"))
+    }
+
+    fn hex16(digest: &[u8]) -> String {
+        use std::fmt::Write as _;
+        digest.iter().take(8).fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
         })
-        .unwrap_or_else(|| workspace.join("target/tools"));
-    Ok(tools.join(format!("bpf-linker-{key}")).join("bin"))
-}
+    }
 
-fn hex16(digest: &[u8]) -> String {
-    use std::fmt::Write as _;
-    digest.iter().take(8).fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    env::split_paths(&env::var_os("PATH")?)
-        .map(|dir| dir.join(program))
-        .find(|p| p.is_file())
+    fn which(program: &str) -> Option<PathBuf> {
+        env::split_paths(&env::var_os("PATH")?)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    }
 }

@@ -20,17 +20,24 @@
 //! explain on status, sockets, translate and dataplane; agent on all of those but
 //! explain; cli on everything. `tests/integration/layering.rs` holds the exact table and checks it;
 //! ARCHITECTURE.md explains it.
+#[cfg(feature = "agent")]
 pub mod agent;
+#[cfg(feature = "agent")]
 pub mod cli;
 pub mod dataplane;
+#[cfg(feature = "agent")]
 pub mod explain;
 pub mod fuzzing;
 pub mod hashing;
 pub mod model;
+#[cfg(feature = "agent")]
 pub mod outside;
 pub mod reconcile;
+#[cfg(feature = "agent")]
 pub mod sockets;
+#[cfg(feature = "agent")]
 pub mod source;
+#[cfg(feature = "agent")]
 pub mod status;
 pub mod translate;
 pub mod vec_set;

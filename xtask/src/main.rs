@@ -171,6 +171,20 @@ fn test() -> anyhow::Result<()> {
                 "-D",
                 "warnings",
             ],
+        )?;
+        // The pure layers alone, as the fuzz target builds them.
+        cmd(
+            "cargo",
+            &[
+                "clippy",
+                "-p",
+                "lb-userspace",
+                "--no-default-features",
+                "--lib",
+                "--",
+                "-D",
+                "warnings",
+            ],
         )
     })?;
     step("clippy (eBPF, bpfel-unknown-none)", clippy_ebpf)?;
@@ -192,9 +206,10 @@ fn test() -> anyhow::Result<()> {
          at a time",
         || parallel::run(jobs, TEST_PROCESSES_AT_ONCE, STRESS_RUN_LIMIT),
     )?;
-    // The fuzz target builds with flags of its own (every dependency again, without the eBPF
-    // programs). Built beside the other steps, even at the lowest priority, it slowed them by
-    // as much as it saved: the machine has no idle CPU to give it.
+    // The fuzz target builds with flags of its own, so its dependencies again: only the pure
+    // layers' (lb-userspace without its `agent` feature). Built beside the other steps, even
+    // at the lowest priority, it slowed them by as much as it saved: the machine has no idle
+    // CPU to give it.
     step("build the fuzz target", || {
         let status = Command::new(setup::cargo_fuzz_bin())
             .args(["fuzz", "build"])
