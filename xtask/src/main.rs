@@ -188,18 +188,18 @@ fn test() -> anyhow::Result<()> {
         )
     })?;
     step("clippy (eBPF, bpfel-unknown-none)", clippy_ebpf)?;
-    step("build", || {
-        cmd("cargo", &["build", "--workspace", "--bins"])
-    })?;
     step(
         "deploy manifests (kubernetes-validate --strict)",
         validate_deploy,
     )?;
     let mut jobs = Vec::new();
-    step("build the tests (and list each binary's tests)", || {
-        jobs = test_jobs(&parallel::build()?)?;
-        Ok(())
-    })?;
+    step(
+        "build the binaries and the tests (and list each test binary's tests)",
+        || {
+            jobs = test_jobs(&parallel::build()?)?;
+            Ok(())
+        },
+    )?;
     step(
         "tests (unit, golden, property, privileged end-to-end; then those that depend on an \
          optional part again with every one off, SOCKLB_DISABLE_FEATURE=all), three processes \

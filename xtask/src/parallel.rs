@@ -86,20 +86,24 @@ impl Job {
     }
 }
 
-/// Builds every test binary of the workspace (`cargo test --no-run`) and lists each one's tests.
-/// A binary that lists no test fails the build step (mark a target without tests `test = false`).
+/// Builds the workspace's binaries, examples and every test binary in one cargo run (what
+/// `cargo build --bins` and `cargo test --no-run` build, with the two cores busy to the end),
+/// and lists each test binary's tests. A binary that lists no test fails the build step (mark
+/// a target without tests `test = false`).
 pub(crate) fn build() -> anyhow::Result<Vec<Arc<Binary>>> {
     let out = Command::new("cargo")
         .args([
-            "test",
+            "build",
             "--workspace",
-            "--no-run",
+            "--bins",
+            "--examples",
+            "--tests",
             "--message-format=json-render-diagnostics",
         ])
         .current_dir(workspace_root())
         .stderr(Stdio::inherit())
         .output()
-        .context("running cargo test --no-run")?;
+        .context("running cargo build --tests")?;
     if !out.status.success() {
         bail!("building the tests failed");
     }
