@@ -197,8 +197,11 @@ fn a_syntax_error_written_mid_run_removes_nothing_and_is_reported_until_fixed() 
     Ok(())
 }
 
+/// An edit is read on inotify's event, not at the next safety read of the folder (every 10 s).
+/// The bound is 2 s, not the tens of milliseconds an edit takes on an idle machine: under CI's
+/// three test processes at a time one edit of seven took 562 ms. The figure is printed.
 #[test]
-fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
+fn an_edit_reaches_the_maps_on_the_watchers_event() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     for b in [A, B] {
@@ -262,8 +265,8 @@ fn an_edit_reaches_the_maps_within_200_ms() -> anyhow::Result<()> {
         format!("{} and {}", median.as_millis(), max.as_millis()),
     );
     assert!(
-        max < Duration::from_millis(200),
-        "every edit within 200 ms: {times:?}"
+        max < Duration::from_secs(2),
+        "every edit within 2 s (the safety read comes every 10): {times:?}"
     );
     Ok(())
 }
