@@ -121,8 +121,10 @@ fn kubernetes_source_converges_follows_changes_and_recovers() -> anyhow::Result<
     Ok(())
 }
 
+/// How soon: `manifests::an_edit_reaches_the_maps_on_the_watchers_event`, which reads the maps
+/// directly (here each look is a `socklb inspect` process).
 #[test]
-fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
+fn editing_a_manifest_changes_the_maps() -> anyhow::Result<()> {
     socklb_tests::require_privileges!();
     let sandbox = Sandbox::new()?;
     sandbox.copy_manifests(&examples().join("seed"))?;
@@ -132,15 +134,11 @@ fn editing_a_manifest_changes_the_maps_within_a_second() -> anyhow::Result<()> {
         ("scenarios/000-after/endpointslice.yaml", vec![B]),
         ("seed/endpointslice.yaml", vec![A, B]),
     ] {
-        let start = Instant::now();
         sandbox.write_manifest(
             "endpointslice.yaml",
             &std::fs::read_to_string(examples().join(file))?,
         )?;
         sandbox.wait_candidates("10.96.0.10:80", &expected)?;
-        let took = start.elapsed();
-        eprintln!("{file}: maps changed after {took:?}");
-        assert!(took < Duration::from_secs(1), "took {took:?}");
     }
     sandbox.remove_manifest("service.yaml")?;
     sandbox.wait_gone("10.96.0.10:80")?;
