@@ -160,19 +160,6 @@ fn test() -> anyhow::Result<()> {
     step("cargo fmt --check", || {
         cmd("cargo", &["fmt", "--all", "--check"])
     })?;
-    step("clippy (userspace)", || {
-        cmd(
-            "cargo",
-            &[
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        )
-    })?;
     step("clippy (eBPF, bpfel-unknown-none)", clippy_ebpf)?;
     step(
         "deploy manifests (kubernetes-validate --strict)",
@@ -180,7 +167,8 @@ fn test() -> anyhow::Result<()> {
     )?;
     let mut jobs = Vec::new();
     step(
-        "build the binaries and the tests (and list each test binary's tests)",
+        "clippy and build: binaries, examples, benches and tests, clippy-driver compiling \
+         the workspace's crates with warnings as errors (and list each test binary's tests)",
         || {
             jobs = test_jobs(&parallel::build()?)?;
             Ok(())
@@ -566,10 +554,17 @@ fn bench(quick: bool) -> anyhow::Result<()> {
     if quick {
         // Each criterion benchmark once, as a test, in the test profile.
         step("criterion micro-benchmarks (each once)", || {
-            cmd(
-                "cargo",
-                &["test", "--workspace", "--bench", "control_plane"],
-            )
+            // Built by the test step's build, with clippy-driver: the same command here, or
+            // cargo builds the workspace's crates again.
+            let status = parallel::with_clippy(Command::new("cargo"))?
+                .args(["test", "--workspace", "--bench", "control_plane"])
+                .current_dir(workspace_root())
+                .status()
+                .context("running cargo test --bench control_plane")?;
+            if !status.success() {
+                bail!("the criterion micro-benchmarks failed ({status})");
+            }
+            Ok(())
         })?;
     } else {
         step("criterion micro-benchmarks", || {

@@ -86,24 +86,54 @@ impl Job {
     }
 }
 
-/// Builds the workspace's binaries, examples and every test binary in one cargo run (what
-/// `cargo build --bins` and `cargo test --no-run` build, with the two cores busy to the end),
-/// and lists each test binary's tests. A binary that lists no test fails the build step (mark
-/// a target without tests `test = false`).
+/// A cargo command whose compiles of the workspace's crates are clippy's, with warnings (rustc's
+/// and clippy's) as errors: what `cargo clippy -- -D warnings` checks, in a build that also
+/// produces the artifacts. `-D warnings` is in `RUSTFLAGS` (cargo caps the dependencies'
+/// lints); aya-build removes the wrapper and sets its own flags for the eBPF programs, so
+/// they are built as always. Every cargo command that reuses the build's artifacts must be
+/// made with this, or it builds them again.
+pub(crate) fn with_clippy(mut command: Command) -> anyhow::Result<Command> {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .output()
+        .context("running rustc --print sysroot")?;
+    ensure!(sysroot.status.success(), "rustc --print sysroot failed");
+    let driver =
+        PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("bin/clippy-driver");
+    ensure!(
+        driver.exists(),
+        "{} not found: install clippy (`rustup component add clippy`)",
+        driver.display()
+    );
+    command
+        .env("RUSTC_WORKSPACE_WRAPPER", driver)
+        .env("RUSTFLAGS", "-D warnings");
+    Ok(command)
+}
+
+/// Lints and builds the workspace's binaries, examples, benchmarks and every test binary in
+/// one cargo run, and lists each test binary's tests. A binary that lists no test fails the
+/// build step (mark a target without tests `test = false`).
+///
+/// One run, not `cargo clippy --all-targets` then `cargo build` then `cargo test --no-run`:
+/// clippy-driver compiles the workspace's own crates (`with_clippy`), so the dependencies
+/// are compiled once instead of checked once and built again, and the two cores stay busy to
+/// the end.
 pub(crate) fn build() -> anyhow::Result<Vec<Arc<Binary>>> {
-    let out = Command::new("cargo")
+    let out = with_clippy(Command::new("cargo"))?
         .args([
             "build",
             "--workspace",
             "--bins",
             "--examples",
+            "--benches",
             "--tests",
             "--message-format=json-render-diagnostics",
         ])
         .current_dir(workspace_root())
         .stderr(Stdio::inherit())
         .output()
-        .context("running cargo build --tests")?;
+        .context("running cargo build (with clippy)")?;
     if !out.status.success() {
         bail!("building the tests failed");
     }
