@@ -126,7 +126,9 @@ pub(crate) fn build() -> anyhow::Result<Vec<Arc<Binary>>> {
             "--workspace",
             "--bins",
             "--examples",
-            "--benches",
+            // The benchmark targets only (`--benches` would also build every binary as one).
+            "--bench",
+            "*",
             "--tests",
             "--message-format=json-render-diagnostics",
         ])
@@ -142,7 +144,11 @@ pub(crate) fn build() -> anyhow::Result<Vec<Arc<Binary>>> {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if message["reason"] != "compiler-artifact" || message["profile"]["test"] != true {
+        // The benchmarks are built to be linted; `cargo xtask bench` runs them.
+        if message["reason"] != "compiler-artifact"
+            || message["profile"]["test"] != true
+            || message["target"]["kind"][0] == "bench"
+        {
             continue;
         }
         let (Some(name), Some(executable), Some(manifest)) = (
