@@ -106,7 +106,7 @@ fn run(task: &Task) -> anyhow::Result<()> {
         Task::Setup { .. } => Ok(()),
         Task::Demo { non_interactive } => demo(*non_interactive),
         Task::Test => test(),
-        Task::Bench { quick } => bench(*quick),
+        Task::Bench { quick } => bench(*quick, false),
         Task::Stress => stress(),
     }
 }
@@ -199,7 +199,7 @@ fn test() -> anyhow::Result<()> {
     // Benchmarks are not pass/fail: this only checks that they run and write their report.
     step(
         "cargo xtask bench --quick (runs, writes its report)",
-        || bench(true),
+        || bench(true, true),
     )?;
     eprintln!(
         "\nall checks passed in {:.0}s",
@@ -542,7 +542,9 @@ fn cargo_within(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> anyhow
     Ok(output.join("\n"))
 }
 
-fn bench(quick: bool) -> anyhow::Result<()> {
+/// `after_test`: run from `cargo xtask test`, whose build (clippy-driver, `-D warnings`) the
+/// criterion step reuses only when made with the same settings.
+fn bench(quick: bool, after_test: bool) -> anyhow::Result<()> {
     // The quick run only checks that every benchmark runs and writes its report: it uses the
     // debug build the tests already made (its report says so), not a release build of its own.
     let profile = if quick { "debug" } else { "release" };
@@ -554,9 +556,13 @@ fn bench(quick: bool) -> anyhow::Result<()> {
     if quick {
         // Each criterion benchmark once, as a test, in the test profile.
         step("criterion micro-benchmarks (each once)", || {
-            // Built by the test step's build, with clippy-driver: the same command here, or
-            // cargo builds the workspace's crates again.
-            let status = parallel::with_clippy(Command::new("cargo"))?
+            // After `cargo xtask test`, built by its build: the same settings here, or cargo
+            // builds the workspace's crates again.
+            let mut command = Command::new("cargo");
+            if after_test {
+                command = parallel::with_clippy(command)?;
+            }
+            let status = command
                 .args(["test", "--workspace", "--bench", "control_plane"])
                 .current_dir(workspace_root())
                 .status()
