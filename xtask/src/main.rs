@@ -542,8 +542,8 @@ fn cargo_within(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> anyhow
     Ok(output.join("\n"))
 }
 
-/// `after_test`: run from `cargo xtask test`, whose build (clippy-driver, `-D warnings`) the
-/// criterion step reuses only when made with the same settings.
+/// `after_test`: run from `cargo xtask test`, whose build of the workspace's crates (by
+/// clippy-driver) the criterion step reuses only when made with the same settings.
 fn bench(quick: bool, after_test: bool) -> anyhow::Result<()> {
     // The quick run only checks that every benchmark runs and writes its report: it uses the
     // debug build the tests already made (its report says so), not a release build of its own.

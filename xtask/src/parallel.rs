@@ -88,10 +88,12 @@ impl Job {
 
 /// A cargo command whose compiles of the workspace's crates are clippy's, with warnings (rustc's
 /// and clippy's) as errors: what `cargo clippy -- -D warnings` checks, in a build that also
-/// produces the artifacts. `-D warnings` is in `RUSTFLAGS` (cargo caps the dependencies'
-/// lints); aya-build removes the wrapper and sets its own flags for the eBPF programs, so
-/// they are built as always. Every cargo command that reuses the build's artifacts must be
-/// made with this, or it builds them again.
+/// produces the artifacts. The wrapper and its arguments are set as `cargo clippy` sets them
+/// (`CLIPPY_ARGS`, split on `__CLIPPY_HACKERY__`, the interface clippy-driver has read since
+/// 2019); they reach only the workspace's crates, so the dependencies are the same artifacts
+/// as a plain `cargo build`'s. aya-build removes the wrapper for the eBPF programs, which are
+/// built as always. Every cargo command that reuses the build's artifacts must be made with
+/// this, or it compiles the workspace's crates again.
 pub(crate) fn with_clippy(mut command: Command) -> anyhow::Result<Command> {
     let sysroot = Command::new("rustc")
         .args(["--print", "sysroot"])
@@ -105,9 +107,10 @@ pub(crate) fn with_clippy(mut command: Command) -> anyhow::Result<Command> {
         "{} not found: install clippy (`rustup component add clippy`)",
         driver.display()
     );
-    command
-        .env("RUSTC_WORKSPACE_WRAPPER", driver)
-        .env("RUSTFLAGS", "-D warnings");
+    command.env("RUSTC_WORKSPACE_WRAPPER", driver).env(
+        "CLIPPY_ARGS",
+        "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__",
+    );
     Ok(command)
 }
 
