@@ -297,8 +297,10 @@ fn idle_and_slow_clients_cannot_block_readyz_or_metrics() -> anyhow::Result<()> 
         let start = Instant::now();
         let (code, _) = agent.get(path)?;
         assert_eq!(code, 200, "{path}");
+        // Under 3 s: a request that waited for a place would wait for the 5-s header timeout
+        // to close an idle connection; the rest is margin for a loaded machine.
         assert!(
-            start.elapsed() < Duration::from_secs(1),
+            start.elapsed() < Duration::from_secs(3),
             "{path} took {:?} beside 64 idle connections",
             start.elapsed()
         );
