@@ -140,7 +140,7 @@ pub(crate) fn build() -> anyhow::Result<Vec<Arc<Binary>>> {
         .output()
         .context("running cargo build (with clippy)")?;
     if !out.status.success() {
-        bail!("building the tests failed");
+        bail!("clippy or the build failed (the errors are above)");
     }
     let mut binaries = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
