@@ -316,7 +316,8 @@ const FUZZ_TARGET: [&str; 6] = [
 
 /// `cargo fuzz <action>`, on the stable toolchain. Warnings are errors: the fuzz target's build
 /// is the only one of lb-userspace without its `agent` feature, which clippy does not check
-/// (cargo caps the dependencies' lints). `build` and `run` must agree on the flags, or `run` builds again.
+/// (cargo caps the dependencies' lints). `build` and `run` must agree on the flags, or `run`
+/// builds again.
 fn cargo_fuzz(action: &str) -> Command {
     let mut command = Command::new(setup::cargo_fuzz_bin());
     command
