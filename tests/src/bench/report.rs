@@ -500,7 +500,7 @@ impl Report {
                 measured: ratio(k),
                 met: None,
                 note: format!(
-                    "{}; ÷ one empty connect4 program: {:.2}× (the target compares the whole life with Cilium's connect miss alone, a program this bench does not build: Cilium's bpf_sock.c runs none at close)",
+                    "{}; ÷ one empty connect4 program: {:.2}× (the target compares the whole life with Cilium's connect miss alone, a program this bench does not build: Cilium's bpf_sock.c runs none at close; measured from the outside on this kind of 2-vCPU EPYC VM, its miss to a live server read 2.6-3.8x an empty program, 195-455 ns; the three hooks' own runs, the three empty programs here, are most of socklb's sum, and only a socket release without a program would take one of them away)",
                     orders(k),
                     k.socklb_ns.median / one_floor
                 ),
