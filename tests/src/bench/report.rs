@@ -164,7 +164,7 @@ const WHY_MISSED: &[(&str, &str)] = &[
     ),
     (
         "4 client processes at once",
-        "at the threshold: met in some runs, the noise of a 2-vCPU machine with 4 clients and their servers",
+        "at the threshold: met in some runs; cause: four clients and their servers saturate 2 vCPUs, so the row follows the scheduler (on an Intel Xeon VM the previous agent, alternated with this one in the same hour on the same data path, read about as much: 0.960-0.966 and 1.073-1.095 against 0.953-0.960 and 1.089-1.137); what socklb itself costs per connect is the CPU-time row, one client at a time",
     ),
     (
         "connect p50",
